@@ -1,0 +1,28 @@
+"""attnkit: one attention API over several paths, and the suite that guards them."""
+
+from attnkit.api import AUTO_ORDER, attention
+from attnkit.inputs import AttentionProblem
+from attnkit.module import MultiHeadAttention
+from attnkit.reference import reference_attention
+from attnkit.registry import (
+    BackendUnavailableError,
+    UnsupportedProblemError,
+    available_backends,
+    backend_names,
+    unavailable_reason,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AUTO_ORDER",
+    "AttentionProblem",
+    "BackendUnavailableError",
+    "MultiHeadAttention",
+    "UnsupportedProblemError",
+    "attention",
+    "available_backends",
+    "backend_names",
+    "reference_attention",
+    "unavailable_reason",
+]

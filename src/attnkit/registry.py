@@ -1,0 +1,92 @@
+"""The backend registry: every path attnkit can dispatch to, and why one may be unavailable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from attnkit.inputs import AttentionProblem
+from attnkit.reference import naive_attention
+from attnkit.sdpa import SDPA_BACKENDS, sdpa_attention, sdpa_device_support, sdpa_problem_support
+from attnkit.tiled import tiled_attention
+
+RunFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionProblem], torch.Tensor]
+DeviceCheck = Callable[[torch.device], "str | None"]
+ProblemCheck = Callable[[AttentionProblem], "str | None"]
+
+
+class BackendUnavailableError(ValueError):
+    """The named backend cannot run on this device or build; the message says why."""
+
+
+class UnsupportedProblemError(NotImplementedError):
+    """The named backend runs here but not for these inputs; the message says why."""
+
+
+def _always(_) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One attention path.
+
+    ``device_support`` and ``problem_support`` return None when the path can run, or a
+    sentence saying why not; they are cheap and run before any kernel.
+    """
+
+    name: str
+    summary: str
+    run: RunFn
+    device_support: DeviceCheck = _always
+    problem_support: ProblemCheck = _always
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> None:
+    _REGISTRY[backend.name] = backend
+
+
+def backend_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get_backend(name: str) -> Backend:
+    if not isinstance(name, str) or name not in _REGISTRY:
+        valid = ", ".join(repr(n) for n in ["auto", *_REGISTRY])
+        raise ValueError(f"backend: expected one of {valid}, got {name!r}")
+    return _REGISTRY[name]
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def unavailable_reason(name: str, device: torch.device | str | None = None) -> str | None:
+    """Why backend ``name`` cannot run on ``device`` (default: the current default device)."""
+    device = default_device() if device is None else torch.device(device)
+    return get_backend(name).device_support(device)
+
+
+def available_backends(device: torch.device | str | None = None) -> list[str]:
+    """Names of the backends usable on ``device`` (default: CUDA if present, else CPU)."""
+    return [name for name in _REGISTRY if unavailable_reason(name, device) is None]
+
+
+register(Backend("naive", "materialised score matrix; float64-capable oracle", naive_attention))
+register(Backend("tiled", "FlashAttention-2 in pure PyTorch (online softmax, O(N) memory)", tiled_attention))
+for _name in SDPA_BACKENDS:
+    register(
+        Backend(
+            _name,
+            "torch SDPA" + (f", forced to {SDPA_BACKENDS[_name].name}" if SDPA_BACKENDS[_name] else ""),
+            partial(sdpa_attention, _name),
+            partial(sdpa_device_support, _name),
+            partial(sdpa_problem_support, _name),
+        )
+    )

@@ -1,0 +1,103 @@
+"""The SDPA path: ``torch.nn.functional.scaled_dot_product_attention``, optionally forcing one
+of its backends, with attnkit's semantics on top.
+
+Two translations are needed:
+
+* Causal masks. SDPA's ``is_causal`` is aligned top-left; attnkit's is bottom-right
+  (query i sees key j iff j <= i + M - N). For N > M the first N - M rows see no key: they are
+  zero, and only the last M rows go to SDPA as a square causal problem. For N < M, M - N
+  zero query rows are prepended, making a square problem whose last N rows are exactly the
+  bottom-right rows. (``torch.nn.attention.bias.causal_lower_right`` is not used: it picks its
+  kernel itself, ignoring a forced backend, and drops GQA on its flash branch.)
+* Errors. When a forced backend rejects the inputs, PyTorch raises a generic "no available
+  kernel" error and explains the reason only in warnings; those warnings are captured and put
+  into the error attnkit raises.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attnkit.inputs import AttentionProblem
+
+#: attnkit backend name -> the SDPA backend it forces (None: PyTorch chooses).
+SDPA_BACKENDS: dict[str, SDPBackend | None] = {
+    "sdpa": None,
+    "sdpa-flash": SDPBackend.FLASH_ATTENTION,
+    "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+    "sdpa-math": SDPBackend.MATH,
+}
+
+#: Backends that exist only as CUDA kernels (on CPU PyTorch has flash and math).
+_CUDA_ONLY = {SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION}
+
+
+class SdpaRejectedError(NotImplementedError):
+    """A forced SDPA backend cannot take these inputs; the message carries PyTorch's reasons."""
+
+
+def sdpa_device_support(name: str, device: torch.device) -> str | None:
+    """Why backend ``name`` cannot run on ``device`` at all, or None if it can."""
+    backend = SDPA_BACKENDS[name]
+    if backend in _CUDA_ONLY and device.type != "cuda":
+        return f"{name} is a CUDA kernel; device {device} is not a CUDA device"
+    if backend == SDPBackend.CUDNN_ATTENTION and not torch.backends.cudnn.is_available():
+        return f"{name} needs cuDNN, which this PyTorch build does not provide"
+    return None
+
+
+def sdpa_problem_support(name: str, problem: AttentionProblem) -> str | None:
+    """Reasons known before launch; anything subtler comes from PyTorch at call time."""
+    backend = SDPA_BACKENDS[name]
+    if problem.dtype == torch.float64 and backend not in (None, SDPBackend.MATH):
+        return f"{name} does not support float64 on {problem.device.type} (use sdpa-math)"
+    return None
+
+
+def _square_causal_operands(q, problem: AttentionProblem):
+    """Return (q_for_sdpa, rows_to_keep) that turn bottom-right causal into SDPA's top-left."""
+    offset = problem.causal_offset
+    if offset > 0:  # N < M: prepend zero rows so that query row i lands at row i + offset.
+        pad = q.new_zeros(problem.batch, problem.q_heads, offset, problem.head_dim)
+        return torch.cat([pad, q], dim=2), slice(offset, None)
+    return q[:, :, -offset:], None  # N >= M: only the last M rows see any key.
+
+
+def _call_sdpa(name, q, k, v, problem, is_causal):
+    backend = SDPA_BACKENDS[name]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            if backend is None:
+                return F.scaled_dot_product_attention(
+                    q, k, v, is_causal=is_causal, scale=problem.scale, enable_gqa=True
+                )
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(
+                    q, k, v, is_causal=is_causal, scale=problem.scale, enable_gqa=True
+                )
+        except RuntimeError as err:
+            reasons = "; ".join(str(w.message).strip() for w in caught) or str(err)
+            raise SdpaRejectedError(
+                f"backend {name!r} cannot run {problem.describe()} on {problem.device}: {reasons}"
+            ) from err
+
+
+def sdpa_attention(
+    name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem
+) -> torch.Tensor:
+    """SDPA with attnkit's bottom-right causal convention; shapes as in :func:`attnkit.attention`."""
+    if not problem.causal or problem.causal_offset == 0:
+        return _call_sdpa(name, q, k, v, problem, problem.causal)
+    q_square, keep = _square_causal_operands(q, problem)
+    out = _call_sdpa(name, q_square, k, v, problem, True)
+    if keep is not None:
+        return out[:, :, keep]
+    # N > M: the first N - M rows see no key and are zero.
+    hidden = out.new_zeros(problem.batch, problem.q_heads, -problem.causal_offset, problem.value_dim)
+    return torch.cat([hidden, out], dim=2)

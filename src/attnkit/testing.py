@@ -1,0 +1,203 @@
+"""Shipped test utilities: input generation and the one tolerance rule every test uses.
+
+The tolerance rule (after FlashAttention's): a path's error against the float64 oracle may be
+at most ``factor`` times the error that the naive path makes in the same dtype, plus a floor:
+
+    error(path) <= factor[quantity] * error(naive in dtype) + floor
+
+* ``factor`` is 2 for the output and 3 for gradients. Output: the fused paths keep scores in
+  float32 where the naive path rounds them to the input dtype, so they are normally *more*
+  accurate; 2x leaves room for a different summation order and for the P -> dtype cast before
+  P @ V. Gradients pass through two more matmuls (dS = P * (dP - delta), then dS @ K or
+  dS^T @ Q), each rounding in a different place than autograd's, and dK/dV also sum over the
+  query-head group, so they get 3x, as FlashAttention's own tests allow for some gradients.
+* ``floor`` covers cases where the naive path happens to be (nearly) exact, e.g. N = 1 or a
+  float64 run where the naive path *is* the oracle: one rounding of the result to the output
+  dtype (``eps(dtype) * max|ref|``) plus a random-walk reordering bound of the float32
+  (float64 for float64 inputs) accumulation, ``eps(acc) * sqrt(n) * max|ref|``, where n is the
+  longest sum feeding the quantity.
+
+Error is the maximum absolute difference, as in FlashAttention's tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attnkit.reference import naive_attention, reference_attention
+
+#: Allowed multiple of the naive same-dtype error, per quantity (see the module docstring).
+ERROR_FACTORS = {"out": 2.0, "dq": 3.0, "dk": 3.0, "dv": 3.0}
+
+#: Memory layouts the suite draws from; each yields (B, H, S, X)-shaped tensors.
+LAYOUTS = ("contiguous", "bnhd", "strided", "expanded")
+
+#: Input magnitudes: unit normal; large logits (q * 30); rare large outliers.
+MAGNITUDES = ("unit", "large", "outliers")
+
+
+def max_abs_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| in float64; NaN or inf anywhere in ``actual`` gives inf."""
+    if not torch.isfinite(actual).all():
+        return math.inf
+    return (actual.double() - expected.double()).abs().max().item()
+
+
+def error_floor(reference: torch.Tensor, dtype: torch.dtype, reduction_length: int) -> float:
+    """The absolute floor of the tolerance rule (see the module docstring)."""
+    magnitude = reference.abs().max().item()
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    rounding = torch.finfo(dtype).eps * magnitude
+    reordering = torch.finfo(acc).eps * math.sqrt(max(reduction_length, 1)) * magnitude
+    return rounding + reordering
+
+
+@dataclass(frozen=True)
+class QuantityCheck:
+    """One compared quantity (output or a gradient) of one path."""
+
+    quantity: str
+    error: float
+    baseline_error: float
+    bound: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= self.bound
+
+    def describe(self) -> str:
+        ratio = self.error / self.baseline_error if self.baseline_error > 0 else math.inf
+        return (
+            f"{self.quantity}: error {self.error:.3e} vs bound {self.bound:.3e} "
+            f"(= {ERROR_FACTORS[self.quantity]:g} x naive same-dtype error {self.baseline_error:.3e} "
+            f"+ floor); error/naive = {ratio:.2f}x"
+        )
+
+
+def check_quantity(
+    quantity: str,
+    actual: torch.Tensor,
+    baseline: torch.Tensor,
+    reference: torch.Tensor,
+    dtype: torch.dtype,
+    reduction_length: int,
+) -> QuantityCheck:
+    """Apply the tolerance rule to one quantity."""
+    baseline_error = max_abs_error(baseline, reference)
+    floor = error_floor(reference, dtype, reduction_length)
+    bound = ERROR_FACTORS[quantity] * baseline_error + floor
+    return QuantityCheck(quantity, max_abs_error(actual, reference), baseline_error, bound)
+
+
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def run_with_grads(
+    fn: AttentionFn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    """Call ``fn(q, k, v)`` on fresh leaves; return out (and dq, dk, dv if grad_out is given)."""
+    leaves = [x.detach().requires_grad_(grad_out is not None) for x in (q, k, v)]
+    out = fn(*leaves)
+    result = {"out": out.detach()}
+    if grad_out is not None:
+        grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+        result.update(dq=grads[0], dk=grads[1], dv=grads[2])
+    return result
+
+
+def compare_to_reference(
+    fn: AttentionFn,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    scale: float | None,
+    grad_out: torch.Tensor | None = None,
+) -> list[QuantityCheck]:
+    """Run ``fn`` and the naive path in q's dtype, both against the float64 oracle."""
+    from attnkit.inputs import check_inputs
+
+    problem = check_inputs(q, k, v, causal, scale)
+    actual = run_with_grads(fn, q, k, v, grad_out)
+    baseline = run_with_grads(lambda a, b, c: naive_attention(a, b, c, problem), q, k, v, grad_out)
+    reference = run_with_grads(
+        lambda a, b, c: reference_attention(a, b, c, causal=causal, scale=scale),
+        q.double(),
+        k.double(),
+        v.double(),
+        None if grad_out is None else grad_out.double(),
+    )
+    key_sum = max(problem.kv_len, problem.head_dim)
+    query_sum = max(problem.q_len * problem.group_size, problem.head_dim)
+    lengths = {"out": key_sum, "dq": key_sum, "dk": query_sum, "dv": query_sum}
+    return [
+        check_quantity(name, actual[name], baseline[name], reference[name], q.dtype, lengths[name])
+        for name in actual
+    ]
+
+
+def assert_close_to_reference(label: str, checks: list[QuantityCheck]) -> None:
+    """Fail with every quantity that broke the rule, named, with its numbers."""
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        lines = "\n  ".join(c.describe() for c in failed)
+        raise AssertionError(f"{label}: {len(failed)} quantity(ies) outside the tolerance rule\n  {lines}")
+
+
+def make_tensor(
+    shape: tuple[int, int, int, int],
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    generator: torch.Generator,
+    layout: str = "contiguous",
+    magnitude: str = "unit",
+) -> torch.Tensor:
+    """A random (B, H, S, X) tensor with the requested memory layout and magnitude.
+
+    Layouts: ``contiguous``; ``bnhd`` (stored as (B, S, H, X), then transposed); ``strided``
+    (every other row of a wider buffer: no dimension is contiguous but the last); ``expanded``
+    (one batch entry broadcast over the batch with stride 0).
+    """
+    b, h, s, x = shape
+    if layout == "contiguous":
+        base = torch.randn(shape, generator=generator, dtype=torch.float32)
+    elif layout == "bnhd":
+        base = torch.randn(b, s, h, x, generator=generator, dtype=torch.float32).transpose(1, 2)
+    elif layout == "strided":
+        base = torch.randn(b, h, 2 * s, x + 3, generator=generator, dtype=torch.float32)[:, :, ::2, :x]
+    elif layout == "expanded":
+        base = torch.randn(1, h, s, x, generator=generator, dtype=torch.float32).expand(b, h, s, x)
+    else:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    if magnitude == "large":
+        base = base * 30.0
+    elif magnitude == "outliers":
+        spikes = torch.randn(base.shape, generator=generator) * 10.0
+        keep = torch.rand(base.shape, generator=generator) < 0.01
+        base = base + spikes * keep
+    elif magnitude != "unit":
+        raise ValueError(f"magnitude: expected one of {MAGNITUDES}, got {magnitude!r}")
+    # Cast on the host, then move: the stride pattern survives .to() for non-expanded layouts.
+    converted = base.to(dtype)
+    if layout == "expanded":
+        converted = converted[:1].to(device).expand(b, h, s, x)
+    elif layout in ("bnhd", "strided"):
+        converted = _move_keeping_strides(base, dtype, device, layout)
+    else:
+        converted = converted.to(device)
+    return converted
+
+
+def _move_keeping_strides(base, dtype, device, layout):
+    b, h, s, x = base.shape
+    if layout == "bnhd":
+        return base.transpose(1, 2).contiguous().to(dtype=dtype, device=device).transpose(1, 2)
+    wide = torch.zeros(b, h, 2 * s, x + 3, dtype=dtype, device=device)
+    wide[:, :, ::2, :x] = base.to(dtype=dtype, device=device)
+    return wide[:, :, ::2, :x]

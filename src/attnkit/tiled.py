@@ -1,0 +1,169 @@
+"""The tiled path: FlashAttention-2 in plain PyTorch.
+
+This is the readable twin of the Triton kernels: the same loops, the same online softmax, the
+same causal block bounds and the same two-pass backward (a dK/dV pass over key blocks, a dQ
+pass over query blocks). Each loop iteration is vectorised over batch and heads.
+
+Memory: besides inputs and outputs it keeps the log-sum-exp (O(N)) and one
+(B, H, block_m, block_n) score tile at a time, so peak extra memory grows O(N * D), never
+O(N^2), in forward and backward.
+
+GQA: q is viewed as (B, Hkv, G, N, D), so one key/value block serves its whole query-head
+group and dK/dV are summed over the group, as the kernels do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnkit.flash_autograd import flash_attention
+from attnkit.inputs import AttentionProblem
+
+
+@dataclass(frozen=True)
+class TiledConfig:
+    """Tile sizes of the tiled path (query rows and key columns per tile)."""
+
+    block_m: int = 128
+    block_n: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"TiledConfig.{name}: expected a positive int, got {value!r}")
+
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Scores and running sums are kept in float32 (float64 for float64 inputs)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def kv_end_for_rows(problem: AttentionProblem, row_end: int) -> int:
+    """One past the last key any query row < row_end can see (the causal loop bound)."""
+    if not problem.causal:
+        return problem.kv_len
+    return max(0, min(problem.kv_len, row_end + problem.causal_offset))
+
+
+def first_row_seeing(problem: AttentionProblem, key_start: int) -> int:
+    """The first query row that sees key ``key_start`` (rows before it see none of its block)."""
+    if not problem.causal:
+        return 0
+    return max(0, key_start - problem.causal_offset)
+
+
+def _mask_tile(scores: torch.Tensor, problem: AttentionProblem, row0: int, col0: int) -> torch.Tensor:
+    """Set scores of keys a row must not see to -inf. Only tiles crossing the diagonal need it."""
+    rows, cols = scores.shape[-2], scores.shape[-1]
+    if not problem.causal or col0 + cols - 1 <= row0 + problem.causal_offset:
+        return scores
+    r = torch.arange(row0, row0 + rows, device=scores.device)[:, None]
+    c = torch.arange(col0, col0 + cols, device=scores.device)[None, :]
+    return scores.masked_fill(c > r + problem.causal_offset, float("-inf"))
+
+
+class TiledImplementation:
+    """Forward and backward loops; see :class:`attnkit.flash_autograd.FlashImplementation`."""
+
+    def __init__(self, config: TiledConfig | None = None) -> None:
+        self.config = config or TiledConfig()
+
+    def _group_view(self, x: torch.Tensor, problem: AttentionProblem) -> torch.Tensor:
+        # (B, Hq, N, X) -> (B, Hkv, G, N, X); splitting one dimension is always a view.
+        return x.unflatten(1, (problem.kv_heads, problem.group_size))
+
+    def forward(self, q, k, v, problem):
+        p, cfg = problem, self.config
+        acc = accumulator_dtype(p.dtype)
+        qg = self._group_view(q, p)
+        out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=q.device)
+        out_g = self._group_view(out, p)
+        lse = torch.empty(p.batch, p.kv_heads, p.group_size, p.q_len, dtype=acc, device=q.device)
+        for m0 in range(0, p.q_len, cfg.block_m):
+            m1 = min(m0 + cfg.block_m, p.q_len)
+            q_tile = qg[..., m0:m1, :].to(acc)
+            row_max = torch.full(q_tile.shape[:-1], float("-inf"), dtype=acc, device=q.device)
+            row_sum = torch.zeros_like(row_max)
+            acc_tile = torch.zeros(*q_tile.shape[:-1], p.value_dim, dtype=acc, device=q.device)
+            for n0 in range(0, kv_end_for_rows(p, m1), cfg.block_n):
+                n1 = min(n0 + cfg.block_n, p.kv_len)
+                k_tile = k[:, :, None, n0:n1, :].to(acc)
+                v_tile = v[:, :, None, n0:n1, :].to(acc)
+                scores = _mask_tile(q_tile @ k_tile.transpose(-1, -2) * p.scale, p, m0, n0)
+                new_max = torch.maximum(row_max, scores.amax(dim=-1))
+                # Rows that have seen no key yet keep max -inf; shifting by 0 instead keeps
+                # exp() finite (exp(-inf) = 0) rather than producing inf - inf = NaN.
+                shift = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+                probs = torch.exp(scores - shift[..., None])
+                rescale = torch.exp(row_max - shift)
+                row_sum = row_sum * rescale + probs.sum(dim=-1)
+                acc_tile = acc_tile * rescale[..., None] + probs @ v_tile
+                row_max = new_max
+            seen = row_sum > 0
+            out_g[..., m0:m1, :] = (acc_tile / torch.where(seen, row_sum, 1.0)[..., None]).to(p.dtype)
+            # +inf for rows that saw nothing: exp(s - lse) is then 0 in the backward.
+            lse[..., m0:m1] = torch.where(seen, row_max + torch.log(row_sum), float("inf"))
+        return out, lse.flatten(1, 2)
+
+    def backward(self, grad_out, q, k, v, out, lse, problem):
+        p, cfg = problem, self.config
+        acc = accumulator_dtype(p.dtype)
+        qg, dog = self._group_view(q, p), self._group_view(grad_out, p)
+        lse_g = lse.unflatten(1, (p.kv_heads, p.group_size))
+        # delta_i = sum_d dO_id * O_id = rowsum(P * dP), the softmax-gradient correction term.
+        delta = self._group_view((grad_out.to(acc) * out.to(acc)).sum(dim=-1), p)
+
+        def tile(m0, m1, n0, n1):
+            """Recompute the probabilities of one tile from the saved log-sum-exp."""
+            q_tile = qg[..., m0:m1, :].to(acc)
+            k_tile = k[:, :, None, n0:n1, :].to(acc)
+            scores = _mask_tile(q_tile @ k_tile.transpose(-1, -2) * p.scale, p, m0, n0)
+            probs = torch.exp(scores - lse_g[..., m0:m1, None])
+            do_tile = dog[..., m0:m1, :].to(acc)
+            dprobs = do_tile @ v[:, :, None, n0:n1, :].to(acc).transpose(-1, -2)
+            dscores = probs * (dprobs - delta[..., m0:m1, None]) * p.scale
+            return q_tile, k_tile, probs, do_tile, dscores
+
+        # Pass 1, dK and dV: each key block owns its gradient; loop over the query blocks that
+        # see it and sum over the query-head group.
+        dk = torch.empty_like(k)
+        dv = torch.empty_like(v)
+        for n0 in range(0, p.kv_len, cfg.block_n):
+            n1 = min(n0 + cfg.block_n, p.kv_len)
+            dk_tile = torch.zeros(p.batch, p.kv_heads, n1 - n0, p.head_dim, dtype=acc, device=q.device)
+            dv_tile = torch.zeros(p.batch, p.kv_heads, n1 - n0, p.value_dim, dtype=acc, device=q.device)
+            start = (first_row_seeing(p, n0) // cfg.block_m) * cfg.block_m
+            for m0 in range(start, p.q_len, cfg.block_m):
+                m1 = min(m0 + cfg.block_m, p.q_len)
+                q_tile, _, probs, do_tile, dscores = tile(m0, m1, n0, n1)
+                dv_tile += (probs.transpose(-1, -2) @ do_tile).sum(dim=2)
+                dk_tile += (dscores.transpose(-1, -2) @ q_tile).sum(dim=2)
+            dk[:, :, n0:n1] = dk_tile.to(k.dtype)
+            dv[:, :, n0:n1] = dv_tile.to(v.dtype)
+
+        # Pass 2, dQ: each query block owns its gradient; loop over the keys it sees.
+        dq = torch.empty_like(q)
+        dq_g = self._group_view(dq, p)
+        for m0 in range(0, p.q_len, cfg.block_m):
+            m1 = min(m0 + cfg.block_m, p.q_len)
+            dq_tile = torch.zeros(*qg[..., m0:m1, :].shape, dtype=acc, device=q.device)
+            for n0 in range(0, kv_end_for_rows(p, m1), cfg.block_n):
+                n1 = min(n0 + cfg.block_n, p.kv_len)
+                _, k_tile, _, _, dscores = tile(m0, m1, n0, n1)
+                dq_tile += dscores @ k_tile
+            dq_g[..., m0:m1, :] = dq_tile.to(q.dtype)
+        return dq, dk, dv
+
+
+def tiled_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: AttentionProblem,
+    config: TiledConfig | None = None,
+) -> torch.Tensor:
+    """Tiled FlashAttention-2 with a recomputing backward. Shapes as in :func:`attnkit.attention`."""
+    return flash_attention(TiledImplementation(config), q, k, v, problem)
