@@ -1,0 +1,1 @@
+"""Benchmark support: cases and runners (cases), timing, statistics, baselines and the gate."""
