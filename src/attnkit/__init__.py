@@ -1,12 +1,11 @@
 """attnkit: one attention API over several paths, and the suite that guards them."""
 
 from attnkit.api import AUTO_ORDER, attention
+from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
 from attnkit.module import MultiHeadAttention
 from attnkit.reference import reference_attention
 from attnkit.registry import (
-    BackendUnavailableError,
-    UnsupportedProblemError,
     available_backends,
     backend_names,
     unavailable_reason,

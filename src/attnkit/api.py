@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import check_inputs
-from attnkit.registry import (
-    BackendUnavailableError,
-    UnsupportedProblemError,
-    get_backend,
-    unavailable_reason,
-)
-from attnkit.sdpa import SdpaRejectedError
+from attnkit.registry import get_backend, unavailable_reason
 
 #: Order in which ``backend="auto"`` tries paths: fastest first, as measured on the H100
 #: (docs/PERFORMANCE.md); a path is skipped when it is unavailable or rejects the inputs.
@@ -70,7 +65,7 @@ def _run_auto(q, k, v, problem):
         if reason is None:
             try:
                 return candidate.run(q, k, v, problem)
-            except SdpaRejectedError as err:
+            except UnsupportedProblemError as err:
                 reason = str(err)
         rejections.append(f"{name}: {reason}")
     raise UnsupportedProblemError(f"no backend supports {problem.describe()}: " + " | ".join(rejections))

@@ -18,14 +18,6 @@ DeviceCheck = Callable[[torch.device], "str | None"]
 ProblemCheck = Callable[[AttentionProblem], "str | None"]
 
 
-class BackendUnavailableError(ValueError):
-    """The named backend cannot run on this device or build; the message says why."""
-
-
-class UnsupportedProblemError(NotImplementedError):
-    """The named backend runs here but not for these inputs; the message says why."""
-
-
 def _always(_) -> None:
     return None
 

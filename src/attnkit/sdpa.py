@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
 
 #: attnkit backend name -> the SDPA backend it forces (None: PyTorch chooses).
@@ -35,10 +36,6 @@ SDPA_BACKENDS: dict[str, SDPBackend | None] = {
 
 #: Backends that exist only as CUDA kernels (on CPU PyTorch has flash and math).
 _CUDA_ONLY = {SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION}
-
-
-class SdpaRejectedError(NotImplementedError):
-    """A forced SDPA backend cannot take these inputs; the message carries PyTorch's reasons."""
 
 
 def sdpa_device_support(name: str, device: torch.device) -> str | None:
@@ -83,7 +80,7 @@ def _call_sdpa(name, q, k, v, problem, is_causal):
                 )
         except RuntimeError as err:
             reasons = "; ".join(str(w.message).strip() for w in caught) or str(err)
-            raise SdpaRejectedError(
+            raise UnsupportedProblemError(
                 f"backend {name!r} cannot run {problem.describe()} on {problem.device}: {reasons}"
             ) from err
 
