@@ -21,13 +21,11 @@ def causal_visibility(q_len: int, kv_len: int, device: torch.device) -> torch.Te
     return cols <= rows + (kv_len - q_len)
 
 
-def naive_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem
-) -> torch.Tensor:
-    """softmax(scale * q k^T) v, computed in q's dtype, differentiable by autograd.
+def attention_scores(q: torch.Tensor, k: torch.Tensor, problem: AttentionProblem) -> torch.Tensor:
+    """scale * q k^T with -inf where the causal mask hides a key, in q's dtype: (B, Hkv, G, N, M).
 
-    GQA is handled by viewing q as (B, Hkv, G, N, D) so K and V broadcast over the group
-    instead of being repeated.
+    GQA is handled by viewing q as (B, Hkv, G, N, D) so K broadcasts over the group instead of
+    being repeated.
     """
     p = problem
     qg = q.reshape(p.batch, p.kv_heads, p.group_size, p.q_len, p.head_dim)
@@ -35,14 +33,28 @@ def naive_attention(
     if p.causal:
         visible = causal_visibility(p.q_len, p.kv_len, q.device)
         scores = scores.masked_fill(~visible, float("-inf"))
+    return scores
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, problem: AttentionProblem) -> torch.Tensor:
+    """softmax of :func:`attention_scores`: (B, Hkv, G, N, M). A row that sees no key gets
+    all-zero weights."""
+    scores = attention_scores(q, k, problem)
     # Subtracting the row max keeps exp() in range for large logits. A row that sees no key
     # has max -inf; replacing it by 0 makes every exp() exactly 0 and the row's output 0.
     row_max = scores.amax(dim=-1, keepdim=True).detach()
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     weights = torch.exp(scores - row_max)
     denom = weights.sum(dim=-1, keepdim=True)
-    denom = torch.where(denom == 0, torch.ones_like(denom), denom)
-    out = torch.matmul(weights / denom, v.unsqueeze(2))
+    return weights / torch.where(denom == 0, torch.ones_like(denom), denom)
+
+
+def naive_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem
+) -> torch.Tensor:
+    """softmax(scale * q k^T) v, computed in q's dtype, differentiable by autograd."""
+    p = problem
+    out = torch.matmul(attention_weights(q, k, p), v.unsqueeze(2))
     return out.reshape(p.batch, p.q_heads, p.q_len, p.value_dim)
 
 

@@ -9,6 +9,10 @@ Two translations are needed:
   zero query rows are prepended, making a square problem whose last N rows are exactly the
   bottom-right rows. (``torch.nn.attention.bias.causal_lower_right`` is not used: it picks its
   kernel itself, ignoring a forced backend, and drops GQA on its flash branch.)
+* Non-positive scales. PyTorch's CPU flash kernel returns NaN for causal inputs when the scale
+  is 0 or negative (torch 2.13). ``softmax(s * q k^T) == softmax((s * q) k^T)``, so such calls
+  are made with q pre-scaled and scale 1 (exact for s = 0; one extra rounding of q otherwise),
+  and autograd carries the factor into dq.
 * Errors. When a forced backend rejects the inputs, PyTorch raises a generic "no available
   kernel" error and explains the reason only in warnings; those warnings are captured and put
   into the error attnkit raises.
@@ -16,6 +20,7 @@ Two translations are needed:
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -89,6 +94,8 @@ def sdpa_attention(
     name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem
 ) -> torch.Tensor:
     """SDPA with attnkit's bottom-right causal convention; shapes as in :func:`attnkit.attention`."""
+    if problem.scale <= 0.0:
+        q, problem = q * problem.scale, dataclasses.replace(problem, scale=1.0)
     if not problem.causal or problem.causal_offset == 0:
         return _call_sdpa(name, q, k, v, problem, problem.causal)
     q_square, keep = _square_causal_operands(q, problem)

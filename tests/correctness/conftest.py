@@ -1,0 +1,52 @@
+"""Shared fixtures of the correctness suite.
+
+Hypothesis profiles, chosen with the environment variable HYPOTHESIS_PROFILE:
+
+* ``ci``       — derandomised, few examples, no deadline: the same examples every run, bounded
+                 time on a 2-core CPU (the default under CI=true).
+* ``dev``      — the default locally: random, a moderate number of examples.
+* ``thorough`` — many examples, for a GPU box or a nightly run.
+
+Tests run on ``ATTNKIT_TEST_DEVICE`` if set, else on CUDA when present, else on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+import attnkit
+
+_COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
+settings.register_profile("ci", max_examples=12, derandomize=True, print_blob=True, **_COMMON)
+settings.register_profile("dev", max_examples=40, print_blob=True, **_COMMON)
+settings.register_profile("thorough", max_examples=400, print_blob=True, **_COMMON)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def _select_device() -> torch.device:
+    return torch.device(os.environ.get("ATTNKIT_TEST_DEVICE") or attnkit.registry.default_device())
+
+
+DEVICE = _select_device()
+# Fused paths that only run through the Triton interpreter on the CPU are ~1000x slower there:
+# they get smaller shapes so the suite stays within CI's time.
+INTERPRETED = {"triton"} if DEVICE.type == "cpu" else set()
+
+
+def backend_params() -> list:
+    """Every registered backend; those unavailable here are skipped with the reason."""
+    params = []
+    for name in attnkit.backend_names():
+        reason = attnkit.unavailable_reason(name, DEVICE)
+        marks = [pytest.mark.skip(reason=f"{name} unavailable on {DEVICE}: {reason}")] if reason else []
+        params.append(pytest.param(name, marks=marks, id=name))
+    return params
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    return DEVICE

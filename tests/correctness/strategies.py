@@ -1,0 +1,93 @@
+"""Hypothesis strategies for attention problems."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+from attnkit.testing import LAYOUTS, MAGNITUDES, make_tensor
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+#: Head dims: powers of two, and the awkward ones real models use (24, 40, 80, 96, ...).
+HEAD_DIMS = (16, 24, 32, 40, 64, 80, 96, 128, 160, 256)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A drawn attention problem; ``tensors()`` materialises it deterministically from ``seed``."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    value_dim: int
+    causal: bool
+    dtype: torch.dtype
+    scale: float | None
+    q_layout: str
+    kv_layout: str
+    magnitude: str
+    seed: int
+
+    def tensors(self, device):
+        gen = torch.Generator().manual_seed(self.seed)
+        common = {"dtype": self.dtype, "device": device, "generator": gen, "magnitude": self.magnitude}
+        q = make_tensor((self.batch, self.q_heads, self.q_len, self.head_dim), layout=self.q_layout, **common)
+        common["magnitude"] = "unit" if self.magnitude == "large" else self.magnitude
+        kv_shape = (self.batch, self.kv_heads, self.kv_len)
+        k = make_tensor((*kv_shape, self.head_dim), layout=self.kv_layout, **common)
+        v = make_tensor((*kv_shape, self.value_dim), layout=self.kv_layout, **common)
+        grad_out = torch.randn(self.batch, self.q_heads, self.q_len, self.value_dim, generator=gen)
+        return q, k, v, grad_out.to(device=device, dtype=self.dtype)
+
+
+def _lengths(max_len: int):
+    # Lengths that break tiled code: 1, primes, and values just around powers of two (block
+    # sizes); plus anything in range.
+    edges = [
+        n for n in (1, 2, 3, 7, 13, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, 255, 257) if n <= max_len
+    ]
+    return st.one_of(st.sampled_from(edges), st.integers(1, max_len))
+
+
+@st.composite
+def problems(draw, *, max_len: int = 160, max_dim: int = 128, dtypes=DTYPES, max_batch_heads: int = 8):
+    """Draw a problem: MHA/GQA/MQA, N != M, odd head dims, any scale, layouts, magnitudes."""
+    kv_heads = draw(st.integers(1, 3))
+    group = draw(st.sampled_from([1, 1, 2, 3]))
+    q_heads = kv_heads * group
+    batch = draw(st.integers(1, max(1, max_batch_heads // q_heads)))
+    q_len = draw(_lengths(max_len))
+    kv_len = draw(st.one_of(st.just(q_len), _lengths(max_len)))
+    dims = [d for d in HEAD_DIMS if d <= max_dim]
+    head_dim = draw(st.sampled_from(dims))
+    value_dim = draw(st.one_of(st.just(head_dim), st.sampled_from(dims)))
+    scale = draw(
+        st.one_of(
+            st.none(),
+            st.just(0.0),
+            st.floats(-2.0, 2.0, allow_nan=False).map(lambda s: s / math.sqrt(head_dim)),
+        )
+    )
+    return Problem(
+        batch=batch,
+        q_heads=q_heads,
+        kv_heads=kv_heads,
+        q_len=q_len,
+        kv_len=kv_len,
+        head_dim=head_dim,
+        value_dim=value_dim,
+        causal=draw(st.booleans()),
+        dtype=draw(st.sampled_from(dtypes)),
+        scale=scale,
+        q_layout=draw(st.sampled_from(LAYOUTS)),
+        kv_layout=draw(st.sampled_from(LAYOUTS)),
+        magnitude=draw(st.sampled_from(MAGNITUDES)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )

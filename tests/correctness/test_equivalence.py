@@ -1,0 +1,125 @@
+"""Every backend computes the same function as the float64 oracle: output and dq, dk, dv.
+
+The tolerance rule lives in :mod:`attnkit.testing` and is used unchanged for every backend,
+dtype and quantity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import INTERPRETED, backend_params
+from hypothesis import example, given
+from strategies import Problem, problems
+
+from attnkit import UnsupportedProblemError, attention
+from attnkit.testing import assert_close_to_reference, compare_to_reference
+
+
+def _edge(**overrides) -> Problem:
+    base = dict(
+        batch=1, q_heads=2, kv_heads=2, q_len=16, kv_len=16, head_dim=32, value_dim=32, causal=True,
+        dtype=torch.float32, scale=None, q_layout="contiguous", kv_layout="contiguous",
+        magnitude="unit", seed=0,
+    )  # fmt: skip
+    return Problem(**{**base, **overrides})
+
+
+#: Cases that broke, or would break, real attention kernels; every backend runs each one.
+EDGE_CASES = {
+    "single-token": _edge(q_len=1, kv_len=1, head_dim=16, value_dim=16),
+    "decode-gqa": _edge(q_len=1, kv_len=37, q_heads=4, kv_heads=1, head_dim=40, value_dim=40),
+    "rows-see-no-key": _edge(q_len=37, kv_len=13, head_dim=24, value_dim=40, dtype=torch.bfloat16),
+    "block-edge-fp16": _edge(q_len=64, kv_len=64, head_dim=64, value_dim=64, dtype=torch.float16),
+    "just-past-blocks": _edge(
+        q_len=65, kv_len=129, causal=False, head_dim=80, value_dim=80, dtype=torch.bfloat16
+    ),
+    "scale-zero": _edge(q_len=7, kv_len=19, scale=0.0),
+    "negative-scale": _edge(q_len=9, kv_len=9, scale=-0.3, dtype=torch.float16),
+    "mqa": _edge(q_heads=4, kv_heads=1, q_len=33, kv_len=33, dtype=torch.bfloat16),
+    "large-logits": _edge(q_len=48, kv_len=48, magnitude="large", dtype=torch.bfloat16),
+    "outliers": _edge(
+        q_len=31, kv_len=47, head_dim=96, value_dim=96, magnitude="outliers", dtype=torch.float16
+    ),
+    "head-dim-256": _edge(q_len=17, kv_len=17, head_dim=256, value_dim=256),
+    "strided-layouts": _edge(q_len=29, kv_len=41, q_layout="bnhd", kv_layout="strided", causal=False),
+    "expanded-kv": _edge(batch=2, q_len=23, kv_len=23, kv_layout="expanded", dtype=torch.bfloat16),
+    "float64": _edge(q_len=50, kv_len=70, q_heads=3, kv_heads=1, dtype=torch.float64),
+}
+
+
+def fit_to_interpreter(problem: Problem) -> Problem:
+    """Shrink a problem for backends interpreted on the CPU, keeping its odd lengths odd and
+    its awkward head dims awkward (e.g. 129 -> 33, 80 -> 40)."""
+
+    def length(n: int) -> int:
+        return n if n <= 48 else 32 + n % 17
+
+    def dim(d: int) -> int:
+        return d if d <= 64 else max(16, d // 2 if d // 2 <= 64 else 64 - 8 * (d % 3))
+
+    return dataclasses.replace(
+        problem,
+        batch=1,
+        q_len=length(problem.q_len),
+        kv_len=length(problem.kv_len),
+        head_dim=dim(problem.head_dim),
+        value_dim=dim(problem.value_dim),
+    )
+
+
+def check_backend(backend: str, problem: Problem, device: torch.device) -> None:
+    if backend in INTERPRETED:
+        problem = fit_to_interpreter(problem)
+    q, k, v, grad_out = problem.tensors(device)
+
+    def run(a, b, c):
+        return attention(a, b, c, causal=problem.causal, scale=problem.scale, backend=backend)
+
+    try:
+        checks = compare_to_reference(
+            run, q, k, v, causal=problem.causal, scale=problem.scale, grad_out=grad_out
+        )
+    except UnsupportedProblemError as err:
+        # A path may decline inputs it cannot take (e.g. SDPA-flash and float32 on CUDA), but
+        # only with an error that names itself; test_supported_set checks it declines little.
+        assert backend in str(err), f"rejection of {backend} does not name it: {err}"
+        return
+    assert_close_to_reference(f"backend {backend!r} on {problem}", checks)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@given(problem=problems())
+@example(problem=EDGE_CASES["single-token"])
+@example(problem=EDGE_CASES["decode-gqa"])
+@example(problem=EDGE_CASES["rows-see-no-key"])
+@example(problem=EDGE_CASES["block-edge-fp16"])
+@example(problem=EDGE_CASES["just-past-blocks"])
+@example(problem=EDGE_CASES["scale-zero"])
+@example(problem=EDGE_CASES["negative-scale"])
+@example(problem=EDGE_CASES["mqa"])
+@example(problem=EDGE_CASES["large-logits"])
+@example(problem=EDGE_CASES["outliers"])
+@example(problem=EDGE_CASES["head-dim-256"])
+@example(problem=EDGE_CASES["strided-layouts"])
+@example(problem=EDGE_CASES["expanded-kv"])
+@example(problem=EDGE_CASES["float64"])
+def test_backend_matches_reference(backend, problem, device):
+    check_backend(backend, problem, device)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_supported_set_is_not_empty(backend, device):
+    """A backend must accept the everyday case in some 16-bit dtype, so that rejections in
+    test_backend_matches_reference cannot hide a backend that runs nothing."""
+    accepted = []
+    for dtype in (torch.float16, torch.bfloat16):
+        problem = _edge(q_len=40, kv_len=40, head_dim=64, value_dim=64, dtype=dtype)
+        try:
+            check_backend(backend, problem, device)
+            accepted.append(dtype)
+        except UnsupportedProblemError:
+            pass
+    assert accepted, f"{backend} rejected the everyday problem in both fp16 and bf16"
