@@ -9,8 +9,9 @@ Two translations are needed:
   zero query rows are prepended, making a square problem whose last N rows are exactly the
   bottom-right rows. (``torch.nn.attention.bias.causal_lower_right`` is not used: it picks its
   kernel itself, ignoring a forced backend, and drops GQA on its flash branch.)
-* Non-positive scales. PyTorch's CPU flash kernel returns NaN for causal inputs when the scale
-  is 0 or negative (torch 2.13). ``softmax(s * q k^T) == softmax((s * q) k^T)``, so such calls
+* Non-positive and tiny scales. PyTorch's CPU flash kernel returns NaN for causal inputs when
+  the scale is 0, negative, or below float32's smallest normal (torch 2.13).
+  ``softmax(s * q k^T) == softmax((s * q) k^T)``, so such calls
   are made with q pre-scaled and scale 1 (exact for s = 0; one extra rounding of q otherwise),
   and autograd carries the factor into dq.
 * Errors. When a forced backend rejects the inputs, PyTorch raises a generic "no available
@@ -94,7 +95,7 @@ def sdpa_attention(
     name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem
 ) -> torch.Tensor:
     """SDPA with attnkit's bottom-right causal convention; shapes as in :func:`attnkit.attention`."""
-    if problem.scale <= 0.0:
+    if problem.scale < torch.finfo(torch.float32).tiny:
         q, problem = q * problem.scale, dataclasses.replace(problem, scale=1.0)
     if not problem.causal or problem.causal_offset == 0:
         return _call_sdpa(name, q, k, v, problem, problem.causal)

@@ -35,6 +35,10 @@ class Problem:
     magnitude: str
     seed: int
 
+    @property
+    def group_size(self) -> int:
+        return self.q_heads // self.kv_heads
+
     def tensors(self, device):
         gen = torch.Generator().manual_seed(self.seed)
         common = {"dtype": self.dtype, "device": device, "generator": gen, "magnitude": self.magnitude}
