@@ -1,0 +1,135 @@
+"""Bad input raises a clear error — naming the argument, what was expected and what was given —
+before any compute runs."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from attnkit import BackendUnavailableError, MultiHeadAttention, attention
+
+
+class _RecordOps(TorchDispatchMode):
+    """Records every aten op that runs, to prove validation happens before any compute."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _qkv(b=2, hq=4, hkv=2, n=8, m=8, d=16, dv=16, dtype=torch.float32):
+    return (
+        torch.randn(b, hq, n, d, dtype=dtype),
+        torch.randn(b, hkv, m, d, dtype=dtype),
+        torch.randn(b, hkv, m, dv, dtype=dtype),
+    )
+
+
+def _bad_inputs():
+    q, k, v = _qkv()
+    half = q.half()
+    meta_k = torch.empty(k.shape, device="meta")
+    yield "rank", (q[0], k, v), {}, ValueError, r"q: expected a 4-D tensor .*got 3-D"
+    yield "not-a-tensor", (q.tolist(), k, v), {}, TypeError, r"q: expected a torch.Tensor, got list"
+    yield "batch", (q, k[:1], v[:1]), {}, ValueError, r"batch size mismatch: q has 2, k has 1"
+    yield "head-dim", (q, k[..., :8], v), {}, ValueError, r"head_dim mismatch: q has D=16, k has D=8"
+    yield "kv-length", (q, k, v[:, :, :5]), {}, ValueError, r"key/value length mismatch: k has M=8, v has M=5"
+    yield "kv-heads", (q, k, v[:, :1]), {}, ValueError, r"head count mismatch: k has 2 heads, v has 1"
+    q3, k3, v3 = _qkv(hq=4, hkv=3)
+    yield "gqa-divisible", (q3, k3, v3), {}, ValueError, r"q has 4 heads, which is not a multiple of k/v's 3"
+    yield (
+        "mixed-dtype",
+        (half, k, v),
+        {},
+        TypeError,
+        r"k: dtype torch.float32 differs from q's dtype torch.float16",
+    )
+    yield "mixed-device", (q, meta_k, v), {}, ValueError, r"k: device meta differs from q's device cpu"
+    yield (
+        "int-dtype",
+        (q.int(), k.int(), v.int()),
+        {},
+        TypeError,
+        r"q: expected a floating dtype .*got torch.int32",
+    )
+    yield "bool-dtype", (q.bool(), k, v), {}, TypeError, r"q: expected a floating dtype .*got torch.bool"
+    yield (
+        "complex-dtype",
+        (q.cfloat(), k, v),
+        {},
+        TypeError,
+        r"q: expected a floating dtype .*got torch.complex64",
+    )
+    yield "empty", (q[:, :, :0], k, v), {}, ValueError, r"q: every dimension must be non-empty"
+    yield (
+        "scale-nan",
+        (q, k, v),
+        {"scale": float("nan")},
+        ValueError,
+        r"scale: expected a finite float, got nan",
+    )
+    yield (
+        "scale-inf",
+        (q, k, v),
+        {"scale": float("inf")},
+        ValueError,
+        r"scale: expected a finite float, got inf",
+    )
+    yield "scale-type", (q, k, v), {"scale": "0.5"}, TypeError, r"scale: expected a float or None, got str"
+    yield "causal-type", (q, k, v), {"causal": 1}, TypeError, r"causal: expected a bool, got int"
+    yield (
+        "unknown-backend",
+        (q, k, v),
+        {"backend": "flash3"},
+        ValueError,
+        r"backend: expected one of .*'tiled'.*got 'flash3'",
+    )
+
+
+BAD = list(_bad_inputs())
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "message"), [b[1:] for b in BAD], ids=[b[0] for b in BAD]
+)
+def test_bad_input_raises_named_error_before_any_compute(args, kwargs, error, message):
+    recorder = _RecordOps()
+    with recorder, pytest.raises(error, match=message):
+        attention(*args, **kwargs)
+    assert recorder.ops == [], f"ops ran before the error: {recorder.ops}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a CUDA-only backend on a CPU-only machine")
+@pytest.mark.parametrize("backend", ["sdpa-efficient", "sdpa-cudnn"])
+def test_cuda_only_backend_on_cpu_says_why(backend):
+    q, k, v = _qkv()
+    with pytest.raises(BackendUnavailableError, match=re.escape(backend) + r".*CUDA"):
+        attention(q, k, v, backend=backend)
+
+
+def test_forced_backend_that_declines_names_itself_and_the_reason():
+    q, k, v = _qkv(dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match=r"'sdpa-flash'.*float64"):
+        attention(q, k, v, backend="sdpa-flash")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"embed_dim": 30, "num_heads": 4}, r"embed_dim \(30\) must be a multiple of num_heads \(4\)"),
+        (
+            {"embed_dim": 32, "num_heads": 4, "num_kv_heads": 3},
+            r"num_heads \(4\) must be a multiple of num_kv_heads",
+        ),
+    ],
+)
+def test_module_rejects_bad_head_configuration(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MultiHeadAttention(**kwargs)

@@ -1,0 +1,90 @@
+"""The tolerance rule is not vacuous: it rejects realistic kernel bugs.
+
+Each mutant is a small, plausible mistake; the rule must flag it on a problem where the bug
+matters, in each 16-bit dtype and in float32.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit import attention
+from attnkit.testing import compare_to_reference, make_tensor
+
+
+def _mask_off_by_one(q, k, v, causal, scale):
+    # Top-left instead of bottom-right alignment when N != M: the classic mask offset bug.
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
+
+
+def _last_key_block_dropped(q, k, v, causal, scale):
+    # A loop bound that forgets the partial last block (M % block != 0).
+    return attention(q, k[:, :, :-3], v[:, :, :-3], causal=causal, scale=scale, backend="tiled")
+
+
+def _scale_slightly_wrong(q, k, v, causal, scale):
+    # sqrt(D) vs sqrt(D + something): a 3% error in the softmax temperature.
+    return attention(q, k, v, causal=causal, scale=scale * 1.03, backend="tiled")
+
+
+class _ZeroLastRowGrad(torch.autograd.Function):
+    """Identity forward; backward drops the last query row's gradient, as a dQ pass that skips
+    the partial last block would."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        grad[:, :, -1] = 0
+        return grad
+
+
+def _dq_tail_dropped(q, k, v, causal, scale):
+    return attention(_ZeroLastRowGrad.apply(q), k, v, causal=causal, scale=scale, backend="tiled")
+
+
+MUTANTS = {
+    "mask-top-left": _mask_off_by_one,
+    "last-key-block-dropped": _last_key_block_dropped,
+    "scale-3pct": _scale_slightly_wrong,
+    "dq-last-row-dropped": _dq_tail_dropped,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("mutant", list(MUTANTS))
+def test_rule_rejects_mutant(mutant, dtype):
+    gen = torch.Generator().manual_seed(1)
+    shape_q, shape_kv = (2, 4, 45, 40), (2, 2, 67, 40)
+    q = make_tensor(shape_q, dtype=dtype, device="cpu", generator=gen)
+    k = make_tensor(shape_kv, dtype=dtype, device="cpu", generator=gen)
+    v = make_tensor(shape_kv, dtype=dtype, device="cpu", generator=gen)
+    grad_out = torch.randn(shape_q, generator=gen).to(dtype)
+    fn = MUTANTS[mutant]
+    checks = compare_to_reference(
+        lambda a, b, c: fn(a, b, c, True, 40**-0.5), q, k, v, causal=True, scale=None, grad_out=grad_out
+    )
+    caught = [c.quantity for c in checks if not c.ok]
+    assert caught, f"the rule let mutant {mutant!r} pass in {dtype}: " + "; ".join(
+        c.describe() for c in checks
+    )
+
+
+def test_rule_accepts_the_unmutated_path():
+    """Control for the mutants above: the same problem passes without the bug."""
+    gen = torch.Generator().manual_seed(1)
+    q = make_tensor((2, 4, 45, 40), dtype=torch.bfloat16, device="cpu", generator=gen)
+    k = make_tensor((2, 2, 67, 40), dtype=torch.bfloat16, device="cpu", generator=gen)
+    v = make_tensor((2, 2, 67, 40), dtype=torch.bfloat16, device="cpu", generator=gen)
+    grad_out = torch.randn(2, 4, 45, 40, generator=gen).to(torch.bfloat16)
+    checks = compare_to_reference(
+        lambda a, b, c: attention(a, b, c, causal=True, backend="tiled"),
+        q, k, v, causal=True, scale=None, grad_out=grad_out,
+    )  # fmt: skip
+    assert all(c.ok for c in checks), "; ".join(c.describe() for c in checks)
