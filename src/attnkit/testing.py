@@ -25,7 +25,8 @@ at most ``factor`` times the error that the naive path makes in the same dtype, 
   FlashAttention-2 backwards compute delta = rowsum(dO * O) from O *as stored*, rounded to the
   input dtype; that rounding, eps(dtype) * sum_d |dO_id O_id|, enters dS = P * (dP - delta)
   where dP and delta nearly cancel, and reaches dq and dk. Its propagated size is added as
-  ``eps(dtype) * R`` (R = 0 for out and dv).
+  ``eps(dtype) * R`` (R = 0 for out and dv). Last, the smallest normal number of the accumulator
+  dtype: below it rounding is absolute (subnormals), so no relative bound applies.
 
 Error is the maximum absolute difference, as in FlashAttention's tests.
 """
@@ -68,7 +69,7 @@ def error_floor(
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     rounding = torch.finfo(dtype).eps * (reference.abs().max().item() + stored_o_magnitude)
     reordering = torch.finfo(acc).eps * math.sqrt(max(n_terms, 1)) * term_magnitude
-    return rounding + reordering
+    return rounding + reordering + torch.finfo(acc).tiny
 
 
 def term_magnitudes(q, k, v, grad_out, problem) -> dict[str, tuple[float, float]]:
