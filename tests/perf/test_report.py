@@ -69,9 +69,10 @@ def _benchmark_entry(case: BenchCase, slowdown: float = 1.0, extra_bytes: int = 
     return {
         "group": case.group,
         "name": f"test_attention[{case.name}]",
-        "fullname": f"tests/perf/test_attention.py::test_attention[{case.name}]",
+        "fullname": f"tests/perf/test_attention_perf.py::test_attention[{case.name}]",
         "stats": {"median": median_s, "min": median_s * 0.98, "max": median_s * 1.05, "rounds": 20},
         "extra_info": {
+            "name": case.name,
             "backend": case.backend,
             "pass": case.pass_name,
             "shape": _shape(case),
@@ -97,22 +98,35 @@ def _run(entries: list[dict], commit: str, machine_info: dict) -> dict:
 
 
 def _verdict_row(case: BenchCase, before: dict | None, after: dict | None) -> dict:
+    """A row as the gate writes it (attnkit.bench.verdict, format attnkit-perf-verdict/1)."""
     base_ms = before and before["stats"]["median"] * 1e3
     now_ms = after and after["stats"]["median"] * 1e3
     base_peak = before and before["extra_info"]["peak_bytes"]
     now_peak = after and after["extra_info"]["peak_bytes"]
+    evidence = {}
     if before is None:
-        verdict, evidence = "new", "not in the baseline"
+        verdict = "new"
     elif after is None:
-        verdict, evidence = "missing", "not run now"
-    elif now_ms / base_ms > 1.1:
-        verdict, evidence = "slower", "+20.0%, Mann-Whitney p=1e-6, re-measured"
-    elif now_peak > base_peak:
-        verdict, evidence = "more-memory", "+64.0 MiB over a 1 MiB tolerance"
+        verdict = "missing"
     else:
-        verdict, evidence = "same", ""
+        ratio = now_ms / base_ms
+        evidence = {
+            "drift": 1.0,
+            "p_slower": 0.5,
+            "p_faster": 0.5,
+            "ratio_ci99": [ratio - 0.02, ratio + 0.02],
+        }
+        evidence["confirm"] = None
+        verdict = "same"
+        if ratio > 1.1:
+            verdict = "slower"
+            evidence.update(p_slower=1e-6, confirm={"ratio": ratio, "p_slower": 2e-6}, also_more_memory=False)
+        elif now_peak > base_peak:
+            verdict = "more-memory"
+            evidence["memory_growth_bytes"] = now_peak - base_peak
     return {
         "name": case.name,
+        "fullname": f"tests/perf/test_attention_perf.py::test_attention[{case.name}]",
         "group": case.group,
         "backend": case.backend,
         "pass": case.pass_name,
@@ -134,10 +148,17 @@ def write_fixture(folder: Path, regress: bool = True, now_torch: str = "2.11.0+c
     baseline = {c: _benchmark_entry(c) for c in _cases(include_new=False)}
     now = {c: (_now_entry(c) if regress else _benchmark_entry(c)) for c in _cases(include_new=True)}
     now_info = {**H100, "attnkit": {**H100["attnkit"], "torch": now_torch}}
+    rows = [_verdict_row(c, baseline.get(c), now.get(c)) for c in {**baseline, **now}]
     verdict = {
-        "baseline": _run([], "a" * 40, H100),
+        "format": "attnkit-perf-verdict/1",
+        "passed": not any(row["verdict"] in ("slower", "more-memory") for row in rows),
+        "drift": 1.004,
+        "version_differences": {}
+        if now_torch == H100["attnkit"]["torch"]
+        else {"torch": ["2.11.0", now_torch]},
+        "baseline": {"path": "baselines/NVIDIA_H100_80GB_HBM3/baseline.json", **_run([], "a" * 40, H100)},
         "now": _run([], "b" * 40, now_info),
-        "benchmarks": [_verdict_row(c, baseline.get(c), now.get(c)) for c in {**baseline, **now}],
+        "benchmarks": rows,
     }
     verdict_path, benchmarks_path = folder / "verdict.json", folder / "benchmarks.json"
     verdict_path.write_text(json.dumps(verdict))
@@ -158,11 +179,14 @@ def test_markdown_names_each_regression_with_its_numbers(tmp_path):
     assert "**Verdict: ❌ FAIL**" in markdown
     assert "1 🔴 slower · 1 🟠 more memory" in markdown
     slower = _table_row(markdown, SLOWER.name)
-    assert "1.200×" in slower and "🔴 slower" in slower and "Mann-Whitney" in slower
+    assert "1.200×" in slower and "🔴 slower" in slower
+    assert "Mann-Whitney p=1.0e-06" in slower and "re-measured 1.200×" in slower
     greedier = _table_row(markdown, GREEDIER.name)
-    assert "🟠 more memory" in greedier and "floor" in greedier
-    assert "🆕 new" in _table_row(markdown, NEW.name)
-    assert "⚪ missing" in _table_row(markdown, MISSING.name)
+    assert "🟠 more memory" in greedier and "peak +64.0 MiB" in greedier and "floor" in greedier
+    assert "not in the baseline" in _table_row(markdown, NEW.name)
+    assert "not run now" in _table_row(markdown, MISSING.name)
+    assert "Baseline: `baselines/NVIDIA_H100_80GB_HBM3/baseline.json`" in markdown
+    assert "drift 1.004×" in markdown
 
 
 def test_markdown_has_provenance_and_one_table_per_group(tmp_path):

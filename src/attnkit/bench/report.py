@@ -91,6 +91,27 @@ def format_tflops(tflops: float | None) -> str:
     return "—" if tflops is None else f"{tflops:.1f}"
 
 
+def format_evidence(c: Comparison) -> str:
+    """The gate's evidence (a dict in ``attnkit-perf-verdict/1``) as one readable phrase."""
+    if isinstance(c.evidence, str):
+        return c.evidence or {"new": "not in the baseline", "missing": "not run now"}.get(c.verdict, "—")
+    ev = c.evidence
+    parts = []
+    p_key = "p_faster" if c.verdict == "faster" else "p_slower"
+    if ev.get(p_key) is not None and c.verdict in ("slower", "faster"):
+        parts.append(f"Mann-Whitney p={ev[p_key]:.1e}")
+    if ev.get("ratio_ci99") and c.verdict in ("slower", "faster"):
+        low, high = ev["ratio_ci99"]
+        parts.append(f"99% CI {low:.3f}–{high:.3f}×")
+    if ev.get("confirm"):
+        parts.append(f"re-measured {ev['confirm']['ratio']:.3f}× (p={ev['confirm']['p_slower']:.1e})")
+    if ev.get("memory_growth_bytes") is not None:
+        parts.append(f"peak +{format_bytes(ev['memory_growth_bytes'])}")
+    if not parts:
+        return {"new": "not in the baseline", "missing": "not run now"}.get(c.verdict, "—")
+    return "; ".join(parts)
+
+
 def _cell(text: str) -> str:
     """A Markdown table cell: pipes and newlines would break the row."""
     return str(text).replace("|", "\\|").replace("\n", " ")
@@ -134,13 +155,20 @@ def provenance(run: RunInfo) -> dict[str, str]:
     return rows
 
 
-def _provenance_lines(baseline: RunInfo | None, now: RunInfo) -> list[str]:
-    now_rows = provenance(now)
-    if baseline is None:
-        return _table(["", "this run"], [[label, value] for label, value in now_rows.items()])
-    base_rows = provenance(baseline)
+def _provenance_lines(verdict: Verdict | None, now: RunInfo) -> list[str]:
+    if verdict is None:
+        return _table(["", "this run"], [[label, value] for label, value in provenance(now).items()])
+    base_rows, now_rows = provenance(verdict.baseline), provenance(verdict.now)
     lines = _table(["", "baseline", "now"], [[k, base_rows[k], now_rows[k]] for k in now_rows])
-    changed = [
+    lines.append("")
+    if verdict.baseline_path:
+        lines.append(f"Baseline: `{verdict.baseline_path}`.")
+    if verdict.drift is not None:
+        lines.append(
+            f"Calibration drift {verdict.drift:.3f}× (this machine against the baseline's, measured "
+            "on fixed matmul and copy kernels) is divided out of the ratios."
+        )
+    changed = list(verdict.version_differences) or [
         k for k in VERSION_ROWS if base_rows[k] != now_rows[k] and "—" not in (base_rows[k], now_rows[k])
     ]
     if changed:
@@ -168,7 +196,7 @@ def _peak_cell(peak: int | None, baseline_peak: int | None, floor: int | None) -
 
 def _verdict_lines(verdict: Verdict, floors: dict[CaseKey, int | None]) -> list[str]:
     counts = verdict.counts()
-    failed = verdict.failed
+    failed = not verdict.gate_passed
     headline = "❌ FAIL" if failed else "✅ PASS"
     tally = " · ".join(f"{n} {VERDICT_LABELS.get(v, v)}" for v, n in counts.items())
     lines = [f"**Verdict: {headline}** — {len(verdict.comparisons)} benchmarks: {tally}.", ""]
@@ -185,7 +213,7 @@ def _verdict_lines(verdict: Verdict, floors: dict[CaseKey, int | None]) -> list[
                 format_ratio(c.ratio),
                 VERDICT_LABELS.get(c.verdict, c.verdict),
                 _peak_cell(c.now_peak_bytes, c.baseline_peak_bytes, floors.get(c.key)),
-                c.evidence or "—",
+                format_evidence(c),
             ]
             for c in attention
         ]
@@ -239,7 +267,7 @@ def render_markdown(
     title = "attnkit perf gate" if verdict else "attnkit perf run"
     gpu = provenance(verdict.now if verdict else now)["GPU"]
     lines = [f"## {title} on {gpu}" if gpu != "—" else f"## {title}", ""]
-    lines += _provenance_lines(verdict.baseline if verdict else None, verdict.now if verdict else now)
+    lines += _provenance_lines(verdict, now)
     lines.append("")
     if verdict:
         lines += _verdict_lines(verdict, floors)

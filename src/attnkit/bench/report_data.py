@@ -58,7 +58,7 @@ class Comparison:
     pass_name: str
     shape: dict
     verdict: str
-    evidence: str
+    evidence: dict | str
     baseline_median_ms: float | None
     now_median_ms: float | None
     ratio: float | None
@@ -86,13 +86,26 @@ class RunInfo:
 
 @dataclass(frozen=True)
 class Verdict:
+    """The verdict file (format ``attnkit-perf-verdict/1``, see :mod:`attnkit.bench.verdict`)."""
+
     baseline: RunInfo
     now: RunInfo
     comparisons: list[Comparison]
+    #: the gate's own pass/fail; None in a file that does not state it
+    passed: bool | None = None
+    #: calibration drift (now / baseline) that the gate divided out of the current timings
+    drift: float | None = None
+    #: {"torch": [baseline, now], ...} for the versions that changed
+    version_differences: dict = field(default_factory=dict)
+    baseline_path: str | None = None
 
     @property
     def failed(self) -> list[Comparison]:
         return [c for c in self.comparisons if c.fails]
+
+    @property
+    def gate_passed(self) -> bool:
+        return self.passed if self.passed is not None else not self.failed
 
     def counts(self) -> dict[str, int]:
         """Benchmarks per verdict, in :data:`VERDICT_ORDER`, unknown verdicts last."""
@@ -138,7 +151,7 @@ def load_benchmarks(path: str | Path) -> tuple[RunInfo, list[Measurement]]:
             continue
         measurements.append(
             Measurement(
-                name=bench["name"],
+                name=extra.get("name") or bench["name"],
                 backend=extra["backend"],
                 pass_name=extra["pass"],
                 shape=dict(extra["shape"]),
@@ -167,7 +180,7 @@ def load_verdict(path: str | Path) -> Verdict:
             pass_name=row["pass"],
             shape=dict(row.get("shape", {})),
             verdict=row["verdict"],
-            evidence=row.get("evidence", ""),
+            evidence=row.get("evidence") or "",
             baseline_median_ms=_optional_float(row.get("baseline_median_ms")),
             now_median_ms=_optional_float(row.get("now_median_ms")),
             ratio=_optional_float(row.get("ratio")),
@@ -177,4 +190,12 @@ def load_verdict(path: str | Path) -> Verdict:
         )
         for row in data.get("benchmarks", [])
     ]
-    return Verdict(run_info("baseline"), run_info("now"), comparisons)
+    return Verdict(
+        run_info("baseline"),
+        run_info("now"),
+        comparisons,
+        passed=data.get("passed"),
+        drift=_optional_float(data.get("drift")),
+        version_differences=dict(data.get("version_differences") or {}),
+        baseline_path=(data.get("baseline") or {}).get("path"),
+    )
