@@ -82,3 +82,18 @@ for _name in SDPA_BACKENDS:
             partial(sdpa_problem_support, _name),
         )
     )
+
+try:
+    from attnkit.triton import triton_attention, triton_device_support, triton_problem_support
+except ImportError:  # no triton in this install: the backend is simply not registered
+    pass
+else:
+    register(
+        Backend(
+            "triton",
+            "fused Triton FlashAttention-2 kernels, deterministic backward",
+            triton_attention,
+            triton_device_support,
+            triton_problem_support,
+        )
+    )

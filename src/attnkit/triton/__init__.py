@@ -1,0 +1,101 @@
+"""The Triton path: fused FlashAttention-2 forward and backward kernels (backend ``"triton"``).
+
+Layers, one module each:
+
+* ``forward_kernels`` / ``backward_kernels``: the ``@triton.jit`` kernels;
+* ``launch``: host launchers over one shared setup (shapes, strides, scale, grid, config);
+* ``config``: per-GPU tile configs, read from ``configs/<gpu>.json`` (written by ``tune``);
+* this module: :class:`TritonImplementation` for the shared autograd function, the public
+  :func:`triton_attention`, and the support checks the registry asks before dispatch.
+
+Supports bottom-right causal with N != M, GQA/MQA, any strides, any N, M >= 1, head dims
+1..256 (padded to a power of two in-kernel), Dv != D, fp16 / bf16 / fp32 (fp32 with IEEE dots,
+not tf32). Runs on CUDA GPUs, and on the CPU through ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from attnkit.errors import UnsupportedProblemError
+from attnkit.flash_autograd import flash_attention
+from attnkit.inputs import AttentionProblem
+from attnkit.triton.config import AttentionConfig, KernelConfig
+from attnkit.triton.launch import LaunchSetup, attention_backward, attention_forward
+
+MAX_HEAD_DIM = 256
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: Grid axis 1 carries batch x heads; CUDA caps it at 65535.
+MAX_BATCH_HEADS = 65535
+
+
+class TritonImplementation:
+    """Forward and backward kernels; see :class:`attnkit.flash_autograd.FlashImplementation`."""
+
+    def __init__(self, config: AttentionConfig | None = None) -> None:
+        if config is not None and not isinstance(config, AttentionConfig):
+            raise TypeError(f"config: expected an AttentionConfig or None, got {type(config).__name__}")
+        self.config = config
+
+    def forward(self, q, k, v, problem):
+        return attention_forward(q, k, v, LaunchSetup.build(problem, self.config))
+
+    def backward(self, grad_out, q, k, v, out, lse, problem):
+        return attention_backward(grad_out, q, k, v, out, lse, LaunchSetup.build(problem, self.config))
+
+
+def triton_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: AttentionProblem,
+    config: AttentionConfig | None = None,
+) -> torch.Tensor:
+    """Fused attention with autograd. q: (B, Hq, N, D), k: (B, Hkv, M, D), v: (B, Hkv, M, Dv);
+    returns (B, Hq, N, Dv) in q's dtype. ``config`` overrides the GPU's tuned table."""
+    reason = triton_problem_support(problem)
+    if reason is not None:
+        raise UnsupportedProblemError(f"backend 'triton' does not support {problem.describe()}: {reason}")
+    return flash_attention(TritonImplementation(config), q, k, v, problem)
+
+
+def triton_device_support(device: torch.device) -> str | None:
+    """None if the kernels can run on ``device``, else why not."""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return "CUDA is not available in this PyTorch build or machine"
+        return None
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return None
+        return "on the CPU the Triton kernels run only through the interpreter: set TRITON_INTERPRET=1"
+    return f"Triton kernels run on CUDA devices (or the CPU interpreter), not on {device.type}"
+
+
+def triton_problem_support(problem: AttentionProblem) -> str | None:
+    """None if the kernels take ``problem``, else why not (checked before any launch)."""
+    if problem.dtype not in SUPPORTED_DTYPES:
+        return (
+            f"dtype {problem.dtype} is not supported (fp16, bf16, fp32 only: the kernels accumulate "
+            "in float32; use 'naive' or 'tiled' for float64)"
+        )
+    for name, dim in (("head_dim", problem.head_dim), ("value_dim", problem.value_dim)):
+        if dim > MAX_HEAD_DIM:
+            return f"{name} {dim} exceeds {MAX_HEAD_DIM}: its tiles would not fit in shared memory"
+    if problem.batch * problem.q_heads > MAX_BATCH_HEADS:
+        return (
+            f"batch * q_heads = {problem.batch * problem.q_heads} exceeds the launch grid's {MAX_BATCH_HEADS}"
+        )
+    return None
+
+
+__all__ = [
+    "AttentionConfig",
+    "KernelConfig",
+    "TritonImplementation",
+    "triton_attention",
+    "triton_device_support",
+    "triton_problem_support",
+]

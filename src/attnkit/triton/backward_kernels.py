@@ -1,0 +1,276 @@
+"""Backward kernels of the Triton path: a preprocess, a dK/dV pass and a dQ pass.
+
+FlashAttention-2's backward, split so that every output element is owned by one program and
+written once: no atomics, so two runs give bitwise-identical gradients.
+
+* ``_attn_bwd_preprocess``: delta_i = sum_d dO_id * O_id (= rowsum(P * dP)), float32.
+* ``_attn_bwd_dkdv_kernel``: one program per (key block, batch, kv head). It keeps K, V and the
+  dK, dV accumulators on chip and streams, for each query head of its GQA group in turn, the
+  query blocks that see its keys. The group sum is a plain loop, so its order is fixed.
+* ``_attn_bwd_dq_kernel``: one program per (query block, batch, query head), streaming the key
+  blocks the rows see, exactly like the forward.
+
+Both recompute P = exp2(s * log2(e) - lse * log2(e)) from the saved log-sum-exp; rows that saw
+no key have lse = +inf and so P = 0 and zero gradient. The scores are recomputed twice (once per
+pass): 7 matmuls instead of 5, the price of determinism without a dQ reduction buffer.
+
+Row phases of the dK/dV pass (for key block [n0, n0 + BLOCK_N)): query blocks from the first
+row that sees key n0 up to the first row that sees the whole block are masked (the causal
+diagonal); whole blocks after that run bare; the ragged end of the queries is masked again.
+Rows past N load lse = +inf, dO = 0 and so contribute nothing.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from attnkit.triton.forward_kernels import DYNAMIC_INTS, LOG2E, _dot, _key_phases, _load_tile, _store_tile
+
+
+@triton.jit(do_not_specialize=["q_len", "q_heads"])
+def _attn_bwd_preprocess(
+    O, DO, DELTA,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    q_len, q_heads,
+    VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """Grid (cdiv(N, BLOCK_M), B * Hq). O, DO: (B, Hq, N, Dv); DELTA: (B, Hq, N) float32."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    batch = (pid_bh // q_heads).to(tl.int64)
+    head = (pid_bh % q_heads).to(tl.int64)
+    m0 = (pid_m * BLOCK_M).to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, VALUE_PAD)
+    rows = pid_m * BLOCK_M + offs_m
+    o_ptrs = O + batch * stride_ob + head * stride_oh + m0 * stride_om
+    o = _load_tile(o_ptrs + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
+                   rows, q_len, offs_dv, VALUE_DIM, VALUE_PAD, True)  # fmt: skip
+    do_ptrs = DO + batch * stride_dob + head * stride_doh + m0 * stride_dom
+    do = _load_tile(do_ptrs + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
+                    rows, q_len, offs_dv, VALUE_DIM, VALUE_PAD, True)  # fmt: skip
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + pid_bh.to(tl.int64) * q_len + rows, delta, mask=rows < q_len)
+
+
+@triton.jit
+def _dkdv_inner(
+    dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qm, stride_dom, start_m, end_m,
+    offs_m, keys, offs_d, offs_dv, q_len, causal_offset, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Accumulate query rows [start_m, end_m) into dK, dV; the pointers point at row start_m.
+    Works on transposed tiles (keys x rows) so dK, dV accumulate without transposing them."""
+    for start in range(start_m, end_m, BLOCK_M):
+        rows = start + offs_m
+        q = _load_tile(q_ptrs, rows, q_len, offs_d, HEAD_DIM, HEAD_PAD, MASKED)
+        do = _load_tile(do_ptrs, rows, q_len, offs_dv, VALUE_DIM, VALUE_PAD, MASKED)
+        if MASKED:
+            lse = tl.load(lse_ptrs, mask=rows < q_len, other=float("inf"))
+            delta = tl.load(delta_ptrs, mask=rows < q_len, other=0.0)
+        else:
+            lse = tl.load(lse_ptrs)
+            delta = tl.load(delta_ptrs)
+        s_t = _dot(k, tl.trans(q), None, DOT_PRECISION) * qk_scale
+        p_t = tl.exp2(s_t - (lse * LOG2E)[None, :])
+        if MASKED and CAUSAL:
+            # Hidden keys may score above the row's lse (they are not in its sum): zero them.
+            p_t = tl.where(keys[:, None] <= rows[None, :] + causal_offset, p_t, 0.0)
+        dv = _dot(p_t.to(do.dtype), do, dv, DOT_PRECISION)
+        dp_t = _dot(v, tl.trans(do), None, DOT_PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = _dot(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
+        q_ptrs += BLOCK_M * stride_qm
+        do_ptrs += BLOCK_M * stride_dom
+        lse_ptrs += BLOCK_M
+        delta_ptrs += BLOCK_M
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=DYNAMIC_INTS)
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, qk_scale, scale,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Grid (cdiv(M, BLOCK_N), B * Hkv). DK like K, DV like V; LSE, DELTA: (B, Hq, N) float32."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    batch = (pid_bh // kv_heads).to(tl.int64)
+    kv_head = pid_bh % kv_heads
+    n0 = pid_n * BLOCK_N
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_PAD)
+    offs_dv = tl.arange(0, VALUE_PAD)
+    keys = n0 + offs_n
+
+    k_ptrs = K + batch * stride_kb + kv_head.to(tl.int64) * stride_kh + n0.to(tl.int64) * stride_kn
+    k = _load_tile(k_ptrs + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                   keys, kv_len, offs_d, HEAD_DIM, HEAD_PAD, True)  # fmt: skip
+    v_ptrs = V + batch * stride_vb + kv_head.to(tl.int64) * stride_vh + n0.to(tl.int64) * stride_vn
+    v = _load_tile(v_ptrs + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
+                   keys, kv_len, offs_dv, VALUE_DIM, VALUE_PAD, True)  # fmt: skip
+    dk = tl.zeros([BLOCK_N, HEAD_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, VALUE_PAD], dtype=tl.float32)
+
+    if CAUSAL:
+        # First row that sees key n0, rounded down to the block grid ...
+        lo = (tl.maximum(n0 - causal_offset, 0) // BLOCK_M) * BLOCK_M
+        # ... and the first block start from which every row sees the whole key block.
+        all_visible = n0 + BLOCK_N - 1 - causal_offset
+        mid = lo + tl.cdiv(tl.maximum(all_visible - lo, 0), BLOCK_M) * BLOCK_M
+        full_end = (q_len // BLOCK_M) * BLOCK_M
+        tail = tl.maximum(mid, full_end)
+    else:
+        full_end = (q_len // BLOCK_M) * BLOCK_M
+        tail = full_end
+
+    for g in range(group_size):
+        head = (kv_head * group_size + g).to(tl.int64)
+        bh = batch * q_heads + head
+        q_base = (
+            Q
+            + batch * stride_qb
+            + head * stride_qh
+            + offs_m[:, None] * stride_qm
+            + offs_d[None, :] * stride_qd
+        )
+        do_base = DO + batch * stride_dob + head * stride_doh
+        do_base += offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod
+        lse_base = LSE + bh * q_len + offs_m
+        delta_base = DELTA + bh * q_len + offs_m
+        if CAUSAL:
+            start64 = lo.to(tl.int64)
+            dk, dv = _dkdv_inner(
+                dk, dv, k, v, q_base + start64 * stride_qm, do_base + start64 * stride_dom,
+                lse_base + start64, delta_base + start64, stride_qm, stride_dom, lo, tl.minimum(mid, q_len),
+                offs_m, keys, offs_d, offs_dv, q_len, causal_offset, qk_scale,
+                HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_M, True, CAUSAL, DOT_PRECISION,
+            )  # fmt: skip
+            start64 = mid.to(tl.int64)
+            dk, dv = _dkdv_inner(
+                dk, dv, k, v, q_base + start64 * stride_qm, do_base + start64 * stride_dom,
+                lse_base + start64, delta_base + start64, stride_qm, stride_dom, mid, full_end,
+                offs_m, keys, offs_d, offs_dv, q_len, causal_offset, qk_scale,
+                HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_M, False, CAUSAL, DOT_PRECISION,
+            )  # fmt: skip
+        else:
+            dk, dv = _dkdv_inner(
+                dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, 0, full_end,
+                offs_m, keys, offs_d, offs_dv, q_len, causal_offset, qk_scale,
+                HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_M, False, CAUSAL, DOT_PRECISION,
+            )  # fmt: skip
+        start64 = tail.to(tl.int64)
+        dk, dv = _dkdv_inner(
+            dk, dv, k, v, q_base + start64 * stride_qm, do_base + start64 * stride_dom,
+            lse_base + start64, delta_base + start64, stride_qm, stride_dom, tail, q_len,
+            offs_m, keys, offs_d, offs_dv, q_len, causal_offset, qk_scale,
+            HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_M, True, CAUSAL, DOT_PRECISION,
+        )  # fmt: skip
+
+    dk_ptrs = DK + batch * stride_dkb + kv_head.to(tl.int64) * stride_dkh + n0.to(tl.int64) * stride_dkn
+    _store_tile(dk_ptrs + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+                dk * scale, keys, kv_len, offs_d, HEAD_DIM)  # fmt: skip
+    dv_ptrs = DV + batch * stride_dvb + kv_head.to(tl.int64) * stride_dvh + n0.to(tl.int64) * stride_dvn
+    _store_tile(dv_ptrs + offs_n[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd,
+                dv, keys, kv_len, offs_dv, VALUE_DIM)  # fmt: skip
+
+
+@triton.jit
+def _dq_inner(
+    dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, start_n, end_n,
+    rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Accumulate keys [start_n, end_n) into dQ; the pointers point at key start_n."""
+    for start in range(start_n, end_n, BLOCK_N):
+        cols = start + offs_n
+        k = _load_tile(k_ptrs, cols, kv_len, offs_d, HEAD_DIM, HEAD_PAD, MASKED)
+        v = _load_tile(v_ptrs, cols, kv_len, offs_dv, VALUE_DIM, VALUE_PAD, MASKED)
+        s = _dot(q, tl.trans(k), None, DOT_PRECISION) * qk_scale
+        p = tl.exp2(s - lse2[:, None])
+        if MASKED:
+            visible = cols[None, :] < kv_len
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
+            p = tl.where(visible, p, 0.0)
+        dp = _dot(do, tl.trans(v), None, DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = _dot(ds.to(k.dtype), k, dq, DOT_PRECISION)
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    return dq
+
+
+@triton.jit(do_not_specialize=DYNAMIC_INTS)
+def _attn_bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, qk_scale, scale,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Grid (cdiv(N, BLOCK_M), B * Hq). DQ like Q; LSE, DELTA: (B, Hq, N) float32."""
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    batch = (pid_bh // q_heads).to(tl.int64)
+    head = pid_bh % q_heads
+    kv_head = (head // group_size).to(tl.int64)
+    head = head.to(tl.int64)
+    m0 = pid_m * BLOCK_M
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_PAD)
+    offs_dv = tl.arange(0, VALUE_PAD)
+    rows = m0 + offs_m
+
+    q_ptrs = Q + batch * stride_qb + head * stride_qh + m0.to(tl.int64) * stride_qm
+    q = _load_tile(q_ptrs + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                   rows, q_len, offs_d, HEAD_DIM, HEAD_PAD, True)  # fmt: skip
+    do_ptrs = DO + batch * stride_dob + head * stride_doh + m0.to(tl.int64) * stride_dom
+    do = _load_tile(do_ptrs + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
+                    rows, q_len, offs_dv, VALUE_DIM, VALUE_PAD, True)  # fmt: skip
+    row_ptrs = pid_bh.to(tl.int64) * q_len + rows
+    lse2 = tl.load(LSE + row_ptrs, mask=rows < q_len, other=float("inf")) * LOG2E
+    delta = tl.load(DELTA + row_ptrs, mask=rows < q_len, other=0.0)
+
+    k_ptrs = K + batch * stride_kb + kv_head * stride_kh
+    k_ptrs += offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_ptrs = V + batch * stride_vb + kv_head * stride_vh
+    v_ptrs += offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
+    dq = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    free_end, kv_end = _key_phases(m0, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = _dq_inner(
+        dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, free_end,
+        rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
+        HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, False, CAUSAL, DOT_PRECISION,
+    )  # fmt: skip
+    dq = _dq_inner(
+        dq, q, do, lse2, delta,
+        k_ptrs + free_end.to(tl.int64) * stride_kn, v_ptrs + free_end.to(tl.int64) * stride_vn,
+        stride_kn, stride_vn, free_end, kv_end,
+        rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
+        HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, True, CAUSAL, DOT_PRECISION,
+    )  # fmt: skip
+
+    dq_ptrs = DQ + batch * stride_dqb + head * stride_dqh + m0.to(tl.int64) * stride_dqm
+    _store_tile(dq_ptrs + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+                dq * scale, rows, q_len, offs_d, HEAD_DIM)  # fmt: skip

@@ -1,0 +1,147 @@
+"""Kernel configuration of the Triton path: block sizes, warps and pipeline stages.
+
+Configuration is data. ``configs/<gpu_key>.json`` holds, per *shape family* (dtype class, padded
+head dim, causal or not), the tile shape of each of the three kernels; the table is written by
+``python -m attnkit.triton.tune`` on that GPU and committed. At run time the table is read once
+(no autotuning at import or per call), so a perf gate always times the same kernels. A GPU with
+no table, or a family missing from it, gets :func:`default_config`, which only promises to fit
+in ~96 KB of shared memory and to be correct.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+#: Environment variable naming a JSON table to use instead of the packaged one.
+CONFIG_ENV = "ATTNKIT_TRITON_CONFIG"
+
+_WARPS = (1, 2, 4, 8, 16)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def padded_dim(dim: int) -> int:
+    """Head dims are padded (with masked loads) to a power of two of at least 16, the
+    smallest inner size ``tl.dot`` takes."""
+    return max(16, next_power_of_2(dim))
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch parameters of one kernel: a (block_m query rows) x (block_n key rows) tile."""
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 16 or value > 256 or value & (value - 1):
+                raise ValueError(
+                    f"KernelConfig.{name}: expected a power of two in 16..256 (tl.dot needs >= 16), "
+                    f"got {value!r}"
+                )
+        if self.num_warps not in _WARPS:
+            raise ValueError(f"KernelConfig.num_warps: expected one of {_WARPS}, got {self.num_warps!r}")
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            raise ValueError(f"KernelConfig.num_stages: expected an int in 1..8, got {self.num_stages!r}")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Configs of the forward, the backward's dK/dV pass and its dQ pass."""
+
+    fwd: KernelConfig
+    dkdv: KernelConfig
+    dq: KernelConfig
+
+    def as_dict(self) -> dict:
+        return {name: asdict(getattr(self, name)) for name in ("fwd", "dkdv", "dq")}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AttentionConfig:
+        missing = {"fwd", "dkdv", "dq"} - set(data)
+        if missing:
+            raise ValueError(f"AttentionConfig: missing kernel(s) {sorted(missing)} in {data!r}")
+        return cls(**{name: KernelConfig(**data[name]) for name in ("fwd", "dkdv", "dq")})
+
+
+def family_key(dtype: torch.dtype, head_dim: int, value_dim: int, causal: bool) -> str:
+    """Shape family, e.g. ``16bit-d128-causal``: problems that share one tuned config."""
+    width = "fp32" if dtype == torch.float32 else "16bit"
+    return f"{width}-d{padded_dim(max(head_dim, value_dim))}-{'causal' if causal else 'full'}"
+
+
+def gpu_key(device: torch.device) -> str:
+    """File stem of the device's table, e.g. ``nvidia-h100-80gb-hbm3``; ``interpreter`` on CPU."""
+    if device.type != "cuda":
+        return "interpreter"
+    name = torch.cuda.get_device_name(device)
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def default_config(
+    dtype: torch.dtype, head_dim: int, value_dim: int, interpreted: bool = False
+) -> AttentionConfig:
+    """A safe config for any GPU: tiles shrink until one pipeline stage of the largest kernel
+    fits in ~96 KB of shared memory. Under the interpreter, small unequal tiles (32 x 16) make
+    tiny test shapes cross block edges and the causal diagonal in every loop phase."""
+    if interpreted:
+        small = KernelConfig(32, 16, 4, 1)
+        return AttentionConfig(small, KernelConfig(16, 32, 4, 1), small)
+    item = 4 if dtype == torch.float32 else 2
+    dim = padded_dim(max(head_dim, value_dim))
+    block_m, block_n = 64, 64
+    # The dK/dV pass keeps K, V (block_n rows) and streams Q, dO (block_m rows): ~2 tiles each.
+    while (2 * block_m + 2 * block_n) * dim * item > 96 * 1024 and max(block_m, block_n) > 16:
+        if block_n >= block_m:
+            block_n //= 2
+        else:
+            block_m //= 2
+    stages = 2 if (block_m + 2 * block_n) * dim * item * 2 <= 160 * 1024 else 1
+    cfg = KernelConfig(block_m, block_n, 4, stages)
+    return AttentionConfig(cfg, cfg, cfg)
+
+
+@functools.cache
+def _load_table(path: str) -> dict:
+    with open(path) as f:
+        table = json.load(f)
+    if "families" not in table:
+        raise ValueError(f"{path}: not a kernel-config table (no 'families' key)")
+    return table
+
+
+def table_path(device: torch.device) -> Path | None:
+    """The table used for ``device``: $ATTNKIT_TRITON_CONFIG if set, else the packaged one."""
+    override = os.environ.get(CONFIG_ENV)
+    if override:
+        return Path(override)
+    path = CONFIG_DIR / f"{gpu_key(device)}.json"
+    return path if path.exists() else None
+
+
+def get_config(
+    device: torch.device, dtype: torch.dtype, head_dim: int, value_dim: int, causal: bool
+) -> AttentionConfig:
+    """The committed config of this GPU and shape family, or :func:`default_config`."""
+    interpreted = device.type != "cuda"
+    path = None if interpreted else table_path(device)
+    if path is not None:
+        entry = _load_table(str(path))["families"].get(family_key(dtype, head_dim, value_dim, causal))
+        if entry is not None:
+            return AttentionConfig.from_dict(entry)
+    return default_config(dtype, head_dim, value_dim, interpreted)

@@ -1,0 +1,183 @@
+"""Forward kernel of the Triton path, and the tile helpers the backward kernels share.
+
+One program computes a (BLOCK_M, Dv) block of the output of one query head and its
+log-sum-exp, streaming the key/value blocks the rows can see (FlashAttention-2's loop order,
+the same as :class:`attnkit.tiled.TiledImplementation`).
+
+Numerics:
+* Scores live in the log2 domain: ``qk_scale = scale * log2(e)`` is folded into one multiply so
+  the softmax uses ``exp2`` (one MUFU instruction) instead of ``exp``. The stored log-sum-exp
+  is converted back to natural log, as the shared autograd contract requires.
+* Rows that see no key (bottom-right causal with N > M) keep max = -inf and sum = 0; every
+  ``exp2`` is then taken against 0 instead of -inf so no ``-inf - -inf = NaN`` appears; they
+  output 0 and store lse = +inf so the backward's ``exp2(s - lse)`` is exactly 0.
+
+Loop phases: keys every row of the block sees, in whole blocks, run with no masks at all
+(``MASKED=False``); the remaining blocks (the causal diagonal, and the ragged end of the keys)
+run with masks. With bottom-right alignment row i sees key j iff ``j <= i + causal_offset``.
+
+Addressing: the (batch, head, block start) part of every offset is computed in int64, so
+tensors past 2**31 elements are safe; the offsets inside one tile are int32 (the launcher
+guarantees ``stride * block < 2**31``) and pointers advance by whole blocks.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = 1.4426950408889634
+LN2: tl.constexpr = 0.6931471805599453
+
+#: Integer arguments that must stay runtime values: Triton would otherwise turn a value of 1
+#: into a compile-time constant, and the kernels call ``.to(tl.int64)`` on some of them.
+DYNAMIC_INTS = ["q_len", "kv_len", "q_heads", "kv_heads", "group_size", "causal_offset"]
+
+
+@triton.jit
+def _load_tile(ptrs, rows, n_rows, cols, DIM: tl.constexpr, PAD: tl.constexpr, CHECK_ROWS: tl.constexpr):
+    """Load a (rows, PAD) tile; rows past ``n_rows`` and columns past ``DIM`` read as 0.
+    Masks are only built where needed: interior tiles of a power-of-two head dim load bare."""
+    if CHECK_ROWS:
+        mask = rows[:, None] < n_rows
+        if DIM != PAD:
+            mask = mask & (cols[None, :] < DIM)
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    elif DIM != PAD:
+        x = tl.load(ptrs, mask=cols[None, :] < DIM, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _dot(a, b, acc, PRECISION: tl.constexpr):
+    """``a @ b (+ acc)`` in float32. PRECISION "upcast" computes bf16 operands as float32 IEEE
+    dots: the interpreter multiplies bf16 bit patterns as integers (triton 3.6-3.9), and a
+    bf16 x bf16 product is exact in float32, so this matches the tensor-core result."""
+    if PRECISION == "upcast":
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc, input_precision=PRECISION)
+    return out
+
+
+@triton.jit
+def _store_tile(ptrs, x, rows, n_rows, cols, DIM: tl.constexpr):
+    tl.store(ptrs, x.to(ptrs.dtype.element_ty), mask=(rows[:, None] < n_rows) & (cols[None, :] < DIM))
+
+
+@triton.jit
+def _key_phases(
+    m0, kv_len, causal_offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr
+):
+    """For query rows [m0, m0 + BLOCK_M): (free_end, kv_end). Keys [0, free_end) are whole
+    blocks every row sees (no mask); [free_end, kv_end) need masks; keys >= kv_end are unseen."""
+    if CAUSAL:
+        kv_end = tl.minimum(kv_len, tl.maximum(m0 + BLOCK_M + causal_offset, 0))
+        # Row m0 sees keys j <= m0 + causal_offset, and every later row sees at least those.
+        free_end = tl.minimum(kv_len, tl.maximum(m0 + causal_offset + 1, 0))
+    else:
+        kv_end = kv_len
+        free_end = kv_len
+    free_end = (free_end // BLOCK_N) * BLOCK_N
+    return free_end, kv_end
+
+
+@triton.jit
+def _attn_fwd_inner(
+    acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, start_n, end_n,
+    rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Online softmax over keys [start_n, end_n); k_ptrs / v_ptrs point at key start_n."""
+    for start in range(start_n, end_n, BLOCK_N):
+        cols = start + offs_n
+        k = _load_tile(k_ptrs, cols, kv_len, offs_d, HEAD_DIM, HEAD_PAD, MASKED)
+        s = _dot(q, tl.trans(k), None, DOT_PRECISION) * qk_scale
+        if MASKED:
+            visible = cols[None, :] < kv_len
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:
+            # A row with nothing visible so far keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_tile(v_ptrs, cols, kv_len, offs_dv, VALUE_DIM, VALUE_PAD, MASKED)
+        # P is rounded to V's dtype for the tensor-core dot (as FlashAttention does); the
+        # accumulator stays float32.
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION)
+        m_i = m_new
+        k_ptrs += BLOCK_N * stride_kn
+        v_ptrs += BLOCK_N * stride_vn
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=DYNAMIC_INTS)
+def _attn_fwd_kernel(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Grid (cdiv(N, BLOCK_M), B * Hq). Q: (B, Hq, N, D), K: (B, Hkv, M, D), V: (B, Hkv, M, Dv),
+    O: (B, Hq, N, Dv), LSE: (B, Hq, N) float32 contiguous."""
+    pid_m = tl.program_id(0)
+    if CAUSAL:
+        # Causal blocks lower down see more keys: launch the heaviest first to shorten the tail.
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    batch = (pid_bh // q_heads).to(tl.int64)
+    head = pid_bh % q_heads
+    kv_head = (head // group_size).to(tl.int64)
+    head = head.to(tl.int64)
+    m0 = pid_m * BLOCK_M
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_PAD)
+    offs_dv = tl.arange(0, VALUE_PAD)
+    rows = m0 + offs_m
+
+    q_ptrs = Q + batch * stride_qb + head * stride_qh + m0.to(tl.int64) * stride_qm
+    q_ptrs += offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    q = _load_tile(q_ptrs, rows, q_len, offs_d, HEAD_DIM, HEAD_PAD, True)
+    k_ptrs = K + batch * stride_kb + kv_head * stride_kh
+    k_ptrs += offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_ptrs = V + batch * stride_vb + kv_head * stride_vh
+    v_ptrs += offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, VALUE_PAD], dtype=tl.float32)
+    free_end, kv_end = _key_phases(m0, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, free_end,
+        rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
+        HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, False, CAUSAL, DOT_PRECISION,
+    )  # fmt: skip
+    k_ptrs += free_end.to(tl.int64) * stride_kn
+    v_ptrs += free_end.to(tl.int64) * stride_vn
+    acc, l_i, m_i = _attn_fwd_inner(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, free_end, kv_end,
+        rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
+        HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, True, CAUSAL, DOT_PRECISION,
+    )  # fmt: skip
+
+    # Every row that saw a key has l_i >= 1 (its max term is exp2(0)); l_i == 0 means none.
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    o_ptrs = O + batch * stride_ob + head * stride_oh + m0.to(tl.int64) * stride_om
+    o_ptrs += offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od
+    _store_tile(o_ptrs, out, rows, q_len, offs_dv, VALUE_DIM)
+    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("inf"))
+    tl.store(LSE + pid_bh.to(tl.int64) * q_len + rows, lse, mask=rows < q_len)

@@ -1,0 +1,167 @@
+"""Host launchers of the Triton path: one shared setup, then the forward and backward launches.
+
+:class:`LaunchSetup` derives everything both directions need (padded head dims, the log2-domain
+scale, the dot precision, the tile config) once, so forward and backward cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from attnkit.inputs import AttentionProblem
+from attnkit.triton.backward_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess
+from attnkit.triton.config import AttentionConfig, get_config, padded_dim
+from attnkit.triton.forward_kernels import _attn_fwd_kernel
+
+#: Offsets inside one tile are int32: row stride x block rows must stay below this.
+_INT32_LIMIT = 2**31
+
+#: float32 inputs use IEEE float32 dots, not tf32: the tolerance rule's floor assumes float32
+#: accumulation of float32 products, and tf32 (10-bit mantissa) would miss it by ~1000x.
+#: 16-bit inputs run tensor-core dots with float32 accumulation whatever this says.
+_DOT_PRECISION = {torch.float32: "ieee", torch.float16: "tf32", torch.bfloat16: "tf32"}
+
+
+def _dot_precision(problem: AttentionProblem) -> str:
+    if problem.dtype == torch.bfloat16 and problem.device.type != "cuda":
+        return "upcast"  # see forward_kernels._dot: the interpreter's bf16 dot is wrong
+    return _DOT_PRECISION[problem.dtype]
+
+
+@dataclass(frozen=True)
+class LaunchSetup:
+    """What the forward and backward launches share for one problem."""
+
+    problem: AttentionProblem
+    config: AttentionConfig
+    head_pad: int
+    value_pad: int
+    qk_scale: float
+    dot_precision: str
+
+    @classmethod
+    def build(cls, problem: AttentionProblem, config: AttentionConfig | None = None) -> LaunchSetup:
+        p = problem
+        if config is None:
+            config = get_config(p.device, p.dtype, p.head_dim, p.value_dim, p.causal)
+        return cls(
+            problem=p,
+            config=config,
+            head_pad=padded_dim(p.head_dim),
+            value_pad=padded_dim(p.value_dim),
+            qk_scale=p.scale * math.log2(math.e),
+            dot_precision=_dot_precision(p),
+        )
+
+    def sizes(self) -> tuple[int, ...]:
+        """Runtime ints every kernel but the preprocess takes, in kernel-signature order."""
+        p = self.problem
+        return (p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.group_size, p.causal_offset)
+
+    def constants(self, block_m: int, block_n: int) -> dict:
+        p = self.problem
+        return dict(
+            HEAD_DIM=p.head_dim,
+            HEAD_PAD=self.head_pad,
+            VALUE_DIM=p.value_dim,
+            VALUE_PAD=self.value_pad,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            CAUSAL=p.causal,
+            DOT_PRECISION=self.dot_precision,
+        )
+
+    def tile_safe(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` itself, unless a stride is so large that in-tile int32 offsets could overflow;
+        then a contiguous copy (row stride = head dim). Only exotic layouts get there."""
+        largest_block = max(
+            self.config.fwd.block_m, self.config.fwd.block_n, self.config.dkdv.block_m,
+            self.config.dkdv.block_n, self.config.dq.block_m, self.config.dq.block_n,
+            self.head_pad, self.value_pad,
+        )  # fmt: skip
+        if max(x.stride(2), x.stride(3)) * largest_block < _INT32_LIMIT:
+            return x
+        return x.contiguous()
+
+
+def _grid(rows: int, block: int, programs: int) -> tuple[int, int]:
+    return (triton.cdiv(rows, block), programs)
+
+
+def attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, setup: LaunchSetup
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: (B, Hq, N, D), k: (B, Hkv, M, D), v: (B, Hkv, M, Dv), any strides.
+    Returns out (B, Hq, N, Dv) in q's dtype and lse (B, Hq, N) float32 (natural log, +inf for
+    rows that see no key)."""
+    p, cfg = setup.problem, setup.config.fwd
+    q, k, v = (setup.tile_safe(x) for x in (q, k, v))
+    out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=q.device)
+    lse = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=q.device)
+    _attn_fwd_kernel[_grid(p.q_len, cfg.block_m, p.batch * p.q_heads)](
+        q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        *setup.sizes(), setup.qk_scale,
+        **setup.constants(cfg.block_m, cfg.block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out, lse
+
+
+def bwd_preprocess(setup: LaunchSetup, out: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    """delta = rowsum(dO * O): (B, Hq, N) float32."""
+    p, cfg = setup.problem, setup.config.dq
+    delta = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=out.device)
+    _attn_bwd_preprocess[_grid(p.q_len, cfg.block_m, p.batch * p.q_heads)](
+        out, grad_out, delta, *out.stride(), *grad_out.stride(), p.q_len, p.q_heads,
+        VALUE_DIM=p.value_dim, VALUE_PAD=setup.value_pad, BLOCK_M=cfg.block_m, num_warps=4,
+    )  # fmt: skip
+    return delta
+
+
+def bwd_dkdv(setup: LaunchSetup, q, k, v, grad_out, lse, delta) -> tuple[torch.Tensor, torch.Tensor]:
+    """dk (B, Hkv, M, D) and dv (B, Hkv, M, Dv), each summed over the query-head group."""
+    p, cfg = setup.problem, setup.config.dkdv
+    dk = torch.empty(p.batch, p.kv_heads, p.kv_len, p.head_dim, dtype=p.dtype, device=q.device)
+    dv = torch.empty(p.batch, p.kv_heads, p.kv_len, p.value_dim, dtype=p.dtype, device=q.device)
+    _attn_bwd_dkdv_kernel[_grid(p.kv_len, cfg.block_n, p.batch * p.kv_heads)](
+        q, k, v, grad_out, lse, delta, dk, dv,
+        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
+        *setup.sizes(), setup.qk_scale, p.scale,
+        **setup.constants(cfg.block_m, cfg.block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return dk, dv
+
+
+def bwd_dq(setup: LaunchSetup, q, k, v, grad_out, lse, delta) -> torch.Tensor:
+    """dq (B, Hq, N, D)."""
+    p, cfg = setup.problem, setup.config.dq
+    dq = torch.empty(p.batch, p.q_heads, p.q_len, p.head_dim, dtype=p.dtype, device=q.device)
+    _attn_bwd_dq_kernel[_grid(p.q_len, cfg.block_m, p.batch * p.q_heads)](
+        q, k, v, grad_out, lse, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
+        *setup.sizes(), setup.qk_scale, p.scale,
+        **setup.constants(cfg.block_m, cfg.block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return dq
+
+
+def attention_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    setup: LaunchSetup,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """grad_out, out: (B, Hq, N, Dv); lse: (B, Hq, N) from :func:`attention_forward`.
+    Returns dq (B, Hq, N, D), dk (B, Hkv, M, D), dv (B, Hkv, M, Dv), contiguous, in q's dtype.
+    Deterministic: each gradient element is written by one program, in a fixed order."""
+    q, k, v, out, grad_out = (setup.tile_safe(x) for x in (q, k, v, out, grad_out))
+    delta = bwd_preprocess(setup, out, grad_out)
+    dk, dv = bwd_dkdv(setup, q, k, v, grad_out, lse, delta)
+    dq = bwd_dq(setup, q, k, v, grad_out, lse, delta)
+    return dq, dk, dv

@@ -1,0 +1,175 @@
+"""The Triton path: parity with the float64 oracle on shapes that cross its block edges,
+bitwise-deterministic gradients, and clear errors for configs and inputs it does not take.
+
+Shapes stay tiny (N, M <= 48, D <= 80): on the CPU the kernels run in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import DEVICE
+
+import attnkit
+from attnkit import UnsupportedProblemError, attention
+from attnkit.inputs import check_inputs
+from attnkit.testing import assert_close_to_reference, compare_to_reference, make_tensor
+
+_UNAVAILABLE = (
+    "triton is not installed"
+    if "triton" not in attnkit.backend_names()
+    else attnkit.unavailable_reason("triton", DEVICE)
+)
+pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"triton on {DEVICE}: {_UNAVAILABLE}")
+
+from attnkit.triton import AttentionConfig, KernelConfig, triton_attention  # noqa: E402
+from attnkit.triton.config import default_config, family_key, padded_dim  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    batch: int = 1
+    q_heads: int = 2
+    kv_heads: int = 2
+    q_len: int = 33
+    kv_len: int = 33
+    head_dim: int = 32
+    value_dim: int = 32
+    causal: bool = True
+    dtype: torch.dtype = torch.float32
+    scale: float | None = None
+    layout: str = "contiguous"
+
+    def tensors(self, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        common = {"dtype": self.dtype, "device": DEVICE, "generator": gen, "layout": self.layout}
+        q = make_tensor((self.batch, self.q_heads, self.q_len, self.head_dim), **common)
+        k = make_tensor((self.batch, self.kv_heads, self.kv_len, self.head_dim), **common)
+        v = make_tensor((self.batch, self.kv_heads, self.kv_len, self.value_dim), **common)
+        grad_out = torch.randn(self.batch, self.q_heads, self.q_len, self.value_dim, generator=gen)
+        return q, k, v, grad_out.to(device=DEVICE, dtype=self.dtype)
+
+
+CASES = {
+    "n1": Case(q_len=1, kv_len=1, head_dim=16, value_dim=16),
+    "decode-n1": Case(q_len=1, kv_len=45, head_dim=40, value_dim=40, dtype=torch.bfloat16),
+    "n-gt-m-causal": Case(q_len=45, kv_len=13, head_dim=24, value_dim=24),
+    "n-lt-m-causal": Case(q_len=13, kv_len=45, dtype=torch.float16),
+    "n-ne-m-full": Case(q_len=29, kv_len=47, causal=False, dtype=torch.bfloat16),
+    "gqa": Case(q_heads=4, kv_heads=2, q_len=40, kv_len=37, dtype=torch.bfloat16),
+    "mqa": Case(batch=2, q_heads=3, kv_heads=1, q_len=17, kv_len=17, causal=False),
+    "d24": Case(head_dim=24, value_dim=24, q_len=31, kv_len=31, dtype=torch.float16),
+    "d40-dv24": Case(head_dim=40, value_dim=24, q_len=19, kv_len=35),
+    "d80": Case(head_dim=80, value_dim=80, q_len=21, kv_len=21, dtype=torch.bfloat16),
+    "bnhd": Case(layout="bnhd", q_len=27, kv_len=33, causal=False),
+    "strided": Case(layout="strided", q_len=33, kv_len=27, dtype=torch.float16),
+    "expanded": Case(layout="expanded", batch=2, q_len=23, kv_len=23),
+    "scale-zero": Case(scale=0.0, q_len=7, kv_len=19),
+    "negative-scale": Case(scale=-0.3, q_len=18, kv_len=18, dtype=torch.bfloat16),
+}
+
+
+def _run(case: Case, config: AttentionConfig | None = None):
+    def fn(q, k, v):
+        if config is None:
+            return attention(q, k, v, causal=case.causal, scale=case.scale, backend="triton")
+        problem = check_inputs(q, k, v, case.causal, case.scale)
+        return triton_attention(q, k, v, problem, config)
+
+    return fn
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_reference(name):
+    case = CASES[name]
+    q, k, v, grad_out = case.tensors()
+    checks = compare_to_reference(
+        _run(case), q, k, v, causal=case.causal, scale=case.scale, grad_out=grad_out
+    )
+    assert_close_to_reference(f"triton {name}: {case}", checks)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        AttentionConfig(KernelConfig(16, 32), KernelConfig(32, 16), KernelConfig(16, 16)),
+        AttentionConfig(KernelConfig(64, 16), KernelConfig(16, 64), KernelConfig(64, 32)),
+    ],
+    ids=["bm16-bn32", "bm64-bn16"],
+)
+def test_explicit_config_matches_reference(config):
+    """Other tile shapes move the causal diagonal and the ragged ends to other loop phases."""
+    case = Case(q_heads=4, kv_heads=2, q_len=37, kv_len=45, head_dim=40, value_dim=24)
+    q, k, v, grad_out = case.tensors(seed=1)
+    checks = compare_to_reference(
+        _run(case, config), q, k, v, causal=case.causal, scale=case.scale, grad_out=grad_out
+    )
+    assert_close_to_reference(f"triton with {config}", checks)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_backward_is_bitwise_deterministic(causal):
+    case = Case(q_heads=4, kv_heads=2, q_len=47, kv_len=41, causal=causal, dtype=torch.bfloat16)
+    q, k, v, grad_out = case.tensors(seed=2)
+    runs = []
+    for _ in range(2):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        out = attention(*leaves, causal=causal, backend="triton")
+        runs.append([out, *torch.autograd.grad(out, leaves, grad_out)])
+    for name, first, second in zip(("out", "dq", "dk", "dv"), *runs, strict=True):
+        differing = (first != second).sum().item()
+        assert differing == 0, f"{name}: {differing} elements differ between two identical runs"
+
+
+def test_rows_that_see_no_key_are_zero_with_zero_gradient():
+    case = Case(q_len=40, kv_len=9, causal=True, dtype=torch.float16)
+    q, k, v, grad_out = case.tensors(seed=3)
+    q = q.requires_grad_()
+    out = attention(q, k, v, causal=True, backend="triton")
+    (dq,) = torch.autograd.grad(out, q, grad_out)
+    hidden = case.q_len - case.kv_len
+    assert torch.isfinite(out).all() and torch.isfinite(dq).all()
+    assert out[:, :, :hidden].abs().max().item() == 0.0
+    assert dq[:, :, :hidden].abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"block_m": 8, "block_n": 64}, "block_m"),
+        ({"block_m": 64, "block_n": 96}, "block_n"),
+        ({"block_m": 64, "block_n": 64, "num_warps": 3}, "num_warps"),
+        ({"block_m": 64, "block_n": 64, "num_stages": 0}, "num_stages"),
+    ],
+)
+def test_bad_kernel_config_is_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        KernelConfig(**kwargs)
+
+
+def test_config_table_entry_round_trips_and_rejects_missing_kernels():
+    config = default_config(torch.bfloat16, 128, 128)
+    assert AttentionConfig.from_dict(config.as_dict()) == config
+    with pytest.raises(ValueError, match="dq"):
+        AttentionConfig.from_dict({"fwd": config.as_dict()["fwd"], "dkdv": config.as_dict()["dkdv"]})
+    assert family_key(torch.bfloat16, 80, 80, True) == "16bit-d128-causal"
+    assert [padded_dim(d) for d in (1, 16, 24, 80, 256)] == [16, 16, 32, 128, 256]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "head_dim", "message"),
+    [(torch.float64, 32, "float64"), (torch.float32, 264, "head_dim 264")],
+)
+def test_unsupported_problem_is_rejected_before_launch(dtype, head_dim, message):
+    gen = torch.Generator().manual_seed(0)
+    q = make_tensor((1, 1, 4, head_dim), dtype=dtype, device=DEVICE, generator=gen)
+    with pytest.raises(UnsupportedProblemError, match=message):
+        attention(q, q, q, backend="triton")
+
+
+def test_cpu_without_interpreter_says_what_is_missing(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    reason = attnkit.unavailable_reason("triton", "cpu")
+    assert reason is not None and "TRITON_INTERPRET=1" in reason
