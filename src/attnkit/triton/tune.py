@@ -134,17 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     table = {"gpu_key": gpu_key(device), "provenance": provenance(args.commit), "seq_len": args.seq_len}
     table["families"], table["timings_ms"] = {}, {}
+    out = args.out or f"src/attnkit/triton/configs/{gpu_key(device)}.json"
     for dtype, head_dim, causal in FAMILIES:
         key = family_key(dtype, head_dim, head_dim, causal)
         print(f"{key}:", flush=True)
         config, timings = tune_family(dtype, head_dim, causal, args.seq_len, lambda s: print(s, flush=True))
         table["families"][key] = config.as_dict()
         table["timings_ms"][key] = timings
-    out = args.out or f"src/attnkit/triton/configs/{gpu_key(device)}.json"
-    with open(out, "w") as f:
-        json.dump(table, f, indent=1)
-        f.write("\n")
-    print(f"wrote {out}")
+        # Written after every family, so an interrupted run still leaves what it finished.
+        with open(out, "w") as f:
+            json.dump(table, f, indent=1)
+            f.write("\n")
+        print(f"{key}: chosen {config.as_dict()}; wrote {out}", flush=True)
     return 0
 
 
