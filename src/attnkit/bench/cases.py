@@ -115,3 +115,72 @@ def build_runner(case: BenchCase, device: torch.device | str, seed: int = 0) -> 
         out = forward()
         return lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
     return lambda: torch.autograd.grad(forward(), (q, k, v), grad_out)
+
+
+# --- The perf suite's grid -------------------------------------------------------------------
+
+#: Backends the GPU suite times, fastest first. Those not registered or unavailable on the
+#: device are reported as skipped, so "triton" joins the grid as soon as it registers.
+GPU_BACKENDS = ("triton", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "tiled", "naive")
+#: Pure-PyTorch paths are 10-100x slower than the fused ones: they are timed on short shapes only.
+SLOW_BACKENDS = ("tiled", "naive")
+#: The naive path materialises a float32 (B, H, N, N) score matrix; above this it is not timed.
+NAIVE_SCORE_BYTES_MAX = 2 * 1024**3
+
+#: (batch, q_heads, kv_heads, seq_len, head_dim, causal, dtype). 16K tokens per batch and
+#: H*D = 2048 as in ANCHORS.md, so TFLOP/s compare with the published tables. Short and long N,
+#: D 64 and 128, causal and not, one fp16 and one GQA shape: every kernel specialisation the
+#: fused paths have, with nothing timed twice.
+GPU_SHAPES = (
+    (16, 16, 16, 1024, 128, True, "bf16"),
+    (4, 16, 16, 4096, 128, True, "bf16"),
+    (4, 16, 16, 4096, 128, False, "bf16"),
+    (1, 16, 16, 16384, 128, True, "bf16"),
+    (8, 32, 32, 2048, 64, False, "bf16"),
+    (2, 32, 32, 8192, 64, True, "bf16"),
+    (4, 16, 16, 4096, 128, True, "fp16"),
+    (4, 16, 4, 4096, 128, True, "bf16"),
+)
+#: The training step (forward then backward) is timed on one shape: elsewhere it is fwd + bwd.
+FWD_BWD_SHAPE = GPU_SHAPES[1]
+#: Shapes short enough for the pure-PyTorch paths.
+SLOW_BACKEND_SHAPES = (GPU_SHAPES[0], GPU_SHAPES[4])
+
+#: CPU smoke grid: tiny float32 problems, so a CPU-only CI run exercises the whole pipeline.
+CPU_BACKENDS = ("tiled", "naive", "sdpa")
+CPU_SHAPES = ((1, 2, 2, 128, 32, True, "fp32"), (1, 2, 2, 128, 32, False, "fp32"))
+
+
+def _cases(backends, shapes, passes) -> list[BenchCase]:
+    return [BenchCase(b, p, *shape) for p in passes for shape in shapes for b in backends]
+
+
+def _naive_fits(case: BenchCase) -> bool:
+    return case.batch * case.q_heads * case.seq_len**2 * 4 <= NAIVE_SCORE_BYTES_MAX
+
+
+def gpu_suite_cases() -> list[BenchCase]:
+    """Every case of the GPU perf suite, whether or not its backend is available here."""
+    fast = [b for b in GPU_BACKENDS if b not in SLOW_BACKENDS]
+    cases = _cases(fast, GPU_SHAPES, ("fwd", "bwd"))
+    cases += _cases(fast, (FWD_BWD_SHAPE,), ("fwd+bwd",))
+    slow = _cases(SLOW_BACKENDS, SLOW_BACKEND_SHAPES, ("fwd", "bwd"))
+    cases += [c for c in slow if c.backend != "naive" or _naive_fits(c)]
+    return cases
+
+
+def cpu_suite_cases() -> list[BenchCase]:
+    """The CPU smoke grid (host-timed; never compared with a GPU baseline)."""
+    return _cases(CPU_BACKENDS, CPU_SHAPES, ("fwd", "bwd"))
+
+
+def kernel_config(case: BenchCase) -> dict | None:
+    """The kernel configuration a backend reports for ``case`` (block sizes, warps, stages), if
+    its registry entry exposes a ``kernel_config(case) -> dict`` callable; else None."""
+    from attnkit.registry import get_backend
+
+    try:
+        describe = getattr(get_backend(case.backend), "kernel_config", None)
+    except ValueError:
+        return None
+    return describe(case) if callable(describe) else None

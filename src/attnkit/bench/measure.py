@@ -1,0 +1,124 @@
+"""Measure one :class:`BenchCase` through pytest-benchmark, and re-measure it later.
+
+``extra_info`` written for every benchmark (the verdict file and the report read these):
+
+==================  =============================================================================
+``name``            ``BenchCase.name``, e.g. ``fwd[sdpa-flash-bf16-B4-H16-N4096-D128-causal]``
+``backend``         backend name
+``pass``            ``fwd`` / ``bwd`` / ``fwd+bwd``
+``shape``           ``{batch, q_heads, kv_heads, seq_len, head_dim, causal, dtype}``
+``device``          ``cuda`` or ``cpu``
+``timer``           ``cuda-events+l2-flush`` or ``perf_counter``
+``tflops``          ``BenchCase.flops`` over the median round, in TFLOP/s
+``peak_bytes``      bytes allocated beyond the inputs at the call's peak (None on the CPU)
+``min_bytes``       ``BenchCase.min_bytes``: what the pass must allocate at the least
+``kernel_config``   the backend's kernel configuration for the case, or None
+``calibration``     ``{"matmul_ms", "copy_ms"}`` measured just before this benchmark (GPU only)
+``rounds``          rounds taken (each one flushed repetition)
+``confirm``         present only for a benchmark re-measured as a suspect:
+                    ``{"samples_s": [...], "calibration": {...}}``
+==================  =============================================================================
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attnkit.bench.calibration import measure_calibration
+from attnkit.bench.cases import BenchCase, build_runner, kernel_config
+from attnkit.bench.timing import L2Flusher, measure_samples, peak_extra_bytes, warm_up_and_plan
+
+Runner = Callable[[], object]
+RunnerWrapper = Callable[[BenchCase, Runner], Runner]
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """Time spent per benchmark. GPU defaults: ~0.25 s of rounds keeps the median of a 1 ms
+    kernel within ~0.3% (250 rounds at a 2-5% per-repetition CV); at least 50 rounds so the
+    rank statistics have power even for the slowest cases."""
+
+    budget_s: float = 0.25
+    min_rounds: int = 50
+    max_rounds: int = 300
+    calibration_rounds: int = 20
+
+    @classmethod
+    def for_device(cls, device: torch.device, budget_s: float | None = None) -> MeasureSettings:
+        if device.type == "cuda":
+            return cls(budget_s=budget_s or cls.budget_s)
+        # Host-timed CPU smoke cases: the pipeline is exercised, the numbers are not gated.
+        return cls(budget_s=budget_s or 0.05, min_rounds=5, max_rounds=20, calibration_rounds=0)
+
+
+def _identity(case: BenchCase, runner: Runner) -> Runner:
+    return runner
+
+
+class CaseMeasurer:
+    """Holds the device, the L2 flush buffer and the settings shared by every benchmark."""
+
+    def __init__(self, device: torch.device, settings: MeasureSettings) -> None:
+        self.device = device
+        self.settings = settings
+        self.flusher = L2Flusher(device)
+
+    def calibrate(self) -> dict:
+        if not self.settings.calibration_rounds:
+            return {}
+        return measure_calibration(self.device, self.settings.calibration_rounds, self.flusher)
+
+    def benchmark_case(self, benchmark, case: BenchCase, wrap: RunnerWrapper = _identity) -> None:
+        """Time ``case`` with pytest-benchmark's ``pedantic`` mode and fill ``extra_info``.
+
+        Raises whatever the backend raises for an unsupported problem (the caller skips).
+        """
+        runner = wrap(case, build_runner(case, self.device))
+        plan = warm_up_and_plan(
+            runner,
+            self.device,
+            self.flusher,
+            budget_s=self.settings.budget_s,
+            min_rounds=self.settings.min_rounds,
+            max_rounds=self.settings.max_rounds,
+        )
+        peak = peak_extra_bytes(runner, self.device)
+        calibration = self.calibrate()
+        benchmark.group = case.group
+        benchmark.extra_info.update(
+            name=case.name,
+            backend=case.backend,
+            shape=_shape(case),
+            device=self.device.type,
+            timer="cuda-events+l2-flush" if self.device.type == "cuda" else "perf_counter",
+            peak_bytes=peak,
+            min_bytes=case.min_bytes,
+            kernel_config=kernel_config(case),
+            calibration=calibration,
+            rounds=plan.rounds,
+        )
+        benchmark.extra_info["pass"] = case.pass_name
+        benchmark.pedantic(
+            runner, setup=self.flusher.flush, rounds=plan.rounds, warmup_rounds=2, iterations=1
+        )
+        median = statistics.median(benchmark.stats.stats.data)
+        benchmark.extra_info["tflops"] = case.flops / median / 1e12 if median > 0 else None
+
+    def remeasure(self, case: BenchCase, rounds: int, wrap: RunnerWrapper = _identity) -> dict:
+        """A second, independent measurement of a suspect: fresh inputs, fresh calibration,
+        the same protocol. Returned as ``extra_info["confirm"]``."""
+        runner = wrap(case, build_runner(case, self.device, seed=1))
+        warm_up_and_plan(runner, self.device, self.flusher, budget_s=0.0, min_rounds=1, max_rounds=1)
+        calibration = self.calibrate()
+        samples = measure_samples(runner, self.device, rounds, self.flusher)
+        return {"samples_s": samples, "calibration": calibration}
+
+
+def _shape(case: BenchCase) -> dict:
+    shape = case.as_dict()
+    del shape["backend"], shape["pass_name"]
+    return shape
