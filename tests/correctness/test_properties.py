@@ -83,9 +83,7 @@ def test_scale_zero_gives_mean_of_visible_values(backend, problem, device):
     counts = visible.sum(dim=1, keepdim=True).clamp_min(1)
     expected = (visible / counts) @ _per_head_kv(v, problem)
     error = (out.double() - expected).abs().max().item()
-    assert error <= _slack(q, k, v, problem), (
-        f"{backend}: scale=0 is not the visible mean: error {error:.3e}"
-    )
+    assert error <= _slack(q, k, v, problem), f"{backend}: scale=0 is not the visible mean: error {error:.3e}"
 
 
 @pytest.mark.parametrize("backend", backend_params())
