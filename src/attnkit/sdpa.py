@@ -14,6 +14,10 @@ Two translations are needed:
   ``softmax(s * q k^T) == softmax((s * q) k^T)``, so such calls
   are made with q pre-scaled and scale 1 (exact for s = 0; one extra rounding of q otherwise),
   and autograd carries the factor into dq.
+* Strides. PyTorch's CUDA flash kernel (torch 2.11) reads rows with 16-byte vector loads and
+  faults with "misaligned address" — poisoning the CUDA context — when a row stride is not a
+  multiple of 16 bytes (e.g. every other row of a (.., 2N, D + 3) buffer). Such operands are
+  copied to contiguous memory first; aligned strided views pass through untouched.
 * Errors. When a forced backend rejects the inputs, PyTorch raises a generic "no available
   kernel" error and explains the reason only in warnings; those warnings are captured and put
   into the error attnkit raises.
@@ -71,8 +75,22 @@ def _square_causal_operands(q, problem: AttentionProblem):
     return q[:, :, -offset:], None  # N >= M: only the last M rows see any key.
 
 
+def _aligned_for_fused_kernels(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a contiguous copy if its layout would misalign CUDA fused kernels' loads."""
+    if x.device.type != "cuda":
+        return x
+    item = x.element_size()
+    aligned = (
+        x.stride(-1) == 1
+        and x.data_ptr() % 16 == 0
+        and all((stride * item) % 16 == 0 for stride, size in zip(x.stride()[:-1], x.shape[:-1]) if size > 1)
+    )
+    return x if aligned else x.contiguous()
+
+
 def _call_sdpa(name, q, k, v, problem, is_causal):
     backend = SDPA_BACKENDS[name]
+    q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
