@@ -83,7 +83,11 @@ def _aligned_for_fused_kernels(x: torch.Tensor) -> torch.Tensor:
     aligned = (
         x.stride(-1) == 1
         and x.data_ptr() % 16 == 0
-        and all((stride * item) % 16 == 0 for stride, size in zip(x.stride()[:-1], x.shape[:-1]) if size > 1)
+        and all(
+            (stride * item) % 16 == 0
+            for stride, size in zip(x.stride()[:-1], x.shape[:-1], strict=True)
+            if size > 1
+        )
     )
     return x if aligned else x.contiguous()
 
