@@ -57,23 +57,28 @@ def _attn_bwd_preprocess(
 
 @triton.jit
 def _dkdv_inner(
-    dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qm, stride_dom, start_m, end_m,
-    offs_m, keys, offs_d, offs_dv, q_len, causal_offset, qk_scale,
+    dk, dv, k, v, q_head, q_offs, do_head, do_offs, lse_head, delta_head, stride_qm, stride_dom,
+    start_m, end_m, offs_m, keys, offs_d, offs_dv, q_len, causal_offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Accumulate query rows [start_m, end_m) into dK, dV; the pointers point at row start_m.
-    Works on transposed tiles (keys x rows) so dK, dV accumulate without transposing them."""
+    """Accumulate query rows [start_m, end_m) into dK, dV. ``*_head`` point at row 0 of the
+    query head; pointer tiles are rebuilt from int32 tile offsets every iteration (see the
+    forward's inner loop). Works on transposed tiles (keys x rows) so dK, dV accumulate
+    without transposing them."""
     for start in range(start_m, end_m, BLOCK_M):
         rows = start + offs_m
-        q = _load_tile(q_ptrs, rows, q_len, offs_d, HEAD_DIM, HEAD_PAD, MASKED)
-        do = _load_tile(do_ptrs, rows, q_len, offs_dv, VALUE_DIM, VALUE_PAD, MASKED)
+        start64 = tl.cast(start, tl.int64)
+        q = _load_tile(q_head + start64 * stride_qm + q_offs, rows, q_len, offs_d, HEAD_DIM, HEAD_PAD, MASKED)
+        do = _load_tile(
+            do_head + start64 * stride_dom + do_offs, rows, q_len, offs_dv, VALUE_DIM, VALUE_PAD, MASKED
+        )
         if MASKED:
-            lse = tl.load(lse_ptrs, mask=rows < q_len, other=float("inf"))
-            delta = tl.load(delta_ptrs, mask=rows < q_len, other=0.0)
+            lse = tl.load(lse_head + rows, mask=rows < q_len, other=float("inf"))
+            delta = tl.load(delta_head + rows, mask=rows < q_len, other=0.0)
         else:
-            lse = tl.load(lse_ptrs)
-            delta = tl.load(delta_ptrs)
+            lse = tl.load(lse_head + rows)
+            delta = tl.load(delta_head + rows)
         s_t = _dot(k, tl.trans(q), None, DOT_PRECISION) * qk_scale
         p_t = tl.exp2(s_t - (lse * LOG2E)[None, :])
         if MASKED and CAUSAL:
@@ -83,10 +88,6 @@ def _dkdv_inner(
         dp_t = _dot(v, tl.trans(do), None, DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = _dot(ds_t.to(q.dtype), q, dk, DOT_PRECISION)
-        q_ptrs += BLOCK_M * stride_qm
-        do_ptrs += BLOCK_M * stride_dom
-        lse_ptrs += BLOCK_M
-        delta_ptrs += BLOCK_M
     return dk, dv
 
 
@@ -133,51 +134,38 @@ def _attn_bwd_dkdv_kernel(
         full_end = (q_len // BLOCK_M) * BLOCK_M
         tail = tl.maximum(mid, full_end)
     else:
+        lo = 0
+        mid = 0
         full_end = (q_len // BLOCK_M) * BLOCK_M
         tail = full_end
 
+    q_offs = offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    do_offs = offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod
+    # GQA: the group's query heads are summed in a fixed order, so dK, dV are deterministic.
     for g in range(group_size):
         head = (kv_head * group_size + g).to(tl.int64)
-        bh = batch * q_heads + head
-        q_base = (
-            Q
-            + batch * stride_qb
-            + head * stride_qh
-            + offs_m[:, None] * stride_qm
-            + offs_d[None, :] * stride_qd
-        )
-        do_base = DO + batch * stride_dob + head * stride_doh
-        do_base += offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod
-        lse_base = LSE + bh * q_len + offs_m
-        delta_base = DELTA + bh * q_len + offs_m
-        if CAUSAL:
-            start64 = lo.to(tl.int64)
-            dk, dv = _dkdv_inner(
-                dk, dv, k, v, q_base + start64 * stride_qm, do_base + start64 * stride_dom,
-                lse_base + start64, delta_base + start64, stride_qm, stride_dom, lo, tl.minimum(mid, q_len),
-                offs_m, keys, offs_d, offs_dv, q_len, causal_offset, qk_scale,
-                HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_M, True, CAUSAL, DOT_PRECISION,
-            )  # fmt: skip
-            start64 = mid.to(tl.int64)
-            dk, dv = _dkdv_inner(
-                dk, dv, k, v, q_base + start64 * stride_qm, do_base + start64 * stride_dom,
-                lse_base + start64, delta_base + start64, stride_qm, stride_dom, mid, full_end,
-                offs_m, keys, offs_d, offs_dv, q_len, causal_offset, qk_scale,
-                HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_M, False, CAUSAL, DOT_PRECISION,
-            )  # fmt: skip
-        else:
-            dk, dv = _dkdv_inner(
-                dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qm, stride_dom, 0, full_end,
-                offs_m, keys, offs_d, offs_dv, q_len, causal_offset, qk_scale,
-                HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_M, False, CAUSAL, DOT_PRECISION,
-            )  # fmt: skip
-        start64 = tail.to(tl.int64)
-        dk, dv = _dkdv_inner(
-            dk, dv, k, v, q_base + start64 * stride_qm, do_base + start64 * stride_dom,
-            lse_base + start64, delta_base + start64, stride_qm, stride_dom, tail, q_len,
-            offs_m, keys, offs_d, offs_dv, q_len, causal_offset, qk_scale,
-            HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_M, True, CAUSAL, DOT_PRECISION,
-        )  # fmt: skip
+        q_head = Q + batch * stride_qb + head * stride_qh
+        do_head = DO + batch * stride_dob + head * stride_doh
+        lse_head = LSE + (batch * q_heads + head) * q_len
+        delta_head = DELTA + (batch * q_heads + head) * q_len
+        # Phases: 0 = causal diagonal (masked), 1 = whole blocks (bare), 2 = ragged end (masked).
+        for phase in tl.static_range(3):
+            if phase == 0:
+                start_m = lo
+                end_m = tl.minimum(mid, q_len)
+            elif phase == 1:
+                start_m = mid
+                end_m = full_end
+            else:
+                start_m = tail
+                end_m = q_len
+            if CAUSAL or phase != 0:
+                dk, dv = _dkdv_inner(
+                    dk, dv, k, v, q_head, q_offs, do_head, do_offs, lse_head, delta_head,
+                    stride_qm, stride_dom, start_m, end_m, offs_m, keys, offs_d, offs_dv,
+                    q_len, causal_offset, qk_scale,
+                    HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_M, phase != 1, CAUSAL, DOT_PRECISION,
+                )  # fmt: skip
 
     dk_ptrs = DK + batch * stride_dkb + kv_head.to(tl.int64) * stride_dkh + n0.to(tl.int64) * stride_dkn
     _store_tile(dk_ptrs + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
@@ -189,16 +177,32 @@ def _attn_bwd_dkdv_kernel(
 
 @triton.jit
 def _dq_inner(
-    dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, start_n, end_n,
+    dq, q, do, lse2, delta, k_head, k_offs, v_head, v_offs, stride_kn, stride_vn, start_n, end_n,
     rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Accumulate keys [start_n, end_n) into dQ; the pointers point at key start_n."""
+    """Accumulate keys [start_n, end_n) into dQ (pointer tiles rebuilt per iteration)."""
     for start in range(start_n, end_n, BLOCK_N):
         cols = start + offs_n
-        k = _load_tile(k_ptrs, cols, kv_len, offs_d, HEAD_DIM, HEAD_PAD, MASKED)
-        v = _load_tile(v_ptrs, cols, kv_len, offs_dv, VALUE_DIM, VALUE_PAD, MASKED)
+        k = _load_tile(
+            k_head + tl.cast(start, tl.int64) * stride_kn + k_offs,
+            cols,
+            kv_len,
+            offs_d,
+            HEAD_DIM,
+            HEAD_PAD,
+            MASKED,
+        )
+        v = _load_tile(
+            v_head + tl.cast(start, tl.int64) * stride_vn + v_offs,
+            cols,
+            kv_len,
+            offs_dv,
+            VALUE_DIM,
+            VALUE_PAD,
+            MASKED,
+        )
         s = _dot(q, tl.trans(k), None, DOT_PRECISION) * qk_scale
         p = tl.exp2(s - lse2[:, None])
         if MASKED:
@@ -209,8 +213,6 @@ def _dq_inner(
         dp = _dot(do, tl.trans(v), None, DOT_PRECISION)
         ds = p * (dp - delta[:, None])
         dq = _dot(ds.to(k.dtype), k, dq, DOT_PRECISION)
-        k_ptrs += BLOCK_N * stride_kn
-        v_ptrs += BLOCK_N * stride_vn
     return dq
 
 
@@ -252,24 +254,19 @@ def _attn_bwd_dq_kernel(
     lse2 = tl.load(LSE + row_ptrs, mask=rows < q_len, other=float("inf")) * LOG2E
     delta = tl.load(DELTA + row_ptrs, mask=rows < q_len, other=0.0)
 
-    k_ptrs = K + batch * stride_kb + kv_head * stride_kh
-    k_ptrs += offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_ptrs = V + batch * stride_vb + kv_head * stride_vh
-    v_ptrs += offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
+    k_head = K + batch * stride_kb + kv_head * stride_kh
+    k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_head = V + batch * stride_vb + kv_head * stride_vh
+    v_offs = offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
     dq = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
     free_end, kv_end = _key_phases(m0, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
-    dq = _dq_inner(
-        dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, free_end,
-        rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
-        HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, False, CAUSAL, DOT_PRECISION,
-    )  # fmt: skip
-    dq = _dq_inner(
-        dq, q, do, lse2, delta,
-        k_ptrs + free_end.to(tl.int64) * stride_kn, v_ptrs + free_end.to(tl.int64) * stride_vn,
-        stride_kn, stride_vn, free_end, kv_end,
-        rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
-        HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, True, CAUSAL, DOT_PRECISION,
-    )  # fmt: skip
+    for masked in tl.static_range(2):
+        dq = _dq_inner(
+            dq, q, do, lse2, delta, k_head, k_offs, v_head, v_offs, stride_kn, stride_vn,
+            free_end if masked else 0, kv_end if masked else free_end,
+            rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
+            HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, masked == 1, CAUSAL, DOT_PRECISION,
+        )  # fmt: skip
 
     dq_ptrs = DQ + batch * stride_dqb + head * stride_dqh + m0.to(tl.int64) * stride_dqm
     _store_tile(dq_ptrs + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,

@@ -26,8 +26,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634
-LN2: tl.constexpr = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 #: Integer arguments that must stay runtime values: Triton would otherwise turn a value of 1
 #: into a compile-time constant, and the kernels call ``.to(tl.int64)`` on some of them.
@@ -86,14 +86,19 @@ def _key_phases(
 
 @triton.jit
 def _attn_fwd_inner(
-    acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, start_n, end_n,
+    acc, l_i, m_i, q, k_head, k_offs, v_head, v_offs, stride_kn, stride_vn, start_n, end_n,
     rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Online softmax over keys [start_n, end_n); k_ptrs / v_ptrs point at key start_n."""
+    """Online softmax over keys [start_n, end_n). ``k_head`` points at key 0 of the head and
+    ``k_offs`` holds the int32 offsets inside one tile. Pointer tiles are rebuilt from them each
+    iteration rather than carried through the loop: a carried (BLOCK_N, D) tile of 64-bit
+    pointers costs 2 registers an element and made the kernel spill."""
     for start in range(start_n, end_n, BLOCK_N):
         cols = start + offs_n
+        k_ptrs = k_head + tl.cast(start, tl.int64) * stride_kn + k_offs
+        v_ptrs = v_head + tl.cast(start, tl.int64) * stride_vn + v_offs
         k = _load_tile(k_ptrs, cols, kv_len, offs_d, HEAD_DIM, HEAD_PAD, MASKED)
         s = _dot(q, tl.trans(k), None, DOT_PRECISION) * qk_scale
         if MASKED:
@@ -113,8 +118,6 @@ def _attn_fwd_inner(
         # accumulator stays float32.
         acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION)
         m_i = m_new
-        k_ptrs += BLOCK_N * stride_kn
-        v_ptrs += BLOCK_N * stride_vn
     return acc, l_i, m_i
 
 
@@ -151,27 +154,22 @@ def _attn_fwd_kernel(
     q_ptrs = Q + batch * stride_qb + head * stride_qh + m0.to(tl.int64) * stride_qm
     q_ptrs += offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
     q = _load_tile(q_ptrs, rows, q_len, offs_d, HEAD_DIM, HEAD_PAD, True)
-    k_ptrs = K + batch * stride_kb + kv_head * stride_kh
-    k_ptrs += offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_ptrs = V + batch * stride_vb + kv_head * stride_vh
-    v_ptrs += offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
+    k_head = K + batch * stride_kb + kv_head * stride_kh
+    k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_head = V + batch * stride_vb + kv_head * stride_vh
+    v_offs = offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, VALUE_PAD], dtype=tl.float32)
     free_end, kv_end = _key_phases(m0, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, free_end,
-        rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
-        HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, False, CAUSAL, DOT_PRECISION,
-    )  # fmt: skip
-    k_ptrs += free_end.to(tl.int64) * stride_kn
-    v_ptrs += free_end.to(tl.int64) * stride_vn
-    acc, l_i, m_i = _attn_fwd_inner(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn, free_end, kv_end,
-        rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
-        HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, True, CAUSAL, DOT_PRECISION,
-    )  # fmt: skip
+    for masked in tl.static_range(2):
+        acc, l_i, m_i = _attn_fwd_inner(
+            acc, l_i, m_i, q, k_head, k_offs, v_head, v_offs, stride_kn, stride_vn,
+            free_end if masked else 0, kv_end if masked else free_end,
+            rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
+            HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, masked == 1, CAUSAL, DOT_PRECISION,
+        )  # fmt: skip
 
     # Every row that saw a key has l_i >= 1 (its max term is exp2(0)); l_i == 0 means none.
     seen = l_i > 0.0
