@@ -10,10 +10,10 @@ Two translations are needed:
   bottom-right rows. (``torch.nn.attention.bias.causal_lower_right`` is not used: it picks its
   kernel itself, ignoring a forced backend, and drops GQA on its flash branch.)
 * Non-positive and tiny scales. PyTorch's CPU flash kernel returns NaN for causal inputs when
-  the scale is 0, negative, or below float32's smallest normal (torch 2.13).
-  ``softmax(s * q k^T) == softmax((s * q) k^T)``, so such calls
-  are made with q pre-scaled and scale 1 (exact for s = 0; one extra rounding of q otherwise),
-  and autograd carries the factor into dq.
+  the scale is 0, negative, or below float32's smallest normal (torch 2.13). Both are
+  translated exactly: ``softmax(s * q k^T) == softmax(|s| * q (-k)^T)`` for s < 0 (negation is
+  exact), and for |s| below the smallest normal every score rounds to 0 in float32, so the call
+  is made with a zeroed q (scale 1), which is the s = 0 function with dq = 0.
 * Strides. PyTorch's CUDA flash kernel (torch 2.11) reads rows with 16-byte vector loads and
   faults with "misaligned address" — poisoning the CUDA context — when a row stride is not a
   multiple of 16 bytes (e.g. every other row of a (.., 2N, D + 3) buffer). Such operands are
@@ -117,8 +117,10 @@ def sdpa_attention(
     name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem
 ) -> torch.Tensor:
     """SDPA with attnkit's bottom-right causal convention; shapes as in :func:`attnkit.attention`."""
-    if problem.scale < torch.finfo(torch.float32).tiny:
-        q, problem = q * problem.scale, dataclasses.replace(problem, scale=1.0)
+    if abs(problem.scale) < torch.finfo(torch.float32).tiny:
+        q, problem = q * 0.0, dataclasses.replace(problem, scale=1.0)
+    elif problem.scale < 0:
+        k, problem = -k, dataclasses.replace(problem, scale=-problem.scale)
     if not problem.causal or problem.causal_offset == 0:
         return _call_sdpa(name, q, k, v, problem, problem.causal)
     q_square, keep = _square_causal_operands(q, problem)
