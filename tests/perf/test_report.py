@@ -247,7 +247,8 @@ def test_a_run_alone_is_reported_without_a_verdict(tmp_path):
     assert report.main(["--benchmarks", str(benchmarks), "--out-dir", str(out)]) == 0
     markdown = (out / "report.md").read_text()
 
-    assert "## attnkit perf run" in markdown and "Verdict" not in markdown
+    assert "## attnkit perf run on NVIDIA H100 80GB HBM3" in markdown and "Verdict" not in markdown
+    assert "_No verdict: this run was not compared with a baseline." in markdown
     assert "| benchmark | median | TFLOP/s | peak memory |" in markdown
     assert f"#### {SLOWER.group}" in markdown
 

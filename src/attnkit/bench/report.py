@@ -46,7 +46,7 @@ VERDICT_LABELS = {
 #: Provenance rows and the machine_info keys that may hold each (first found wins). The perf
 #: suite stores them under machine_info["attnkit"] (attnkit.bench.machine.provenance).
 PROVENANCE_KEYS = {
-    "GPU": ("device_name", "gpu_name"),
+    "GPU": ("device_name", "gpu_name", "gpu_key"),
     "compute capability": ("capability", "compute_capability"),
     "SMs": ("sm_count", "multi_processor_count", "multiprocessor_count"),
     "driver": ("driver", "driver_version", "nvidia_driver"),
@@ -88,7 +88,9 @@ def format_ratio(ratio: float | None) -> str:
 
 
 def format_tflops(tflops: float | None) -> str:
-    return "—" if tflops is None else f"{tflops:.1f}"
+    if tflops is None:
+        return "—"
+    return f"{tflops:.1f}" if tflops >= 10 else f"{tflops:.3g}"
 
 
 def format_evidence(c: Comparison) -> str:
@@ -271,6 +273,12 @@ def render_markdown(
     lines.append("")
     if verdict:
         lines += _verdict_lines(verdict, floors)
+    else:
+        lines += [
+            "_No verdict: this run was not compared with a baseline. To make it this GPU's "
+            "baseline: `python -m attnkit.bench.baseline record` (docs/CI.md)._",
+            "",
+        ]
     if plots_skipped:
         lines += [f"_Plots skipped: {plots_skipped}_", ""]
     elif plots:
