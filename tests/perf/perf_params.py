@@ -8,7 +8,7 @@ import torch
 import attnkit
 from attnkit.bench.cases import cpu_suite_cases, gpu_suite_cases
 from attnkit.bench.plugin import perf_device
-from attnkit.bench.timing import cuda_event_clock
+from attnkit.bench.timing import gpu_time_clock
 
 DEVICE = perf_device()
 
@@ -29,6 +29,11 @@ def _backend_skip(backend: str) -> str | None:
     return f"{backend} unavailable on {DEVICE}: {reason}" if reason else None
 
 
+#: Tests are parametrised by case name (pytest-benchmark stores params in its JSON, so they must
+#: be plain strings); this maps the name back to its case.
+CASES = {case.name: case for case in gpu_suite_cases() + cpu_suite_cases()}
+
+
 def gpu_params(pass_name: str) -> list:
     """The GPU grid of one pass; every case is listed, the unrunnable ones skipped with why."""
     params = []
@@ -37,10 +42,10 @@ def gpu_params(pass_name: str) -> list:
         if case.pass_name != pass_name:
             continue
         reason = no_gpu or _backend_skip(case.backend)
-        marks = [pytest.mark.benchmark(timer=cuda_event_clock, group=case.group)]
+        marks = [pytest.mark.benchmark(timer=gpu_time_clock, group=case.group)]
         if reason:
             marks.append(pytest.mark.skip(reason=reason))
-        params.append(pytest.param(case, marks=marks, id=f"{case.backend}-{case.shape_label}"))
+        params.append(pytest.param(case.name, marks=marks, id=f"{case.backend}-{case.shape_label}"))
     return params
 
 
@@ -51,5 +56,5 @@ def cpu_params() -> list:
         if DEVICE.type == "cuda":
             reason = "CPU smoke benchmarks run only where there is no GPU"
         marks = [pytest.mark.skip(reason=reason)] if reason else []
-        params.append(pytest.param(case, marks=marks, id=case.name))
+        params.append(pytest.param(case.name, marks=marks, id=case.name))
     return params

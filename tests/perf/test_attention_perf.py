@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from perf_injection import wrapper_from_env
-from perf_params import cpu_params, gpu_params
+from perf_params import CASES, cpu_params, gpu_params
 
 
 @pytest.fixture(scope="module")
@@ -20,19 +20,19 @@ def runner_wrapper():
 
 @pytest.mark.parametrize("case", gpu_params("fwd"))
 def test_fwd(benchmark, attnkit_perf, runner_wrapper, case):
-    attnkit_perf.run_case(benchmark, case, runner_wrapper)
+    attnkit_perf.run_case(benchmark, CASES[case], runner_wrapper)
 
 
 @pytest.mark.parametrize("case", gpu_params("bwd"))
 def test_bwd(benchmark, attnkit_perf, runner_wrapper, case):
-    attnkit_perf.run_case(benchmark, case, runner_wrapper)
+    attnkit_perf.run_case(benchmark, CASES[case], runner_wrapper)
 
 
 @pytest.mark.parametrize("case", gpu_params("fwd+bwd"))
 def test_fwd_bwd(benchmark, attnkit_perf, runner_wrapper, case):
-    attnkit_perf.run_case(benchmark, case, runner_wrapper)
+    attnkit_perf.run_case(benchmark, CASES[case], runner_wrapper)
 
 
 @pytest.mark.parametrize("case", cpu_params())
 def test_cpu_smoke(benchmark, attnkit_perf, runner_wrapper, case):
-    attnkit_perf.run_case(benchmark, case, runner_wrapper)
+    attnkit_perf.run_case(benchmark, CASES[case], runner_wrapper)

@@ -6,7 +6,7 @@ The file is exactly what ``pytest --benchmark-json`` writes (per-round samples i
 
 Record or refresh this GPU's baseline (after an intended slowdown, or when shapes change)::
 
-    python -m attnkit.bench.baseline record            # runs pytest tests/perf --attnkit-record
+    python -m attnkit.bench.baseline record    # = pytest tests/perf/test_attention_perf.py --attnkit-record
     python -m attnkit.bench.baseline show              # what the stored baseline was recorded on
 """
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--dir", default="baselines")
     args = parser.parse_args(argv)
     if args.command == "record":
-        cmd = [sys.executable, "-m", "pytest", "tests/perf", "--attnkit-record"]
+        cmd = [sys.executable, "-m", "pytest", "tests/perf/test_attention_perf.py", "--attnkit-record"]
         cmd.append(f"--attnkit-baseline-dir={args.dir}")
         return subprocess.call([*cmd, *args.pytest_args])
     path = baseline_path(args.dir, gpu_key())

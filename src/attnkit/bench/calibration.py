@@ -17,14 +17,17 @@ import torch
 from attnkit.bench.timing import L2Flusher, measure_samples
 
 #: 4096^3 bf16: ~0.17 ms at the H100's ~800 TFLOP/s, long enough to be clock-limited, short
-#: enough that 40 repetitions cost under 10 ms.
+#: enough that 50 repetitions cost under 10 ms.
 MATMUL_SIZE = 4096
 #: 256 MiB read + 256 MiB written: ~0.18 ms at 3 TB/s, five times the L2.
 COPY_BYTES = 256 * 1024 * 1024
-ROUNDS = 40
+ROUNDS = 5
+REPS = 10
 
 
-def measure_calibration(device: torch.device, rounds: int = ROUNDS, flusher: L2Flusher | None = None) -> dict:
+def measure_calibration(
+    device: torch.device, rounds: int = ROUNDS, flusher: L2Flusher | None = None, reps: int = REPS
+) -> dict:
     """Median milliseconds of each calibration kernel on ``device``: ``{"matmul_ms", "copy_ms"}``.
 
     Empty on the CPU: host timings there are not normalised.
@@ -39,8 +42,8 @@ def measure_calibration(device: torch.device, rounds: int = ROUNDS, flusher: L2F
     dst = torch.empty_like(src)
     result = {}
     for key, fn in (("matmul_ms", lambda: a @ b), ("copy_ms", lambda: dst.copy_(src))):
-        measure_samples(fn, device, 3, flusher)  # warm-up: cuBLAS handle and heuristics
-        samples = measure_samples(fn, device, rounds, flusher)
+        measure_samples(fn, device, 1, flusher, 3)  # warm-up: cuBLAS handle and heuristics
+        samples = measure_samples(fn, device, rounds, flusher, reps)
         result[key] = statistics.median(samples) * 1e3
     return result
 

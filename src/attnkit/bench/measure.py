@@ -14,7 +14,8 @@
 ``min_bytes``       ``BenchCase.min_bytes``: what the pass must allocate at the least
 ``kernel_config``   the backend's kernel configuration for the case, or None
 ``calibration``     ``{"matmul_ms", "copy_ms"}`` measured just before this benchmark (GPU only)
-``rounds``          rounds taken (each one flushed repetition)
+``rounds``          rounds taken
+``reps_per_round``  flushed repetitions per round (a sample is their mean)
 ``confirm``         present only for a benchmark re-measured as a suspect:
                     ``{"samples_s": [...], "calibration": {...}}``
 ==================  =============================================================================
@@ -30,7 +31,7 @@ import torch
 
 from attnkit.bench.calibration import measure_calibration
 from attnkit.bench.cases import BenchCase, build_runner, kernel_config
-from attnkit.bench.timing import L2Flusher, measure_samples, peak_extra_bytes, warm_up_and_plan
+from attnkit.bench.timing import L2Flusher, make_round, measure_samples, peak_extra_bytes, warm_up_and_plan
 
 Runner = Callable[[], object]
 RunnerWrapper = Callable[[BenchCase, Runner], Runner]
@@ -38,14 +39,14 @@ RunnerWrapper = Callable[[BenchCase, Runner], Runner]
 
 @dataclass(frozen=True)
 class MeasureSettings:
-    """Time spent per benchmark. GPU defaults: ~0.25 s of rounds keeps the median of a 1 ms
-    kernel within ~0.3% (250 rounds at a 2-5% per-repetition CV); at least 50 rounds so the
-    rank statistics have power even for the slowest cases."""
+    """Time spent per benchmark. GPU defaults: rounds of ~5 ms (several flushed repetitions),
+    ~0.15 s of them per benchmark, at least 20 rounds so the rank test has power (20 vs 20
+    samples reach p < 0.001 for a clean shift), so the whole grid measures in under a minute."""
 
-    budget_s: float = 0.25
-    min_rounds: int = 50
-    max_rounds: int = 300
-    calibration_rounds: int = 20
+    budget_s: float = 0.15
+    min_rounds: int = 20
+    max_rounds: int = 100
+    calibration_rounds: int = 5
 
     @classmethod
     def for_device(cls, device: torch.device, budget_s: float | None = None) -> MeasureSettings:
@@ -53,6 +54,10 @@ class MeasureSettings:
             return cls(budget_s=budget_s or cls.budget_s)
         # Host-timed CPU smoke cases: the pipeline is exercised, the numbers are not gated.
         return cls(budget_s=budget_s or 0.05, min_rounds=5, max_rounds=20, calibration_rounds=0)
+
+    @property
+    def calibration_reps(self) -> int:
+        return 10
 
 
 def _identity(case: BenchCase, runner: Runner) -> Runner:
@@ -70,7 +75,9 @@ class CaseMeasurer:
     def calibrate(self) -> dict:
         if not self.settings.calibration_rounds:
             return {}
-        return measure_calibration(self.device, self.settings.calibration_rounds, self.flusher)
+        return measure_calibration(
+            self.device, self.settings.calibration_rounds, self.flusher, self.settings.calibration_reps
+        )
 
     def benchmark_case(self, benchmark, case: BenchCase, wrap: RunnerWrapper = _identity) -> None:
         """Time ``case`` with pytest-benchmark's ``pedantic`` mode and fill ``extra_info``.
@@ -100,21 +107,21 @@ class CaseMeasurer:
             kernel_config=kernel_config(case),
             calibration=calibration,
             rounds=plan.rounds,
+            reps_per_round=plan.reps,
         )
         benchmark.extra_info["pass"] = case.pass_name
-        benchmark.pedantic(
-            runner, setup=self.flusher.flush, rounds=plan.rounds, warmup_rounds=2, iterations=1
-        )
+        one_round = make_round(runner, self.device, self.flusher, plan.reps)
+        benchmark.pedantic(one_round, rounds=plan.rounds, warmup_rounds=1, iterations=1)
         median = statistics.median(benchmark.stats.stats.data)
         benchmark.extra_info["tflops"] = case.flops / median / 1e12 if median > 0 else None
 
-    def remeasure(self, case: BenchCase, rounds: int, wrap: RunnerWrapper = _identity) -> dict:
+    def remeasure(self, case: BenchCase, rounds: int, reps: int, wrap: RunnerWrapper = _identity) -> dict:
         """A second, independent measurement of a suspect: fresh inputs, fresh calibration,
         the same protocol. Returned as ``extra_info["confirm"]``."""
         runner = wrap(case, build_runner(case, self.device, seed=1))
         warm_up_and_plan(runner, self.device, self.flusher, budget_s=0.0, min_rounds=1, max_rounds=1)
         calibration = self.calibrate()
-        samples = measure_samples(runner, self.device, rounds, self.flusher)
+        samples = measure_samples(runner, self.device, rounds, self.flusher, reps)
         return {"samples_s": samples, "calibration": calibration}
 
 

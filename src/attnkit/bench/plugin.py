@@ -172,8 +172,11 @@ class PerfState:
 
     def confirm_suspects(self) -> None:
         for benchmark, case, wrap in self.suspects:
-            rounds = benchmark.extra_info.get("rounds") or 50
-            benchmark.extra_info["confirm"] = self.measurer.remeasure(case, rounds, wrap)
+            info = benchmark.extra_info
+            confirm = self.measurer.remeasure(
+                case, info.get("rounds") or 20, info.get("reps_per_round") or 1, wrap
+            )
+            info["confirm"] = confirm
 
     def finish(self, run: dict) -> None:
         """Called with the run's JSON (per-round samples included) once pytest-benchmark has it."""

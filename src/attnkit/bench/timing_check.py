@@ -46,7 +46,9 @@ def agreement(device, flusher) -> list[dict]:
         warm_up_and_plan(runner, device, flusher, budget_s=0.0, min_rounds=1, max_rounds=1)
         ours, theirs = [], []
         for _ in range(2):
-            ours.append(statistics.median(measure_samples(runner, device, 100, flusher)) * 1e3)
+            plan = warm_up_and_plan(runner, device, flusher, budget_s=0.15, min_rounds=20, max_rounds=100)
+            samples = measure_samples(runner, device, plan.rounds, flusher, plan.reps)
+            ours.append(statistics.median(samples) * 1e3)
             theirs.append(do_bench(runner, warmup=25, rep=100, return_mode="median"))
         row = {"case": case.name, "ours_ms": ours, "do_bench_ms": theirs}
         row["ratio"] = statistics.median(ours) / statistics.median(theirs)
@@ -55,15 +57,17 @@ def agreement(device, flusher) -> list[dict]:
     return rows
 
 
-def noise(device, flusher, repeats: int = 12) -> list[dict]:
+def noise(device, flusher, repeats: int = 8) -> list[dict]:
     rows = []
     for case in NOISE_CASES:
         runner = build_runner(case, device)
         warm_up_and_plan(runner, device, flusher, budget_s=0.0, min_rounds=1, max_rounds=1)
         medians, calibrations = [], []
         for _ in range(repeats):
-            calibrations.append(measure_calibration(device, 20, flusher))
-            medians.append(statistics.median(measure_samples(runner, device, 60, flusher)) * 1e3)
+            calibrations.append(measure_calibration(device, flusher=flusher))
+            plan = warm_up_and_plan(runner, device, flusher, budget_s=0.15, min_rounds=20, max_rounds=100)
+            samples = measure_samples(runner, device, plan.rounds, flusher, plan.reps)
+            medians.append(statistics.median(samples) * 1e3)
         matmul = [c["matmul_ms"] for c in calibrations]
         copy = [c["copy_ms"] for c in calibrations]
         geo = [(m * c) ** 0.5 for m, c in zip(matmul, copy, strict=True)]
