@@ -76,16 +76,39 @@ class LaunchSetup:
         )
 
     def tile_safe(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` itself, unless a stride is so large that in-tile int32 offsets could overflow;
-        then a contiguous copy (row stride = head dim). Only exotic layouts get there."""
+        """``x`` itself, or a contiguous copy when its layout is one the kernels must not see:
+
+        * a stride so large that in-tile int32 offsets could overflow;
+        * on a GPU, a base or stride that is not a multiple of 16 bytes, or a last dim that is
+          not contiguous. Compiled with such strides, triton 3.6's causal forward faulted on
+          the H100 ("out-of-range shared address", V with Dv=16 and a 76-byte row stride);
+          16-byte aligned rows are also what vectorised loads need. Zero strides (expanded
+          tensors) are aligned and never copied.
+
+        Everyday layouts (contiguous, (B, N, H, D) transposed, slices of whole rows) pass as they are.
+        """
         largest_block = max(
             self.config.fwd.block_m, self.config.fwd.block_n, self.config.dkdv.block_m,
             self.config.dkdv.block_n, self.config.dq.block_m, self.config.dq.block_n,
             self.head_pad, self.value_pad,
         )  # fmt: skip
-        if max(x.stride(2), x.stride(3)) * largest_block < _INT32_LIMIT:
-            return x
-        return x.contiguous()
+        if max(x.stride(2), x.stride(3)) * largest_block >= _INT32_LIMIT:
+            return x.contiguous()
+        if x.device.type == "cuda" and not _aligned_rows(x):
+            return x.contiguous()
+        return x
+
+
+def _aligned_rows(x: torch.Tensor) -> bool:
+    """Contiguous last dim (or a single column), 16-byte aligned base and outer strides."""
+    item = x.element_size()
+    last_ok = x.stride(-1) == 1 or x.shape[-1] == 1
+    outer_ok = all(
+        stride * item % 16 == 0
+        for size, stride in zip(x.shape[:-1], x.stride()[:-1], strict=True)
+        if size > 1
+    )
+    return last_ok and outer_ok and x.data_ptr() % 16 == 0
 
 
 def _grid(rows: int, block: int, programs: int) -> tuple[int, int]:
