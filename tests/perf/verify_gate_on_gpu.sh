@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# Verification of the perf gate on a GPU (docs/PERF_GATE.md): record a baseline, then run the
-# gate 5x on unchanged code, 3x with a ~10% slowdown injected into one path, 1x with a memory
-# growth injected into another. Writes logs, runs and verdicts under $1 (default ./gate-verify).
+# Verification of the perf gate on a GPU (docs/PERF_GATE.md). Each step is a word:
+#
+#   bash tests/perf/verify_gate_on_gpu.sh OUT record unchanged:5 slow:3 memory
+#
+#   record        python -m attnkit.bench.baseline record (into $BASELINE_DIR, default baselines/)
+#   unchanged:N   the gate N times on unchanged code: each run must pass
+#   slow:N        the gate N times with a ~10% slowdown injected into $SLOW_PATH: each must fail
+#                 naming that path only
+#   memory        the gate once with 64 MiB more peak memory in $MEMORY_PATH: it must fail
+#
+# Writes each run's log, benchmark JSON and verdict under OUT and prints one line per run.
 set -uo pipefail
-out=${1:-gate-verify}
+out=$1; shift
 slow_path=${SLOW_PATH:-sdpa-flash}
 memory_path=${MEMORY_PATH:-sdpa-cudnn}
+baseline_dir=${BASELINE_DIR:-baselines}
 mkdir -p "$out"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 suite=(python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider
-       --benchmark-columns=median,rounds --attnkit-baseline-dir="$out/baselines")
+       --benchmark-columns=median,rounds --attnkit-baseline-dir="$baseline_dir")
 
 summarise() {  # $1: verdict file
   python3 - "$1" <<'PY'
@@ -23,11 +32,6 @@ for b in bad:
 PY
 }
 
-start=$(date +%s)
-python3 -m attnkit.bench.baseline record --dir "$out/baselines" -- -q -p no:cacheprovider \
-  --benchmark-json="$out/run_record.json" > "$out/log_record.txt" 2>&1
-echo "record rc=$? $(( $(date +%s) - start ))s $(grep -c '"fullname"' "$out/run_record.json") benchmarks"
-
 gate() {  # $1: label; the rest: environment for the run
   local label=$1; shift
   local t0=$(date +%s)
@@ -38,7 +42,18 @@ gate() {  # $1: label; the rest: environment for the run
   summarise "$out/verdict_$label.json"
 }
 
-for i in 1 2 3 4 5; do gate "unchanged$i"; done
-for i in 1 2 3; do gate "slow$i" ATTNKIT_PERF_INJECT="slow:$slow_path:0.10"; done
-gate memory ATTNKIT_PERF_INJECT="memory:$memory_path:64"
+start=$(date +%s)
+for step in "$@"; do
+  case $step in
+    record)
+      t0=$(date +%s)
+      python3 -m attnkit.bench.baseline record --dir "$baseline_dir" -- -q -p no:cacheprovider \
+        > "$out/log_record.txt" 2>&1
+      echo "record rc=$? $(( $(date +%s) - t0 ))s"; tail -3 "$out/log_record.txt" ;;
+    unchanged:*) for i in $(seq "${step#*:}"); do gate "unchanged$i"; done ;;
+    slow:*) for i in $(seq "${step#*:}"); do gate "slow$i" ATTNKIT_PERF_INJECT="slow:$slow_path:0.10"; done ;;
+    memory) gate memory ATTNKIT_PERF_INJECT="memory:$memory_path:64" ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
 echo "total $(( $(date +%s) - start ))s"
