@@ -11,6 +11,7 @@ stay untouched; its keys are documented in :func:`provenance`.
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import subprocess
@@ -61,7 +62,9 @@ def _driver_version() -> str | None:
 
 
 def git_commit(cwd: Path | str | None = None) -> str | None:
-    """HEAD of the checkout (``+dirty`` when the tree has local changes), or None outside git."""
+    """HEAD of the checkout (``+dirty`` when the tree has local changes); outside a git checkout
+    (a copied tree, a CI artifact) ``$ATTNKIT_COMMIT`` or ``$GITHUB_SHA``, else None."""
+    fallback = os.environ.get("ATTNKIT_COMMIT") or os.environ.get("GITHUB_SHA")
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True, cwd=cwd
@@ -75,7 +78,7 @@ def git_commit(cwd: Path | str | None = None) -> str | None:
             cwd=cwd,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
+        return fallback
     return head + ("+dirty" if dirty else "")
 
 

@@ -137,9 +137,27 @@ def table_path(device: torch.device) -> Path | None:
 def get_config(
     device: torch.device, dtype: torch.dtype, head_dim: int, value_dim: int, causal: bool
 ) -> AttentionConfig:
-    """The committed config of this GPU and shape family, or :func:`default_config`."""
-    interpreted = device.type != "cuda"
-    path = None if interpreted else table_path(device)
+    """The committed config of this GPU and shape family, or :func:`default_config`.
+
+    Looked up once per (device, table, family): it runs on every call, and for short sequences
+    the host time of a call is as long as the kernels'."""
+    if device.type != "cuda":
+        return _lookup_config(None, None, dtype, head_dim, value_dim, causal)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _lookup_config(index, os.environ.get(CONFIG_ENV), dtype, head_dim, value_dim, causal)
+
+
+@functools.cache
+def _lookup_config(
+    cuda_index: int | None,
+    override: str | None,
+    dtype: torch.dtype,
+    head_dim: int,
+    value_dim: int,
+    causal: bool,
+) -> AttentionConfig:
+    interpreted = cuda_index is None
+    path = None if interpreted else table_path(torch.device("cuda", cuda_index))
     if path is not None:
         entry = _load_table(str(path))["families"].get(family_key(dtype, head_dim, value_dim, causal))
         if entry is not None:

@@ -8,6 +8,9 @@ default config's result, and timed alone with ``triton.testing.do_bench`` (media
 representative shape (B=4, H*D=2048, N=4096). The fastest correct one is kept. The table records
 provenance (GPU, driver, CUDA, torch, triton, commit) and every timing, so a reader can see what
 was compared. Families absent from the table use :func:`attnkit.triton.config.default_config`.
+
+``--kernels fwd`` re-tunes only the forward (after a forward-only change); the other kernels keep
+their entries from the existing table, whose provenance is kept as ``previous_provenance``.
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ def _inputs(dtype, head_dim, causal, seq_len, batch=4):
     return q, k, v, do, check_inputs(q, k, v, causal, None)
 
 
-def tune_family(dtype, head_dim, causal, seq_len, log) -> tuple[AttentionConfig, dict]:
+def tune_family(dtype, head_dim, causal, seq_len, log, kernels=tuple(CANDIDATES)) -> tuple[dict, dict]:
+    """Tune ``kernels`` of one family; returns ({kernel: KernelConfig}, {kernel: {label: ms}})."""
     from triton.testing import do_bench
 
     q, k, v, do, problem = _inputs(dtype, head_dim, causal, seq_len)
@@ -86,7 +90,8 @@ def tune_family(dtype, head_dim, causal, seq_len, log) -> tuple[AttentionConfig,
         "dq": lambda s: bwd_dq(s, q, k, v, do, lse, delta),
     }
     best, timings = {}, {}
-    for kernel, candidates in CANDIDATES.items():
+    for kernel in kernels:
+        candidates = CANDIDATES[kernel]
         timings[kernel] = {}
         for bm, bn, warps, stages in candidates:
             cfg = KernelConfig(bm, bn, warps, stages)
@@ -111,8 +116,21 @@ def tune_family(dtype, head_dim, causal, seq_len, log) -> tuple[AttentionConfig,
             if kernel not in best or ms < best[kernel][1]:
                 best[kernel] = (cfg, ms)
             log(f"  {kernel:5s} {label:18s} {ms:.3f} ms")
-    chosen = AttentionConfig(**{name: best.get(name, (getattr(base, name), 0))[0] for name in CANDIDATES})
+    chosen = {name: best.get(name, (getattr(base, name), 0))[0] for name in kernels}
     return chosen, timings
+
+
+def _previous_table(path: str, kernels: list[str]) -> dict:
+    """The existing table at ``path`` when only some kernels are re-tuned, else {}."""
+    if set(kernels) == set(CANDIDATES):
+        return {}
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise SystemExit(
+            f"--kernels {' '.join(kernels)}: the others come from {path}, which does not exist"
+        ) from None
 
 
 def _as_tuple(x):
@@ -124,25 +142,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="JSON table to write (default: configs/<gpu_key>.json)")
     parser.add_argument("--seq-len", type=int, default=4096, help="sequence length tuned at")
     parser.add_argument("--commit", help="commit hash recorded in the provenance")
+    parser.add_argument(
+        "--kernels",
+        nargs="+",
+        choices=list(CANDIDATES),
+        default=list(CANDIDATES),
+        help="kernels to tune; the others keep their entries (and timings) from the existing table",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("tune needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    table = {"gpu_key": gpu_key(device), "provenance": provenance(args.commit), "seq_len": args.seq_len}
-    table["families"], table["timings_ms"] = {}, {}
     out = args.out or f"src/attnkit/triton/configs/{gpu_key(device)}.json"
+    previous = _previous_table(out, args.kernels)
+    table = {"gpu_key": gpu_key(device), "provenance": provenance(args.commit), "seq_len": args.seq_len}
+    table["kernels_tuned"] = args.kernels
+    if previous:
+        # Kernels not re-tuned keep the configs (and evidence) of the run that chose them.
+        table["previous_provenance"] = previous.get("provenance")
+    table["families"], table["timings_ms"] = {}, {}
     for dtype, head_dim, causal in FAMILIES:
         key = family_key(dtype, head_dim, head_dim, causal)
         print(f"{key}:", flush=True)
-        config, timings = tune_family(dtype, head_dim, causal, args.seq_len, lambda s: print(s, flush=True))
-        table["families"][key] = config.as_dict()
-        table["timings_ms"][key] = timings
+        chosen, timings = tune_family(
+            dtype, head_dim, causal, args.seq_len, lambda s: print(s, flush=True), args.kernels
+        )
+        entry = dict(previous.get("families", {}).get(key, {}))
+        entry.update({name: dataclasses.asdict(cfg) for name, cfg in chosen.items()})
+        AttentionConfig.from_dict(entry)  # every kernel must have a config
+        table["families"][key] = entry
+        table["timings_ms"][key] = {**previous.get("timings_ms", {}).get(key, {}), **timings}
         # Written after every family, so an interrupted run still leaves what it finished.
         with open(out, "w") as f:
             json.dump(table, f, indent=1)
             f.write("\n")
-        print(f"{key}: chosen {config.as_dict()}; wrote {out}", flush=True)
+        print(f"{key}: chosen {entry}; wrote {out}", flush=True)
     return 0
 
 
