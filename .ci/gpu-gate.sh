@@ -16,6 +16,7 @@
 # ATTNKIT_REQUIRE_BASELINE 1 (default): no baseline for this GPU fails the gate; 0: only warns
 # ATTNKIT_PERF_ARGS        extra pytest arguments for the perf step (e.g. thresholds)
 # HYPOTHESIS_PROFILE       correctness examples (default ci: derandomised, the same every run)
+# ATTNKIT_TEST_WORKERS     pytest-xdist processes for the correctness step (default 4; 1: none)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +37,13 @@ pytest_status() {
 "${gpu_python[@]}" -c "import torch; print('torch', torch.__version__)" || exit $?
 
 echo "== 1/3 correctness on the GPU"
-"${gpu_python[@]}" -m pytest tests/correctness -q -p no:cacheprovider --junitxml="$out/correctness.xml"
+# Most of this step is Triton compiling kernels for each drawn shape: with pytest-xdist present,
+# test items compile and run in parallel processes sharing the GPU.
+workers=()
+if "${gpu_python[@]}" -c "import xdist" 2>/dev/null && [ "${ATTNKIT_TEST_WORKERS:-4}" -gt 1 ]; then
+    workers=(-n "${ATTNKIT_TEST_WORKERS:-4}")
+fi
+"${gpu_python[@]}" -m pytest tests/correctness -q -p no:cacheprovider "${workers[@]}" --junitxml="$out/correctness.xml"
 pytest_status $?
 correctness=$?
 

@@ -62,9 +62,12 @@ def _driver_version() -> str | None:
 
 
 def git_commit(cwd: Path | str | None = None) -> str | None:
-    """HEAD of the checkout (``+dirty`` when the tree has local changes); outside a git checkout
-    (a copied tree, a CI artifact) ``$ATTNKIT_COMMIT`` or ``$GITHUB_SHA``, else None."""
-    fallback = os.environ.get("ATTNKIT_COMMIT") or os.environ.get("GITHUB_SHA")
+    """``$ATTNKIT_COMMIT`` when set (a copied tree whose .git, if any, may not be its own);
+    else HEAD of the checkout (``+dirty`` when the tree has local changes); outside a git
+    checkout ``$GITHUB_SHA``, else None."""
+    if os.environ.get("ATTNKIT_COMMIT"):
+        return os.environ["ATTNKIT_COMMIT"]
+    fallback = os.environ.get("GITHUB_SHA")
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True, cwd=cwd

@@ -213,7 +213,17 @@ def pytest_configure(config: pytest.Config) -> None:
         # The gate reads the run through pytest_benchmark_update_json, which fires only when
         # pytest-benchmark writes JSON; give it a scratch file when the user named none.
         scratch = Path(tempfile.mkdtemp(prefix="attnkit-perf-")) / "run.json"
-        config.option.benchmark_json = scratch
+        config.option.benchmark_json = _benchmark_json_target(scratch)
+
+
+def _benchmark_json_target(path: Path):
+    """What ``--benchmark-json`` parses to: an open binary file before pytest-benchmark 5.2
+    (argparse.FileType), a path from 5.2 on."""
+    from importlib.metadata import version
+
+    major, minor = (int(part) for part in version("pytest-benchmark").split(".")[:2])
+    # pytest-benchmark writes and closes the file itself.
+    return open(path, "wb") if (major, minor) < (5, 2) else path
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
