@@ -213,17 +213,30 @@ def pytest_configure(config: pytest.Config) -> None:
         # The gate reads the run through pytest_benchmark_update_json, which fires only when
         # pytest-benchmark writes JSON; give it a scratch file when the user named none.
         scratch = Path(tempfile.mkdtemp(prefix="attnkit-perf-")) / "run.json"
-        config.option.benchmark_json = _benchmark_json_target(scratch)
+        config.option.benchmark_json = _ScratchJson(scratch)
 
 
-def _benchmark_json_target(path: Path):
-    """What ``--benchmark-json`` parses to: an open binary file before pytest-benchmark 5.2
-    (argparse.FileType), a path from 5.2 on."""
-    from importlib.metadata import version
+class _ScratchJson(os.PathLike):
+    """The scratch ``--benchmark-json`` target. pytest-benchmark has parsed that option to an
+    open binary file (``with json as fh``, argparse.FileType) or to a path (``open(json)``)
+    depending on its release; this serves both, opening the file only when it is written."""
 
-    major, minor = (int(part) for part in version("pytest-benchmark").split(".")[:2])
-    # pytest-benchmark writes and closes the file itself.
-    return open(path, "wb") if (major, minor) < (5, 2) else path
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.name = str(path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __enter__(self):
+        self._file = open(self.path, "wb")
+        return self._file
+
+    def __exit__(self, *exc_info) -> None:
+        self._file.close()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
