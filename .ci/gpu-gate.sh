@@ -4,19 +4,21 @@
 #
 #   bash .ci/gpu-gate.sh [OUT_DIR]          (default: build/gpu-gate)
 #
-# 1. the correctness suite on the GPU           -> OUT_DIR/correctness.xml
-# 2. the perf suite against this GPU's baseline -> OUT_DIR/benchmarks.json, OUT_DIR/verdict.json
-# 3. the report, even when 1 or 2 failed        -> OUT_DIR/report/{report,summary}.md, *.png
+# 1. the correctness suite on the GPU                -> OUT_DIR/correctness.xml
+# 2. the perf gate                                  -> OUT_DIR/verdict.json (+ benchmarks.json)
+#    paired mode against ATTNKIT_BASE (the PR's merge base) when it is set; else stored mode
+#    against this GPU model's committed baseline
+# 3. the report, even when 1 or 2 failed            -> OUT_DIR/report/{report,summary}.md, *.png
 #
-# Exits 0 only when every step passed and a baseline was compared; otherwise non-zero, after
-# every step has run, so a failing PR still gets its report.
+# Exits 0 only when every step passed and a comparison was made; otherwise non-zero, after every
+# step has run, so a failing PR still gets its report.
 #
 # ATTNKIT_PYTHON           interpreter with torch (see .ci/gpu-python.sh)
-# ATTNKIT_BASELINE_DIR     baseline root (default: the perf plugin's, baselines/)
-# ATTNKIT_REQUIRE_BASELINE 1 (default): no baseline for this GPU fails the gate; 0: only warns
+# ATTNKIT_BASE             git ref or checkout to compare with (paired mode); unset: stored mode
+# ATTNKIT_PERF_WORKERS     pytest-xdist processes for paired mode, one per GPU (default: the GPU count)
 # ATTNKIT_PERF_ARGS        extra pytest arguments for the perf step (e.g. thresholds)
+# ATTNKIT_TEST_WORKERS     pytest-xdist processes for the correctness step (default 8; 1: none)
 # HYPOTHESIS_PROFILE       correctness examples (default ci: derandomised, the same every run)
-# ATTNKIT_TEST_WORKERS     pytest-xdist processes for the correctness step (default 4; 1: none)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,45 +36,51 @@ pytest_status() {
     return "$status"
 }
 
-"${gpu_python[@]}" -c "import torch; print('torch', torch.__version__)" || exit $?
+"${gpu_python[@]}" -c "import torch; print('torch', torch.__version__, '| GPUs', torch.cuda.device_count())" || exit $?
+has_xdist=0
+"${gpu_python[@]}" -c "import xdist" 2>/dev/null && has_xdist=1
 
 echo "== 1/3 correctness on the GPU"
-# Most of this step is Triton compiling kernels for each drawn shape: with pytest-xdist present,
-# test items compile and run in parallel processes sharing the GPU.
+t0=$(date +%s)
 workers=()
-if "${gpu_python[@]}" -c "import xdist" 2>/dev/null && [ "${ATTNKIT_TEST_WORKERS:-4}" -gt 1 ]; then
-    workers=(-n "${ATTNKIT_TEST_WORKERS:-4}")
+if [ "$has_xdist" = 1 ] && [ "${ATTNKIT_TEST_WORKERS:-8}" -gt 1 ]; then
+    workers=(-n "${ATTNKIT_TEST_WORKERS:-8}")
 fi
 "${gpu_python[@]}" -m pytest tests/correctness -q -p no:cacheprovider "${workers[@]}" --junitxml="$out/correctness.xml"
 pytest_status $?
 correctness=$?
+echo "correctness: $(( $(date +%s) - t0 )) s"
 
-echo "== 2/3 perf gate against this GPU's baseline"
-perf_args=(--benchmark-compare --benchmark-json="$out/benchmarks.json" --attnkit-verdict-json="$out/verdict.json")
-if [ -n "${ATTNKIT_BASELINE_DIR:-}" ]; then perf_args+=(--attnkit-baseline-dir="$ATTNKIT_BASELINE_DIR"); fi
+echo "== 2/3 perf gate"
+t0=$(date +%s)
+perf_args=(--attnkit-verdict-json="$out/verdict.json")
+report_args=(--verdict "$out/verdict.json")
+if [ -n "${ATTNKIT_BASE:-}" ]; then
+    gpus=$("${gpu_python[@]}" -c "import torch; print(torch.cuda.device_count())")
+    n="${ATTNKIT_PERF_WORKERS:-$gpus}"
+    perf_args+=(--attnkit-base="$ATTNKIT_BASE")
+    if [ "$has_xdist" = 1 ] && [ "$n" -gt 1 ]; then perf_args+=(-n "$n"); fi
+else
+    perf_args+=(--benchmark-compare --benchmark-json="$out/benchmarks.json")
+    report_args+=(--benchmarks "$out/benchmarks.json")
+fi
 # shellcheck disable=SC2086  # ATTNKIT_PERF_ARGS is a list of words on purpose
-"${gpu_python[@]}" -m pytest tests/perf -p attnkit.bench.plugin -p no:cacheprovider "${perf_args[@]}" ${ATTNKIT_PERF_ARGS:-}
+"${gpu_python[@]}" -m pytest tests/perf -p no:cacheprovider "${perf_args[@]}" ${ATTNKIT_PERF_ARGS:-}
 pytest_status $?
 perf=$?
-baseline=0
+echo "perf: $(( $(date +%s) - t0 )) s"
+compared=0
 if [ ! -f "$out/verdict.json" ]; then
-    echo "no verdict: nothing was compared (no baseline for this GPU?); see the perf output above" >&2
-    if [ "${ATTNKIT_REQUIRE_BASELINE:-1}" = 1 ]; then baseline=1; fi
+    echo "no verdict: nothing was compared; see the perf output above" >&2
+    compared=1
 fi
 
 echo "== 3/3 report"
-report=0
-if [ -f "$out/benchmarks.json" ]; then
-    verdict_args=()
-    if [ -f "$out/verdict.json" ]; then verdict_args=(--verdict "$out/verdict.json"); fi
-    ATTNKIT_ALLOW_CPU=1 "${gpu_python[@]}" -m attnkit.bench.report \
-        --benchmarks "$out/benchmarks.json" "${verdict_args[@]}" --out-dir "$out/report"
+report=1
+if [ -f "$out/verdict.json" ]; then
+    ATTNKIT_ALLOW_CPU=1 "${gpu_python[@]}" -m attnkit_perf.report "${report_args[@]}" --out-dir "$out/report"
     report=$?
-    [ "$report" -eq 0 ] && echo "report: $out/report/report.md"
-else
-    echo "no benchmark JSON: the perf step ended before writing it; no report" >&2
-    report=1
 fi
 
-echo "== gpu-gate: correctness=$correctness perf=$perf baseline-missing=$baseline report=$report (0 = ok)"
-[ "$correctness" -eq 0 ] && [ "$perf" -eq 0 ] && [ "$baseline" -eq 0 ] && [ "$report" -eq 0 ]
+echo "== gpu-gate: correctness=$correctness perf=$perf not-compared=$compared report=$report (0 = ok)"
+[ "$correctness" -eq 0 ] && [ "$perf" -eq 0 ] && [ "$compared" -eq 0 ] && [ "$report" -eq 0 ]

@@ -8,6 +8,7 @@ from functools import partial
 
 import torch
 
+from attnkit.device import default_device
 from attnkit.inputs import AttentionProblem
 from attnkit.reference import naive_attention
 from attnkit.sdpa import SDPA_BACKENDS, sdpa_attention, sdpa_device_support, sdpa_problem_support
@@ -53,10 +54,6 @@ def get_backend(name: str) -> Backend:
         valid = ", ".join(repr(n) for n in ["auto", *_REGISTRY])
         raise ValueError(f"backend: expected one of {valid}, got {name!r}")
     return _REGISTRY[name]
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def unavailable_reason(name: str, device: torch.device | str | None = None) -> str | None:

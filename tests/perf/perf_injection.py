@@ -13,8 +13,8 @@ import statistics
 
 import torch
 
-from attnkit.bench.cases import BenchCase
-from attnkit.bench.timing import measure_samples
+from attnkit_perf.measure.cases import BenchCase
+from attnkit_perf.measure.timing import measure_samples
 
 ENV = "ATTNKIT_PERF_INJECT"
 

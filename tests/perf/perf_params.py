@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import attnkit
-from attnkit.bench.cases import cpu_suite_cases, gpu_suite_cases
-from attnkit.bench.plugin import perf_device
-from attnkit.bench.timing import gpu_time_clock
+from attnkit_perf.measure.cases import cpu_suite_cases, gpu_suite_cases
+from attnkit_perf.measure.timing import gpu_time_clock
+from attnkit_perf.session import perf_device
 
 DEVICE = perf_device()
 

@@ -1,8 +1,9 @@
-"""The GPU perf grid (cases.gpu_suite_cases) and the CPU smoke grid, timed by pytest-benchmark.
+"""The GPU perf grid (cases.gpu_suite_cases) and the CPU smoke grid.
 
 Benchmark names read ``test_fwd[sdpa-flash-bf16-B4-H16-N4096-D128-causal]``; groups put the
-backends of one shape side by side. Run with ``--benchmark-compare`` to gate against this GPU's
-baseline (docs/PERF_GATE.md).
+backends of one shape side by side. ``--attnkit-base=REF`` compares with a base commit on this
+GPU (paired mode), ``--benchmark-compare`` with this GPU model's stored baseline
+(docs/PERF_GATE.md). The injection fixture (perf_injection) applies to stored mode only.
 """
 
 from __future__ import annotations
@@ -19,20 +20,20 @@ def runner_wrapper():
 
 
 @pytest.mark.parametrize("case", gpu_params("fwd"))
-def test_fwd(benchmark, attnkit_perf, runner_wrapper, case):
-    attnkit_perf.run_case(benchmark, CASES[case], runner_wrapper)
+def test_fwd(benchmark, attnkit_perf, runner_wrapper, request, case):
+    attnkit_perf(benchmark, CASES[case], runner_wrapper, request.node)
 
 
 @pytest.mark.parametrize("case", gpu_params("bwd"))
-def test_bwd(benchmark, attnkit_perf, runner_wrapper, case):
-    attnkit_perf.run_case(benchmark, CASES[case], runner_wrapper)
+def test_bwd(benchmark, attnkit_perf, runner_wrapper, request, case):
+    attnkit_perf(benchmark, CASES[case], runner_wrapper, request.node)
 
 
 @pytest.mark.parametrize("case", gpu_params("fwd+bwd"))
-def test_fwd_bwd(benchmark, attnkit_perf, runner_wrapper, case):
-    attnkit_perf.run_case(benchmark, CASES[case], runner_wrapper)
+def test_fwd_bwd(benchmark, attnkit_perf, runner_wrapper, request, case):
+    attnkit_perf(benchmark, CASES[case], runner_wrapper, request.node)
 
 
 @pytest.mark.parametrize("case", cpu_params())
-def test_cpu_smoke(benchmark, attnkit_perf, runner_wrapper, case):
-    attnkit_perf.run_case(benchmark, CASES[case], runner_wrapper)
+def test_cpu_smoke(benchmark, attnkit_perf, runner_wrapper, request, case):
+    attnkit_perf(benchmark, CASES[case], runner_wrapper, request.node)

@@ -1,59 +1,86 @@
 #!/usr/bin/env bash
-# Verification of the perf gate on a GPU (docs/PERF_GATE.md). Each step is a word:
+# Verification of the perf gate on a GPU (docs/PERF_GATE.md, "How the gate was verified").
+# Each step is a word; results go under OUT (one verdict JSON and log per run, summary.txt):
 #
-#   bash tests/perf/verify_gate_on_gpu.sh OUT record unchanged:5 slow:3 memory
+#   bash tests/perf/verify_gate_on_gpu.sh OUT aa:5 change:fwd-tiles-d64 stored-record stored:2
 #
-#   record        python -m attnkit.bench.baseline record (into $BASELINE_DIR, default baselines/)
-#   unchanged:N   the gate N times on unchanged code: each run must pass
-#   slow:N        the gate N times with a ~10% slowdown injected into $SLOW_PATH: each must fail
-#                 naming that path only
-#   memory        the gate once with 64 MiB more peak memory in $MEMORY_PATH: it must fail
+#   aa:N           paired mode N times with the base a copy of this tree (A/A): nothing may fail
+#   change:NAME    apply docs/evidence/gate-changes/NAME.patch to a copy of this tree (the head),
+#                  run paired mode against the unchanged tree, and measure the change's true
+#                  effect with do_bench side by side (attnkit_tools.ab_dobench) on the cases the
+#                  patch names in its first line ("# cases: WORD ...")
+#   stored-record  record this GPU model's baseline (pytest tests/perf --attnkit-record)
+#   stored:N       stored mode N times against that baseline: nothing may fail
+#   noise          build baselines/<gpu_key>/noise-paired.json from the aa runs' verdicts
 #
-# Writes each run's log, benchmark JSON and verdict under OUT and prints one line per run.
+# PERF_ARGS: extra pytest arguments for every run (e.g. "-k triton", "-n 2").
 set -uo pipefail
-out=$1; shift
-slow_path=${SLOW_PATH:-sdpa-flash}
-memory_path=${MEMORY_PATH:-sdpa-cudnn}
-baseline_dir=${BASELINE_DIR:-baselines}
+out=$(realpath -m "$1"); shift
 mkdir -p "$out"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
-suite=(python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider
-       --benchmark-columns=median,rounds --attnkit-baseline-dir="$baseline_dir")
+root=$(pwd)
+export PYTHONPATH=$root/src PYTHONUNBUFFERED=1
+work=$(mktemp -d)
+cp -r "$root/src" "$work/clean-src" && mkdir -p "$work/clean" && mv "$work/clean-src" "$work/clean/src"
+summary=$out/summary.txt
+# shellcheck disable=SC2206
+extra=(${PERF_ARGS:-})
 
-summarise() {  # $1: verdict file
+log() { echo "$*" | tee -a "$summary"; }
+
+counts() {  # $1: verdict file
   python3 - "$1" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
-bad = [b for b in doc["benchmarks"] if b["verdict"] in ("slower", "more-memory")]
-paths = sorted({b["backend"] for b in bad})
-print(f"   drift {doc['drift']:.4f} counts {doc['counts']} failing paths {paths}")
+bad = [b for b in doc["benchmarks"] if b["outcome"] in ("slower", "more-memory", "inconclusive")]
+print(f"   {doc['mode']} passed={doc['passed']} counts={doc['counts']}")
 for b in bad:
-    print(f"   {b['verdict']:11s} {b['name']} ratio {b['ratio']} confirm {b['evidence'].get('confirm')}")
+    print(f"   {b['outcome']:12s} {b['name']} ratio={b['ratio']} {b['reason']}")
 PY
 }
 
-gate() {  # $1: label; the rest: environment for the run
-  local label=$1; shift
-  local t0=$(date +%s)
-  env "$@" "${suite[@]}" --benchmark-compare --attnkit-verdict-json="$out/verdict_$label.json" \
-    --benchmark-json="$out/run_$label.json" > "$out/log_$label.txt" 2>&1
-  local rc=$?
-  echo "$label rc=$rc $(( $(date +%s) - t0 ))s: $(grep 'attnkit perf gate:' "$out/log_$label.txt")"
-  summarise "$out/verdict_$label.json"
+paired() {  # $1: label, $2: head src, $3: base folder
+  local label=$1 head=$2 base=$3 t0
+  t0=$(date +%s)
+  PYTHONPATH=$head python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider \
+    --attnkit-base="$base" --attnkit-verdict-json="$out/verdict_$label.json" "${extra[@]}" \
+    > "$out/log_$label.txt" 2>&1
+  log "$label rc=$? $(( $(date +%s) - t0 ))s: $(grep 'attnkit perf gate (' "$out/log_$label.txt")"
+  counts "$out/verdict_$label.json" | tee -a "$summary"
 }
 
 start=$(date +%s)
 for step in "$@"; do
   case $step in
-    record)
+    aa:*)
+      for i in $(seq "${step#*:}"); do paired "aa$i" "$root/src" "$work/clean"; done ;;
+    change:*)
+      name=${step#*:}
+      patch=$root/docs/evidence/gate-changes/$name.patch
+      head=$work/$name && mkdir -p "$head" && cp -r "$root/src" "$head/src"
+      (cd "$head" && patch -s -p1 < "$patch") || { log "$name: patch failed"; continue; }
+      read -r -a words <<< "$(head -1 "$patch" | sed 's/^# cases: //')"
+      python3 -m attnkit_tools.ab_dobench --base "$work/clean/src" --head "$head/src" --match "${words[@]}" \
+        --rounds 3 --out "$out/ab_$name.json" > "$out/ab_$name.txt" 2>&1
+      log "$name true effect (do_bench, head/base):"; tee -a "$summary" < "$out/ab_$name.txt"
+      paired "change_$name" "$head/src" "$work/clean" ;;
+    stored-record)
       t0=$(date +%s)
-      python3 -m attnkit.bench.baseline record --dir "$baseline_dir" -- -q -p no:cacheprovider \
-        > "$out/log_record.txt" 2>&1
-      echo "record rc=$? $(( $(date +%s) - t0 ))s"; tail -3 "$out/log_record.txt" ;;
-    unchanged:*) for i in $(seq "${step#*:}"); do gate "unchanged$i"; done ;;
-    slow:*) for i in $(seq "${step#*:}"); do gate "slow$i" ATTNKIT_PERF_INJECT="slow:$slow_path:0.10"; done ;;
-    memory) gate memory ATTNKIT_PERF_INJECT="memory:$memory_path:64" ;;
+      python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider --attnkit-record \
+        "${extra[@]}" > "$out/log_record.txt" 2>&1
+      log "record rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/log_record.txt")" ;;
+    stored:*)
+      for i in $(seq "${step#*:}"); do
+        t0=$(date +%s)
+        python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider --benchmark-compare \
+          --attnkit-verdict-json="$out/verdict_stored$i.json" "${extra[@]}" > "$out/log_stored$i.txt" 2>&1
+        log "stored$i rc=$? $(( $(date +%s) - t0 ))s: $(grep 'attnkit perf gate (' "$out/log_stored$i.txt")"
+        counts "$out/verdict_stored$i.json" | tee -a "$summary"
+      done ;;
+    noise)
+      key=$(python3 -c "from attnkit.device import gpu_key; print(gpu_key())")
+      python3 -m attnkit_perf.decide.noise "$out"/verdict_aa*.json --out "baselines/$key/noise-paired.json" \
+        | tee -a "$summary" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
-echo "total $(( $(date +%s) - start ))s"
+log "total $(( $(date +%s) - start ))s"

@@ -2,7 +2,7 @@
 
 Configuration is data. ``configs/<gpu_key>.json`` holds, per *shape family* (dtype class, padded
 head dim, causal or not), the tile shape of each of the three kernels; the table is written by
-``python -m attnkit.triton.tune`` on that GPU and committed. At run time the table is read once
+``python -m attnkit_tools.tune`` on that GPU and committed. At run time the table is read once
 (no autotuning at import or per call), so a perf gate always times the same kernels. A GPU with
 no table, or a family missing from it, gets :func:`default_config`, which only promises to fit
 in ~96 KB of shared memory and to be correct.
@@ -13,11 +13,12 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from attnkit.device import gpu_key
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -85,12 +86,9 @@ def family_key(dtype: torch.dtype, head_dim: int, value_dim: int, causal: bool) 
     return f"{width}-d{padded_dim(max(head_dim, value_dim))}-{'causal' if causal else 'full'}"
 
 
-def gpu_key(device: torch.device) -> str:
-    """File stem of the device's table, e.g. ``nvidia-h100-80gb-hbm3``; ``interpreter`` on CPU."""
-    if device.type != "cuda":
-        return "interpreter"
-    name = torch.cuda.get_device_name(device)
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+def table_key(device: torch.device) -> str:
+    """File stem of the device's table: its :func:`attnkit.device.gpu_key`; ``interpreter`` on CPU."""
+    return gpu_key(device) if device.type == "cuda" else "interpreter"
 
 
 def default_config(
@@ -130,7 +128,7 @@ def table_path(device: torch.device) -> Path | None:
     override = os.environ.get(CONFIG_ENV)
     if override:
         return Path(override)
-    path = CONFIG_DIR / f"{gpu_key(device)}.json"
+    path = CONFIG_DIR / f"{table_key(device)}.json"
     return path if path.exists() else None
 
 

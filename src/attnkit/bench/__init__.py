@@ -1,1 +1,0 @@
-"""Benchmark support: cases and runners (cases), timing, statistics, baselines and the gate."""

@@ -1,0 +1,56 @@
+"""The baseline store: one pytest-benchmark JSON per GPU model, ``baselines/<gpu_key>/baseline.json``.
+
+The file is exactly what ``pytest --benchmark-json`` writes, per-round samples included, so
+``pytest-benchmark compare`` reads it; ``machine_info["attnkit"]`` holds the provenance of
+:func:`attnkit_perf.machine.provenance`. It is validated against ``schemas/baseline.schema.json``
+before use. Record or refresh this GPU's baseline (after an intended slowdown, or when the grid
+changes) with :data:`RECORD_COMMAND`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from attnkit_perf.decide.formats import FormatError, read_json, validate
+
+BASELINE_FILE = "baseline.json"
+RECORD_COMMAND = "pytest tests/perf --attnkit-record   (tox -e baseline)"
+
+
+def baseline_path(root: Path | str, key: str) -> Path:
+    return Path(root) / key / BASELINE_FILE
+
+
+def missing_message(root: Path | str, key: str) -> str:
+    return (
+        f"no perf baseline for GPU {key!r} (looked for {baseline_path(root, key)}). Record one on "
+        f"this GPU model with: {RECORD_COMMAND}; or compare with a base commit on this GPU: "
+        "--attnkit-base=REF"
+    )
+
+
+def load_baseline(path: Path | str, expected_key: str | None, allow_other_gpu: bool = False) -> dict:
+    """Read and validate a baseline file; raise :class:`FormatError` saying why it cannot be used
+    (missing, not JSON, not a baseline, or recorded on another GPU model unless allowed)."""
+    data = read_json(path, "baseline")
+    validate("baseline", data, f"baseline {path}")
+    recorded = recorded_gpu_key(data)
+    if expected_key is not None and recorded != expected_key and not allow_other_gpu:
+        raise FormatError(
+            f"baseline {path} was recorded on {recorded!r}, this run is on {expected_key!r}: timings "
+            "of another GPU model are not comparable (pass --attnkit-allow-other-gpu to compare anyway)"
+        )
+    return data
+
+
+def recorded_gpu_key(run: dict) -> str | None:
+    return ((run.get("machine_info") or {}).get("attnkit") or {}).get("gpu_key")
+
+
+def save_baseline(run: dict, path: Path | str) -> Path:
+    validate("baseline", run, "the run being recorded")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(run, indent=1, sort_keys=True) + "\n", encoding="utf8")
+    return path

@@ -1,0 +1,197 @@
+"""The gate's decision for one benchmark: same, slower, faster, more-memory or inconclusive.
+
+Pure functions over samples, so they are tested on synthetic data without a GPU. Two modes:
+
+**Paired** (:func:`decide_paired`, the PR gate): the base and the head were measured on the
+same GPU in the same job, in blocks interleaved A-B-B-A, each side in its own processes. The
+B/A ratio and its interval come from the pairs (:func:`attnkit_perf.decide.stats.paired_ratio`).
+
+**Stored** (:func:`decide_stored`, the history of record): the head's samples against a
+baseline JSON recorded earlier, possibly on another card of the same model. The head's samples
+are divided by the run's calibration *drift* first (the GPU kernels' for GPU-bound benchmarks,
+the host's for host-bound ones), then compared by the ratio of medians, a Mann-Whitney U test
+and a bootstrap interval.
+
+In both, with ``t`` the benchmark's threshold (:func:`benchmark_threshold`) and ``alpha`` its
+share of the run's false-alarm budget (:func:`per_benchmark_alpha`):
+
+* **slower**: the ratio is >= 1 + t *and* significant (interval above 1, rank test p < alpha);
+* **faster**: the mirror image (reported, never failing);
+* **same**: the interval lies inside (1/(1+t), 1+t): a slowdown of t is excluded (paired), or
+  the ratio is below 1 + t and its interval excludes 1 + 2t (stored, where the two runs' noise
+  is wider);
+* **inconclusive**: anything else — too few, NaN, non-positive or constant samples, or an
+  interval too wide to tell. The caller measures more; still unclear, it is reported loudly,
+  never as "same".
+
+Memory is deterministic: **more-memory** when the peak grows by more than
+``max(memory_abs_bytes, memory_rel * base_peak)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from attnkit_perf.decide.stats import (
+    bootstrap_ratio_ci,
+    mann_whitney_greater,
+    median,
+    paired_ratio,
+    sample_problem,
+)
+
+OUTCOMES = ("slower", "more-memory", "inconclusive", "faster", "new", "missing", "same")
+FAILING = ("slower", "more-memory")
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Decision parameters; each is a CLI option and an ini key of the plugin.
+
+    ``slower``: practical threshold (a fraction); a benchmark's own threshold may be larger
+    (A/A noise). ``run_alpha``: the false-alarm probability allowed for a whole run, split
+    evenly over its benchmarks (Bonferroni). ``noise_k``: how many A/A standard deviations a
+    benchmark's threshold must clear.
+    """
+
+    slower: float = 0.02
+    run_alpha: float = 0.01
+    memory_rel: float = 0.01
+    memory_abs_bytes: int = MIB
+    noise_k: float = 4.0
+    fail_on_inconclusive: bool = False
+
+    #: Stored-mode default: two machines differ by up to ~4% on one kernel (ANCHORS.md).
+    STORED_SLOWER = 0.06
+
+
+def per_benchmark_alpha(t: Thresholds, benchmarks: int) -> float:
+    """Each benchmark's significance level: the run's budget split over ``benchmarks``."""
+    return t.run_alpha / max(1, benchmarks)
+
+
+def benchmark_threshold(t: Thresholds, noise_sd: float | None) -> float:
+    """``max(practical, noise_k x A/A standard deviation of the log ratio)``, as a fraction."""
+    if noise_sd is None or not math.isfinite(noise_sd):
+        return t.slower
+    return max(t.slower, math.expm1(t.noise_k * noise_sd))
+
+
+def memory_grew(base_peak: int | None, head_peak: int | None, t: Thresholds) -> bool:
+    if base_peak is None or head_peak is None:
+        return False
+    return head_peak - base_peak > max(t.memory_abs_bytes, t.memory_rel * base_peak)
+
+
+@dataclass
+class Decision:
+    """The outcome for one benchmark and the evidence behind it (what the verdict row stores)."""
+
+    outcome: str
+    ratio: float | None = None
+    ci: tuple[float, float] | None = None
+    p: float | None = None
+    threshold: float | None = None
+    alpha: float | None = None
+    reason: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def settled(self) -> bool:
+        """Whether measuring more could not change the outcome."""
+        return self.outcome != "inconclusive"
+
+
+def _with_memory(d: Decision, base_peak, head_peak, t: Thresholds) -> Decision:
+    if memory_grew(base_peak, head_peak, t):
+        d.extra["memory_growth_bytes"] = head_peak - base_peak
+        if d.outcome != "slower":
+            d.reason = f"peak {base_peak} -> {head_peak} B; time: {d.outcome} ({d.reason})"
+            d.outcome = "more-memory"
+    return d
+
+
+def decide_paired(
+    base_blocks,
+    head_blocks,
+    t: Thresholds,
+    alpha: float,
+    threshold: float,
+    base_peak: int | None = None,
+    head_peak: int | None = None,
+) -> Decision:
+    """Decide from block medians measured as adjacent A/B pairs (index i of each is pair i)."""
+    problem = sample_problem(base_blocks, "base") or sample_problem(head_blocks, "head")
+    if problem is None and len(base_blocks) != len(head_blocks):
+        problem = f"{len(base_blocks)} base blocks against {len(head_blocks)} head blocks: not paired"
+    if problem:
+        return _with_memory(Decision("inconclusive", reason=problem), base_peak, head_peak, t)
+    est = paired_ratio(base_blocks, head_blocks, confidence=1.0 - 2.0 * alpha)
+    up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
+    common = {"ratio": est.ratio, "ci": (est.low, est.high), "threshold": threshold, "alpha": alpha}
+    pct = f"{est.confidence:.4%} interval [{est.low:.4f}, {est.high:.4f}] over {est.pairs} pairs"
+    if est.ratio >= up and est.low > 1.0 and est.p_slower < alpha:
+        d = Decision("slower", p=est.p_slower, reason=f"x{est.ratio:.4f} >= {up:.4f}; {pct}", **common)
+    elif est.ratio <= down and est.high < 1.0 and est.p_faster < alpha:
+        d = Decision("faster", p=est.p_faster, reason=f"x{est.ratio:.4f} <= {down:.4f}; {pct}", **common)
+    elif down < est.low and est.high < up:
+        d = Decision("same", p=est.p_slower, reason=f"within x{up:.4f}: {pct}", **common)
+    else:
+        d = Decision("inconclusive", p=est.p_slower, reason=f"cannot tell at x{up:.4f}: {pct}", **common)
+    d.extra["pairs"] = est.pairs
+    return _with_memory(d, base_peak, head_peak, t)
+
+
+def decide_stored(
+    base_samples,
+    head_samples,
+    drift: float,
+    t: Thresholds,
+    alpha: float,
+    threshold: float,
+    base_peak: int | None = None,
+    head_peak: int | None = None,
+) -> Decision:
+    """Decide the head's samples (divided by ``drift``) against a stored baseline's."""
+    problem = sample_problem(base_samples, "baseline") or sample_problem(head_samples, "this run")
+    if problem is None and not (math.isfinite(drift) and drift > 0):
+        problem = f"calibration drift {drift} is not a positive number"
+    if problem:
+        return _with_memory(Decision("inconclusive", reason=problem), base_peak, head_peak, t)
+    head = [s / drift for s in head_samples]
+    ratio = median(head) / median(base_samples)
+    p_slower = mann_whitney_greater(head, base_samples)
+    p_faster = mann_whitney_greater(base_samples, head)
+    low, high = bootstrap_ratio_ci(base_samples, head, confidence=0.99)
+    up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
+    common = {"ratio": ratio, "ci": (low, high), "threshold": threshold, "alpha": alpha}
+    text = f"x{ratio:.4f} (drift x{drift:.4f} divided out), 99% interval [{low:.4f}, {high:.4f}]"
+    if ratio >= up and p_slower < alpha:
+        d = Decision("slower", p=p_slower, reason=f"{text}, p={p_slower:.1e} < {alpha:.1e}", **common)
+    elif ratio <= down and p_faster < alpha:
+        d = Decision("faster", p=p_faster, reason=f"{text}, p={p_faster:.1e}", **common)
+    elif ratio < up and high < 1.0 + 2.0 * threshold:
+        d = Decision("same", p=p_slower, reason=text, **common)
+    else:
+        why = "not significant" if ratio >= up else f"interval reaches x{1 + 2 * threshold:.3f}"
+        d = Decision("inconclusive", p=p_slower, reason=f"{text}, p={p_slower:.1e}: {why}", **common)
+    d.extra["drift"] = drift
+    return _with_memory(d, base_peak, head_peak, t)
+
+
+def confirm_stored(first: Decision, second: Decision) -> Decision:
+    """A stored-mode suspect re-measured later: slower only when both say so; a first slower
+    that the second measurement calls same was a disturbed stretch of time."""
+    if first.outcome != "slower":
+        return first
+    if second.outcome == "slower":
+        second.ratio = min(first.ratio, second.ratio)  # the slowdown both measurements support
+        second.reason = f"{first.reason}; re-measured: {second.reason}"
+        return second
+    second.reason = f"first measurement slower ({first.reason}), re-measured: {second.reason}"
+    if second.outcome == "same":
+        return second
+    second.outcome = "inconclusive"
+    return second

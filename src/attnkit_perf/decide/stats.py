@@ -1,0 +1,124 @@
+"""The statistics the gate decides with, all from scipy (well kept, tested against references):
+
+* stored mode (two independent sample sets): a one-sided Mann-Whitney U test and a bootstrap
+  interval for the ratio of medians;
+* paired mode (A/B blocks measured back to back): a t interval for the mean log ratio of the
+  pairs, with a Wilcoxon signed-rank test as its rank-based check.
+
+Every function validates its samples first (:func:`sample_problem`): too few, non-finite,
+non-positive or constant samples are *no evidence*, which the gate reports as inconclusive —
+never as "same".
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+#: Fewest samples a side needs before any test is run on it.
+MIN_SAMPLES = 5
+
+
+def sample_problem(samples, what: str, minimum: int = MIN_SAMPLES) -> str | None:
+    """Why ``samples`` cannot serve as evidence, or None when they can."""
+    if samples is None:
+        return f"{what}: no samples"
+    try:
+        values = np.asarray(samples, dtype=float)
+    except (TypeError, ValueError):
+        return f"{what}: samples are not numbers"
+    if values.ndim != 1:
+        return f"{what}: samples are not a flat list"
+    if len(values) < minimum:
+        return f"{what}: {len(values)} samples, at least {minimum} needed"
+    if not np.isfinite(values).all():
+        return f"{what}: samples contain NaN or infinity"
+    if (values <= 0).any():
+        return f"{what}: samples contain non-positive times"
+    if np.ptp(values) == 0:
+        return f"{what}: every sample is identical (a broken timer, not a measurement)"
+    return None
+
+
+def mann_whitney_greater(sample, reference) -> float:
+    """p-value of the one-sided Mann-Whitney U test that ``sample`` tends to be larger."""
+    return float(stats.mannwhitneyu(sample, reference, alternative="greater", method="auto").pvalue)
+
+
+def bootstrap_ratio_ci(reference, sample, confidence: float = 0.99, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``median(sample) / median(reference)``."""
+
+    def ratio_of_medians(ref, new, axis=-1):
+        return np.median(new, axis=axis) / np.median(ref, axis=axis)
+
+    # scipy >= 1.15 names the generator ``rng``; older releases ``random_state``.
+    seed_arg = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
+    result = stats.bootstrap(
+        (np.asarray(reference, float), np.asarray(sample, float)),
+        ratio_of_medians,
+        confidence_level=confidence,
+        n_resamples=999,
+        method="percentile",
+        vectorized=True,
+        **{seed_arg: np.random.default_rng(seed)},
+    )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def median(values) -> float:
+    return float(np.median(np.asarray(values, dtype=float))) if len(values) else math.nan
+
+
+@dataclass(frozen=True)
+class PairedEstimate:
+    """The B/A time ratio estimated from paired blocks.
+
+    ``ratio`` is the geometric mean of the pairs' ratios; ``low``/``high`` its two-sided interval
+    at ``confidence`` (a t interval on the log ratios); ``p_slower``/``p_faster`` one-sided
+    Wilcoxon signed-rank p-values; ``pairs`` the number of pairs.
+    """
+
+    ratio: float
+    low: float
+    high: float
+    p_slower: float
+    p_faster: float
+    pairs: int
+    confidence: float
+
+
+def paired_ratio(base_blocks, head_blocks, confidence: float) -> PairedEstimate:
+    """Estimate head/base from block medians measured as adjacent pairs (same index = same pair).
+
+    Working on log ratios makes a slowdown and the matching speed-up symmetric, and pairing
+    cancels what drifts slowly (clocks, temperature) because both blocks of a pair ran within
+    milliseconds of each other.
+    """
+    a = np.asarray(base_blocks, dtype=float)
+    b = np.asarray(head_blocks, dtype=float)
+    logs = np.log(b) - np.log(a)
+    n = len(logs)
+    mean = float(logs.mean())
+    sem = float(logs.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
+    if sem == 0.0:
+        low = high = mean
+    else:
+        low, high = stats.t.interval(confidence, n - 1, loc=mean, scale=sem)
+    if np.any(logs != 0):
+        p_slower = float(stats.wilcoxon(logs, alternative="greater").pvalue)
+        p_faster = float(stats.wilcoxon(logs, alternative="less").pvalue)
+    else:
+        p_slower = p_faster = 1.0
+    return PairedEstimate(
+        ratio=math.exp(mean),
+        low=math.exp(low),
+        high=math.exp(high),
+        p_slower=p_slower,
+        p_faster=p_faster,
+        pairs=n,
+        confidence=confidence,
+    )

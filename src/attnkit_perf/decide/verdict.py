@@ -1,0 +1,171 @@
+"""The verdict: one model, written by the gate and read by the report (and by anyone's tooling).
+
+Format ``attnkit-perf-verdict/2``, validated by ``schemas/verdict.schema.json`` on write and on
+read. A document holds the mode (``paired`` or ``stored``), both sides' provenance, the
+thresholds, and one row per benchmark (:class:`BenchmarkVerdict`). ``passed`` is false iff a
+row is slower or more-memory (or inconclusive, when the run was told to fail on those).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from attnkit_perf.decide.formats import read_json, validate
+from attnkit_perf.decide.gate import FAILING, OUTCOMES, Decision
+
+FORMAT = "attnkit-perf-verdict/2"
+
+
+@dataclass
+class BenchmarkVerdict:
+    """One benchmark's outcome. Times are medians per call in ms; ``ratio`` is head/base
+    (drift-corrected in stored mode); ``ci`` its interval; ``threshold`` the fraction this
+    benchmark had to exceed; ``reason`` the evidence in words."""
+
+    name: str
+    group: str
+    backend: str
+    pass_name: str
+    shape: dict
+    outcome: str
+    reason: str = ""
+    base_median_ms: float | None = None
+    head_median_ms: float | None = None
+    ratio: float | None = None
+    ci: list[float] | None = None
+    p: float | None = None
+    threshold: float | None = None
+    alpha: float | None = None
+    base_peak_bytes: int | None = None
+    head_peak_bytes: int | None = None
+    tflops: float | None = None
+    host_bound: bool | None = None
+    evidence: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_decision(cls, describe: dict, decision: Decision, **measured) -> BenchmarkVerdict:
+        return cls(
+            **describe,
+            outcome=decision.outcome,
+            reason=decision.reason,
+            ratio=decision.ratio,
+            ci=list(decision.ci) if decision.ci else None,
+            p=decision.p,
+            threshold=decision.threshold,
+            alpha=decision.alpha,
+            evidence=dict(decision.extra),
+            **measured,
+        )
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in FAILING
+
+
+@dataclass
+class VerdictDocument:
+    mode: str
+    base: dict
+    head: dict
+    thresholds: dict
+    benchmarks: list[BenchmarkVerdict]
+    version_differences: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fail_on_inconclusive(self) -> bool:
+        return bool(self.thresholds.get("fail_on_inconclusive"))
+
+    @property
+    def failing(self) -> list[BenchmarkVerdict]:
+        kinds = FAILING + (("inconclusive",) if self.fail_on_inconclusive else ())
+        return [b for b in self.benchmarks if b.outcome in kinds]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failing
+
+    def counts(self) -> dict[str, int]:
+        counts = Counter(b.outcome for b in self.benchmarks)
+        return {k: counts[k] for k in OUTCOMES if counts[k]}
+
+    def to_dict(self) -> dict:
+        rows = []
+        for b in self.benchmarks:
+            row = asdict(b)
+            row["pass"] = row.pop("pass_name")
+            rows.append(row)
+        return {
+            "format": FORMAT,
+            "mode": self.mode,
+            "passed": self.passed,
+            "counts": self.counts(),
+            "thresholds": self.thresholds,
+            "base": self.base,
+            "head": self.head,
+            "version_differences": self.version_differences,
+            "notes": self.notes,
+            "benchmarks": rows,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "verdict") -> VerdictDocument:
+        validate("verdict", data, where)
+        rows = []
+        for row in data["benchmarks"]:
+            row = dict(row)
+            row["pass_name"] = row.pop("pass")
+            rows.append(BenchmarkVerdict(**row))
+        return cls(
+            mode=data["mode"],
+            base=data["base"],
+            head=data["head"],
+            thresholds=data["thresholds"],
+            benchmarks=rows,
+            version_differences=data.get("version_differences", {}),
+            notes=data.get("notes", []),
+        )
+
+    def write(self, path: Path | str) -> Path:
+        data = self.to_dict()
+        validate("verdict", data, "the verdict being written")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n", encoding="utf8")
+        return path
+
+    @classmethod
+    def read(cls, path: Path | str) -> VerdictDocument:
+        return cls.from_dict(read_json(path, "verdict"), f"verdict {path}")
+
+
+# --- terminal output ------------------------------------------------------------------------
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def format_table(rows: list[BenchmarkVerdict]) -> list[str]:
+    """Lines of a table: name, outcome, base ms, head ms, ratio, threshold, reason."""
+    if not rows:
+        return []
+    width = max(len(r.name) for r in rows)
+    lines = [f"{'benchmark':<{width}}  {'outcome':<12} {'base ms':>9} {'head ms':>9} {'ratio':>7}  evidence"]
+    for r in rows:
+        ratio = "-" if r.ratio is None else f"{r.ratio:.4f}"
+        host = " [host-bound]" if r.host_bound else ""
+        lines.append(
+            f"{r.name:<{width}}  {r.outcome:<12} {_ms(r.base_median_ms):>9} {_ms(r.head_median_ms):>9} "
+            f"{ratio:>7}  {r.reason}{host}"
+        )
+    return lines
+
+
+def summary_line(doc: VerdictDocument) -> str:
+    counts = doc.counts()
+    parts = ", ".join(f"{n} {k}" for k, n in counts.items()) or "nothing compared"
+    return f"attnkit perf gate ({doc.mode}): {'passed' if doc.passed else 'FAILED'} ({parts})"

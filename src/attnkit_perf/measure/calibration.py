@@ -1,0 +1,84 @@
+"""Calibration kernels, timed in the same session as the benchmarks, for stored mode.
+
+Two cards of one model differ by a few percent in sustained clock and memory speed, and one
+card drifts with temperature and power state; two hosts differ far more in how fast they run
+Python and issue launches. The gate divides those effects out by comparing the calibration of
+the baseline run with this run's (:func:`drift_factor`):
+
+* ``matmul_ms`` (a fixed bf16 matmul, compute-bound) and ``copy_ms`` (a device copy,
+  bandwidth-bound) for GPU-bound benchmarks;
+* ``host_ms`` (a fixed loop of small PyTorch calls on the CPU: interpreter, dispatcher and
+  allocator speed) for host-bound ones.
+
+What is specific to one kernel is left for the gate.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import torch
+
+from attnkit_perf.measure.timing import L2Flusher, measure_samples
+
+#: 4096^3 bf16: ~0.17 ms at the H100's ~800 TFLOP/s, long enough to be clock-limited, short
+#: enough that 50 repetitions cost under 10 ms.
+MATMUL_SIZE = 4096
+#: 256 MiB read + 256 MiB written: ~0.18 ms at 3 TB/s, five times the L2.
+COPY_BYTES = 256 * 1024 * 1024
+ROUNDS = 5
+REPS = 10
+GPU_KEYS = ("matmul_ms", "copy_ms")
+HOST_KEYS = ("host_ms",)
+
+
+def _host_loop() -> None:
+    # Small tensors: each call is dispatch and allocation, like attnkit's own layer.
+    x = torch.ones(8)
+    for _ in range(200):
+        x = torch.add(x, 1.0).view(2, 4).t().contiguous().flatten()
+
+
+def measure_host_ms(rounds: int = 7) -> float:
+    _host_loop()
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        _host_loop()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e3
+
+
+def measure_calibration(
+    device: torch.device, rounds: int = ROUNDS, flusher: L2Flusher | None = None, reps: int = REPS
+) -> dict:
+    """Median milliseconds of each calibration kernel: ``{"matmul_ms", "copy_ms", "host_ms"}``
+    on a GPU; empty on the CPU, where nothing is gated."""
+    if device.type != "cuda":
+        return {}
+    flusher = flusher or L2Flusher(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=device, dtype=torch.bfloat16, generator=gen)
+    src = torch.randn(COPY_BYTES // 4, device=device, dtype=torch.float32, generator=gen)
+    dst = torch.empty_like(src)
+    result = {}
+    for key, fn in (("matmul_ms", lambda: a @ b), ("copy_ms", lambda: dst.copy_(src))):
+        measure_samples(fn, device, 1, flusher, 3)  # warm-up: cuBLAS handle and heuristics
+        samples = measure_samples(fn, device, rounds, flusher, reps)
+        result[key] = statistics.median(samples) * 1e3
+    result["host_ms"] = measure_host_ms()
+    return result
+
+
+def drift_factor(baseline: dict | None, now: dict | None, keys: tuple[str, ...] = GPU_KEYS) -> float:
+    """How much slower this machine runs the calibration than the baseline's did: the geometric
+    mean of ``now / baseline`` over ``keys`` that both measured; 1.0 if none."""
+    if not baseline or not now:
+        return 1.0
+    ratios = [now[k] / baseline[k] for k in keys if baseline.get(k) and now.get(k)]
+    if not ratios:
+        return 1.0
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))

@@ -1,0 +1,181 @@
+"""Benchmark cases: one description of "what is timed", shared by the perf suite, the
+performance grid and the report.
+
+A :class:`BenchCase` names a backend, a pass (forward, backward, or both) and a shape;
+it is plain data (:meth:`BenchCase.as_dict` / ``BenchCase(**d)``), so paired mode sends it to
+the worker processes of either side;
+:func:`build_runner` turns it into a zero-argument callable on fresh random inputs, and the
+derived metrics (FLOPs, the minimum bytes a pass must write) are defined here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+import attnkit
+
+PASSES = ("fwd", "bwd", "fwd+bwd")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+#: FLOPs of a pass as a multiple of the forward's: the backward does 2.5x the forward's matmul
+#: work (5 matmuls against 2, as in FlashAttention's accounting).
+_PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One timed configuration. Sequence length is the same for queries and keys."""
+
+    backend: str
+    pass_name: str
+    batch: int
+    q_heads: int
+    kv_heads: int
+    seq_len: int
+    head_dim: int
+    causal: bool
+    dtype: str = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.pass_name not in PASSES:
+            raise ValueError(f"pass_name: expected one of {PASSES}, got {self.pass_name!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {tuple(DTYPES)}, got {self.dtype!r}")
+
+    @property
+    def shape_label(self) -> str:
+        """Shape without the backend, e.g. ``bf16-B4-H16-N4096-D128-causal``."""
+        heads = f"H{self.q_heads}" if self.kv_heads == self.q_heads else f"H{self.q_heads}kv{self.kv_heads}"
+        mask = "-causal" if self.causal else ""
+        return f"{self.dtype}-B{self.batch}-{heads}-N{self.seq_len}-D{self.head_dim}{mask}"
+
+    @property
+    def name(self) -> str:
+        """Benchmark name, e.g. ``fwd[triton-bf16-B4-H16-N4096-D128-causal]``."""
+        return f"{self.pass_name}[{self.backend}-{self.shape_label}]"
+
+    @property
+    def group(self) -> str:
+        """Benchmarks of one group differ only in backend, so tables put peers side by side."""
+        return f"{self.pass_name} {self.shape_label}"
+
+    @property
+    def flops(self) -> float:
+        """4*B*H*N^2*D for the forward, halved when causal, scaled per pass."""
+        forward = 4.0 * self.batch * self.q_heads * self.seq_len**2 * self.head_dim
+        if self.causal:
+            forward /= 2
+        return forward * _PASS_FLOP_FACTOR[self.pass_name]
+
+    @property
+    def min_bytes(self) -> int:
+        """Fewest bytes the pass must allocate: its outputs (O and the float32 log-sum-exp for
+        the forward, dQ/dK/dV for the backward). Peak memory over this is overhead."""
+        item = torch.finfo(DTYPES[self.dtype]).bits // 8
+        out = self.batch * self.q_heads * self.seq_len * self.head_dim * item
+        lse = self.batch * self.q_heads * self.seq_len * 4
+        kv = self.batch * self.kv_heads * self.seq_len * self.head_dim * item
+        grads = out + 2 * kv
+        return {"fwd": out + lse, "bwd": grads, "fwd+bwd": out + lse + grads}[self.pass_name]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def make_inputs(case: BenchCase, device: torch.device | str, seed: int = 0):
+    """Random (never zero) q, k, v and grad_out for ``case`` on ``device``."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = DTYPES[case.dtype]
+
+    def rand(heads):
+        shape = (case.batch, heads, case.seq_len, case.head_dim)
+        return torch.randn(shape, generator=gen, device=device, dtype=dtype)
+
+    return rand(case.q_heads), rand(case.kv_heads), rand(case.kv_heads), rand(case.q_heads)
+
+
+def build_runner(case: BenchCase, device: torch.device | str, seed: int = 0) -> Callable[[], object]:
+    """A zero-argument callable that runs ``case`` once.
+
+    * ``fwd``: the forward with no tensor requiring grad (inference).
+    * ``bwd``: the backward alone: the forward runs once here, each call then recomputes
+      dQ, dK, dV from the saved graph (``retain_graph``), without accumulating into ``.grad``.
+    * ``fwd+bwd``: a training step's attention: forward, then all three gradients.
+    """
+    q, k, v, grad_out = make_inputs(case, device, seed)
+
+    def forward():
+        return attnkit.attention(q, k, v, causal=case.causal, backend=case.backend)
+
+    if case.pass_name == "fwd":
+        return forward
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    if case.pass_name == "bwd":
+        out = forward()
+        return lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
+    return lambda: torch.autograd.grad(forward(), (q, k, v), grad_out)
+
+
+# --- The perf suite's grid -------------------------------------------------------------------
+
+#: Backends the GPU suite times, fastest first. Those not registered or unavailable on the
+#: device are reported as skipped, so "triton" joins the grid as soon as it registers.
+GPU_BACKENDS = ("triton", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "tiled", "naive")
+#: Pure-PyTorch paths are 10-100x slower than the fused ones: they are timed on short shapes only.
+SLOW_BACKENDS = ("tiled", "naive")
+#: The naive path materialises a float32 (B, H, N, N) score matrix; above this it is not timed.
+NAIVE_SCORE_BYTES_MAX = 2 * 1024**3
+
+#: (batch, q_heads, kv_heads, seq_len, head_dim, causal, dtype). 16K tokens per batch and
+#: H*D = 2048 as in ANCHORS.md, so TFLOP/s compare with the published tables. Short and long N,
+#: D 64 and 128, causal and not, one fp16 and one GQA shape: every kernel specialisation the
+#: fused paths have, with nothing timed twice.
+GPU_SHAPES = (
+    (16, 16, 16, 1024, 128, True, "bf16"),
+    (4, 16, 16, 4096, 128, True, "bf16"),
+    (4, 16, 16, 4096, 128, False, "bf16"),
+    (1, 16, 16, 16384, 128, True, "bf16"),
+    (8, 32, 32, 2048, 64, False, "bf16"),
+    (2, 32, 32, 8192, 64, True, "bf16"),
+    (4, 16, 16, 4096, 128, True, "fp16"),
+    (4, 16, 4, 4096, 128, True, "bf16"),
+)
+#: The training step (forward then backward) is timed on one shape: elsewhere it is fwd + bwd.
+FWD_BWD_SHAPE = GPU_SHAPES[1]
+#: Host-bound shapes: the kernel takes a few microseconds, so the time is attnkit's Python layer
+#: and the launches. They guard the per-call cost (a slower dispatch fails here first).
+HOST_SHAPES = ((1, 8, 8, 128, 64, True, "bf16"),)
+HOST_BACKENDS = ("triton", "sdpa", "sdpa-flash", "sdpa-cudnn")
+#: Shapes short enough for the pure-PyTorch paths.
+SLOW_BACKEND_SHAPES = (GPU_SHAPES[0], GPU_SHAPES[4])
+
+#: CPU smoke grid: tiny float32 problems, so a CPU-only CI run exercises the whole pipeline.
+CPU_BACKENDS = ("tiled", "naive", "sdpa")
+CPU_SHAPES = ((1, 2, 2, 128, 32, True, "fp32"), (1, 2, 2, 128, 32, False, "fp32"))
+
+
+def _cases(backends, shapes, passes) -> list[BenchCase]:
+    return [BenchCase(b, p, *shape) for p in passes for shape in shapes for b in backends]
+
+
+def _naive_fits(case: BenchCase) -> bool:
+    return case.batch * case.q_heads * case.seq_len**2 * 4 <= NAIVE_SCORE_BYTES_MAX
+
+
+def gpu_suite_cases() -> list[BenchCase]:
+    """Every case of the GPU perf suite, whether or not its backend is available here."""
+    fast = [b for b in GPU_BACKENDS if b not in SLOW_BACKENDS]
+    cases = _cases(fast, GPU_SHAPES, ("fwd", "bwd"))
+    cases += _cases(fast, (FWD_BWD_SHAPE,), ("fwd+bwd",))
+    cases += _cases(HOST_BACKENDS, HOST_SHAPES, ("fwd", "fwd+bwd"))
+    slow = _cases(SLOW_BACKENDS, SLOW_BACKEND_SHAPES, ("fwd", "bwd"))
+    cases += [c for c in slow if c.backend != "naive" or _naive_fits(c)]
+    return cases
+
+
+def cpu_suite_cases() -> list[BenchCase]:
+    """The CPU smoke grid (host-timed; never compared with a GPU baseline)."""
+    return _cases(CPU_BACKENDS, CPU_SHAPES, ("fwd", "bwd"))

@@ -1,0 +1,142 @@
+"""Measure one :class:`BenchCase` through pytest-benchmark, and re-measure it later.
+
+``extra_info`` written for every benchmark (the verdict file and the report read these):
+
+==================  =============================================================================
+``name``            ``BenchCase.name``, e.g. ``fwd[sdpa-flash-bf16-B4-H16-N4096-D128-causal]``
+``backend``         backend name
+``pass``            ``fwd`` / ``bwd`` / ``fwd+bwd``
+``shape``           ``{batch, q_heads, kv_heads, seq_len, head_dim, causal, dtype}``
+``device``          ``cuda`` or ``cpu``
+``timer``           ``cuda-events+l2-flush`` or ``perf_counter``
+``tflops``          ``BenchCase.flops`` over the median round, in TFLOP/s
+``peak_bytes``      bytes allocated beyond the inputs at the call's peak (None on the CPU)
+``min_bytes``       ``BenchCase.min_bytes``: what the pass must allocate at the least
+``host_fraction``   host time to issue a call over its measured time (GPU only)
+``host_bound``      ``host_fraction >= HOST_BOUND_FRACTION``: judged with the host calibration
+``calibration``     ``{"matmul_ms", "copy_ms", "host_ms"}`` measured just before this benchmark
+``rounds``          rounds taken
+``reps_per_round``  flushed repetitions per round (a sample is their mean)
+``confirm``         present only for a benchmark re-measured as a suspect:
+                    ``{"samples_s": [...], "calibration": {...}}``
+==================  =============================================================================
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attnkit_perf.measure.calibration import measure_calibration
+from attnkit_perf.measure.cases import BenchCase, build_runner
+from attnkit_perf.measure.timing import (
+    HOST_BOUND_FRACTION,
+    L2Flusher,
+    host_fraction,
+    make_round,
+    measure_samples,
+    peak_extra_bytes,
+    warm_up_and_plan,
+)
+
+Runner = Callable[[], object]
+RunnerWrapper = Callable[[BenchCase, Runner], Runner]
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """Time spent per benchmark. GPU defaults: rounds of ~5 ms (several flushed repetitions),
+    ~0.15 s of them per benchmark, at least 20 rounds so the rank test has power (20 vs 20
+    samples reach p < 0.001 for a clean shift), so the whole grid measures in under a minute."""
+
+    budget_s: float = 0.15
+    min_rounds: int = 20
+    max_rounds: int = 100
+    calibration_rounds: int = 5
+
+    @classmethod
+    def for_device(cls, device: torch.device, budget_s: float | None = None) -> MeasureSettings:
+        if device.type == "cuda":
+            return cls(budget_s=budget_s or cls.budget_s)
+        # Host-timed CPU smoke cases: the pipeline is exercised, the numbers are not gated.
+        return cls(budget_s=budget_s or 0.05, min_rounds=5, max_rounds=20, calibration_rounds=0)
+
+    @property
+    def calibration_reps(self) -> int:
+        return 10
+
+
+def _identity(case: BenchCase, runner: Runner) -> Runner:
+    return runner
+
+
+class CaseMeasurer:
+    """Holds the device, the L2 flush buffer and the settings shared by every benchmark."""
+
+    def __init__(self, device: torch.device, settings: MeasureSettings) -> None:
+        self.device = device
+        self.settings = settings
+        self.flusher = L2Flusher(device)
+
+    def calibrate(self) -> dict:
+        if not self.settings.calibration_rounds:
+            return {}
+        return measure_calibration(
+            self.device, self.settings.calibration_rounds, self.flusher, self.settings.calibration_reps
+        )
+
+    def benchmark_case(self, benchmark, case: BenchCase, wrap: RunnerWrapper = _identity) -> None:
+        """Time ``case`` with pytest-benchmark's ``pedantic`` mode and fill ``extra_info``.
+
+        Raises whatever the backend raises for an unsupported problem (the caller skips).
+        """
+        runner = wrap(case, build_runner(case, self.device))
+        plan = warm_up_and_plan(
+            runner,
+            self.device,
+            self.flusher,
+            budget_s=self.settings.budget_s,
+            min_rounds=self.settings.min_rounds,
+            max_rounds=self.settings.max_rounds,
+        )
+        peak = peak_extra_bytes(runner, self.device)
+        fraction = host_fraction(runner, self.device, plan.estimate_s)
+        calibration = self.calibrate()
+        benchmark.group = case.group
+        benchmark.extra_info.update(
+            name=case.name,
+            backend=case.backend,
+            shape=_shape(case),
+            device=self.device.type,
+            timer="cuda-events+l2-flush" if self.device.type == "cuda" else "perf_counter",
+            peak_bytes=peak,
+            min_bytes=case.min_bytes,
+            host_fraction=fraction,
+            host_bound=None if fraction is None else fraction >= HOST_BOUND_FRACTION,
+            calibration=calibration,
+            rounds=plan.rounds,
+            reps_per_round=plan.reps,
+        )
+        benchmark.extra_info["pass"] = case.pass_name
+        one_round = make_round(runner, self.device, self.flusher, plan.reps)
+        benchmark.pedantic(one_round, rounds=plan.rounds, warmup_rounds=1, iterations=1)
+        median = statistics.median(benchmark.stats.stats.data)
+        benchmark.extra_info["tflops"] = case.flops / median / 1e12 if median > 0 else None
+
+    def remeasure(self, case: BenchCase, rounds: int, reps: int, wrap: RunnerWrapper = _identity) -> dict:
+        """A second, independent measurement of a suspect: fresh inputs, fresh calibration,
+        the same protocol. Returned as ``extra_info["confirm"]``."""
+        runner = wrap(case, build_runner(case, self.device, seed=1))
+        warm_up_and_plan(runner, self.device, self.flusher, budget_s=0.0, min_rounds=1, max_rounds=1)
+        calibration = self.calibrate()
+        samples = measure_samples(runner, self.device, rounds, self.flusher, reps)
+        return {"samples_s": samples, "calibration": calibration}
+
+
+def _shape(case: BenchCase) -> dict:
+    shape = case.as_dict()
+    del shape["backend"], shape["pass_name"]
+    return shape

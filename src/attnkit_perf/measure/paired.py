@@ -1,0 +1,198 @@
+"""Paired mode's measuring side: the base's and the head's attnkit timed on one GPU in one job.
+
+Each side runs in :data:`PROCESSES_PER_SIDE` worker processes of its own
+(:mod:`attnkit_perf.measure.worker`), with its own ``TRITON_CACHE_DIR``. For one benchmark,
+every worker builds the case and warms up; then pairs of blocks are measured, pair ``i`` on
+worker ``i % 2`` of each side, in the order A-B for even ``i`` and B-A for odd (A-B-B-A...), so
+slow drifts cancel within the pairs and both sides are sampled in more than one process. A
+block is ``rounds`` rounds of the same flushed repetitions (the plan of the head's first
+worker, used by both sides); its value is the median of its rounds.
+
+:meth:`PairedSession.measure` measures in steps of ``step_pairs`` until ``decide`` says the
+outcome is settled, or ``max_pairs`` / ``budget_s`` is reached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROCESSES_PER_SIDE = 2
+
+
+def cache_root() -> Path:
+    """``$ATTNKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnkit`` (``~/.cache/attnkit``)."""
+    explicit = os.environ.get("ATTNKIT_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit"
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed in a way that is not about the benchmark."""
+
+
+@dataclass(frozen=True)
+class PairedSettings:
+    """Effort per benchmark. 16 pairs are the fewest with which the Wilcoxon test can reach the
+    per-benchmark alpha of a ~100-benchmark run (2^-16 < 0.01 / 100)."""
+
+    rounds_per_block: int = 2
+    min_pairs: int = 16
+    step_pairs: int = 16
+    max_pairs: int = 64
+    budget_s: float = 12.0
+
+
+@dataclass
+class SideResult:
+    """What one side measured for one benchmark."""
+
+    blocks: list[float] = field(default_factory=list)
+    peak_bytes: int | None = None
+    host_fraction: float | None = None
+    unsupported: str | None = None
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.blocks) if self.blocks else None
+
+
+class _Worker:
+    def __init__(self, label: str, env: dict, cwd: Path) -> None:
+        self.label = label
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "attnkit_perf.measure.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,  # a worker's warnings and crashes reach the log as they happen
+            text=True,
+            env=env,
+            cwd=cwd,
+        )
+
+    def ask(self, request: dict) -> dict:
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            code = self.proc.wait()
+            raise WorkerError(f"{self.label} worker exited (status {code}) during {request.get('op')}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class PairedSession:
+    """Worker processes of both sides, started once per pytest process and reused."""
+
+    def __init__(
+        self, base_src: Path, head_src: Path, perf_dir: Path, commits: dict[str, str | None]
+    ) -> None:
+        self.sides = {"base": Path(base_src), "head": Path(head_src)}
+        self._scratch = Path(tempfile.mkdtemp(prefix="attnkit-paired-"))
+        # A folder holding only this attnkit_perf, first on each worker's path: both sides are
+        # measured by the same protocol whatever the base's own perf code is.
+        link_dir = self._scratch / "perf"
+        link_dir.mkdir()
+        (link_dir / "attnkit_perf").symlink_to(Path(perf_dir).resolve(), target_is_directory=True)
+        self.workers: dict[str, list[_Worker]] = {}
+        self.identity: dict[str, dict] = {}
+        for side, src in self.sides.items():
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join([str(link_dir), str(src)])
+            # Each side compiles into a cache of its own; kept between runs (Triton keys entries by
+            # source and options), so a runner compiles a side's kernels once.
+            env["TRITON_CACHE_DIR"] = str(cache_root() / f"triton-{side}")
+            if commits.get(side):
+                env["ATTNKIT_COMMIT"] = commits[side]
+            self.workers[side] = [_Worker(f"{side}[{i}]", env, src.parent) for i in range(PROCESSES_PER_SIDE)]
+        for side, src in self.sides.items():
+            for worker in self.workers[side]:
+                ident = worker.ask({"op": "identify"})
+                where = Path(ident["attnkit_file"]).resolve()
+                if not where.is_relative_to(src.resolve()):
+                    raise WorkerError(
+                        f"{worker.label} imported attnkit from {where}, not from {src}: an installed "
+                        "attnkit shadows the side's source (uninstall it, or run from a checkout)"
+                    )
+                self.identity[side] = ident["provenance"]
+
+    def close(self) -> None:
+        for workers in self.workers.values():
+            for worker in workers:
+                worker.close()
+
+    def _prepare(self, case: dict) -> tuple[dict[str, SideResult], int | None]:
+        results = {side: SideResult() for side in self.sides}
+        reps = None
+        for side in ("head", "base"):
+            for i, worker in enumerate(self.workers[side]):
+                answer = worker.ask({"op": "prepare", "case": case, "seed": i})
+                if "unsupported" in answer:
+                    results[side].unsupported = answer["unsupported"]
+                    break
+                if not answer["ok"]:
+                    raise WorkerError(f"{worker.label} could not prepare {case}: {answer['error']}")
+                if i == 0:
+                    results[side].peak_bytes = answer["peak_bytes"]
+                    results[side].host_fraction = answer["host_fraction"]
+                    if side == "head":
+                        reps = answer["reps"]
+        return results, reps
+
+    def _block(self, side: str, pair: int, reps: int, rounds: int) -> float:
+        worker = self.workers[side][pair % PROCESSES_PER_SIDE]
+        answer = worker.ask({"op": "measure", "rounds": rounds, "reps": reps})
+        if not answer["ok"]:
+            raise WorkerError(f"{worker.label} failed to measure: {answer['error']}")
+        return statistics.median(answer["samples"])
+
+    def measure(
+        self,
+        case: dict,
+        settings: PairedSettings,
+        settled: Callable[[dict[str, SideResult]], bool],
+    ) -> dict[str, SideResult]:
+        """Measure ``case`` on both sides until ``settled(results)`` or the effort runs out.
+
+        A side that rejects the case is returned with ``unsupported`` set and no blocks.
+        """
+        results, reps = self._prepare(case)
+        try:
+            if any(r.unsupported for r in results.values()):
+                return results
+            start = time.perf_counter()
+            while True:
+                first = len(results["head"].blocks)
+                for pair in range(first, first + settings.step_pairs):
+                    order = ("base", "head") if pair % 2 == 0 else ("head", "base")
+                    for side in order:
+                        results[side].blocks.append(self._block(side, pair, reps, settings.rounds_per_block))
+                done = len(results["head"].blocks)
+                if done >= settings.min_pairs and settled(results):
+                    break
+                if done >= settings.max_pairs or time.perf_counter() - start > settings.budget_s:
+                    break
+            return results
+        finally:
+            for workers in self.workers.values():
+                for worker in workers:
+                    worker.ask({"op": "release"})

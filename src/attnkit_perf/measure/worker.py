@@ -1,0 +1,107 @@
+"""A measuring process of paired mode: one side's attnkit, the suite's timing protocol.
+
+Started by :mod:`attnkit_perf.measure.paired` as ``python -m attnkit_perf.measure.worker`` with
+``PYTHONPATH`` naming this package first and then one side's ``src`` (the base's or the
+head's), so the two sides never share imports, Triton caches or allocators. It reads one JSON
+request per line on stdin and answers one JSON line on the stdout it was started with (Python's
+own ``sys.stdout`` goes to stderr, so a library's prints cannot corrupt the protocol):
+
+=============================================  ======================================================
+request                                        answer
+=============================================  ======================================================
+``{"op": "identify"}``                         ``{"ok", "attnkit_file", "provenance"}``
+``{"op": "prepare", "case": {...}, "seed"}``   build the case's inputs, warm up, plan the rounds:
+                                               ``{"ok", "reps", "estimate_s", "peak_bytes",
+                                               "host_fraction", "min_bytes", "flops"}``, or
+                                               ``{"ok": false, "unsupported": why}``
+``{"op": "measure", "rounds", "reps"}``        ``{"ok", "samples"}`` (seconds per call, one a round)
+``{"op": "release"}``                          drops the case and frees its memory
+=============================================  ======================================================
+
+Any other failure answers ``{"ok": false, "error": text}``; the process keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+
+def _serve(out) -> None:
+    import torch
+
+    import attnkit
+    from attnkit.errors import UnsupportedProblemError
+    from attnkit_perf.machine import provenance
+    from attnkit_perf.measure.cases import BenchCase, build_runner
+    from attnkit_perf.measure.timing import (
+        L2Flusher,
+        host_fraction,
+        measure_samples,
+        peak_extra_bytes,
+        warm_up_and_plan,
+    )
+
+    device = torch.device(
+        os.environ.get("ATTNKIT_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    )
+    flusher = L2Flusher(device)
+    runner = None
+
+    def answer(payload: dict) -> None:
+        out.write(json.dumps(payload) + "\n")
+        out.flush()
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        op = request.get("op")
+        try:
+            if op == "identify":
+                answer({"ok": True, "attnkit_file": attnkit.__file__, "provenance": provenance(device)})
+            elif op == "prepare":
+                case = BenchCase(**request["case"])
+                runner = None
+                try:
+                    runner = build_runner(case, device, seed=request.get("seed", 0))
+                    plan = warm_up_and_plan(
+                        runner, device, flusher, budget_s=0.0, min_rounds=1, max_rounds=1, warmup_s=0.03
+                    )
+                except UnsupportedProblemError as err:
+                    answer({"ok": False, "unsupported": str(err)})
+                    continue
+                answer(
+                    {
+                        "ok": True,
+                        "reps": plan.reps,
+                        "estimate_s": plan.estimate_s,
+                        "peak_bytes": peak_extra_bytes(runner, device),
+                        "host_fraction": host_fraction(runner, device, plan.estimate_s),
+                        "min_bytes": case.min_bytes,
+                        "flops": case.flops,
+                    }
+                )
+            elif op == "measure":
+                samples = measure_samples(runner, device, request["rounds"], flusher, request["reps"])
+                answer({"ok": True, "samples": samples})
+            elif op == "release":
+                runner = None
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                answer({"ok": True})
+            else:
+                answer({"ok": False, "error": f"unknown request {op!r}"})
+        except Exception:  # the orchestrator reports it against the benchmark; keep serving
+            answer({"ok": False, "error": traceback.format_exc(limit=8)})
+
+
+def main() -> None:
+    # The protocol owns the original stdout; everything printed by Python code goes to stderr.
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    _serve(out)
+
+
+if __name__ == "__main__":
+    main()

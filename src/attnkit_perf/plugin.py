@@ -1,0 +1,263 @@
+"""pytest plugin of the perf gate: options and hooks only (the logic is in
+:mod:`attnkit_perf.session`). Loaded with ``-p attnkit_perf.plugin`` (pyproject's addopts does
+it for this repository).
+
+    pytest tests/perf --attnkit-base=origin/main            # paired: base vs this checkout, same GPU
+    pytest tests/perf --attnkit-base=origin/main -n 2       # ... sharded over 2 GPUs
+    pytest tests/perf --benchmark-compare                   # stored: against baselines/<gpu_key>/
+    pytest tests/perf --attnkit-record                      # record this GPU model's baseline
+
+Every threshold is an option and an ini key (``--attnkit-slower=0.02`` / ``attnkit_slower``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from attnkit_perf.decide import gate
+from attnkit_perf.decide.verdict import BenchmarkVerdict, format_table, summary_line
+from attnkit_perf.measure.checkout import BaseError, materialise_base
+from attnkit_perf.session import VERDICT_PROPERTY, PerfSession
+
+SESSION = pytest.StashKey[PerfSession]()
+
+#: (name, type, default, help) of the options that are also ini keys.
+_TUNABLE = (
+    ("slower", float, None, "practical slowdown threshold (default 0.02 paired, 0.06 stored)"),
+    ("run_alpha", float, gate.Thresholds.run_alpha, "false-alarm probability allowed per run"),
+    ("memory_rel", float, gate.Thresholds.memory_rel, "fail when peak memory grows by > this fraction"),
+    ("memory_abs_mib", float, gate.Thresholds.memory_abs_bytes / gate.MIB, "...and by > this many MiB"),
+    ("noise_k", float, gate.Thresholds.noise_k, "A/A standard deviations a benchmark's threshold clears"),
+    ("budget_s", float, None, "measuring time per benchmark (paired: per side pair of blocks, seconds)"),
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("attnkit", "attnkit perf gate")
+    group.addoption(
+        "--attnkit-base", default=None, metavar="REF", help="paired mode: git ref or checkout to compare with"
+    )
+    group.addoption(
+        "--attnkit-record", action="store_true", help="store this run as the GPU model's baseline"
+    )
+    group.addoption("--attnkit-verdict-json", default=None, metavar="PATH", help="write the verdict here")
+    group.addoption("--attnkit-baseline-dir", default=None, help="baseline root (default: baselines)")
+    parser.addini("attnkit_baseline_dir", "baseline root, relative to rootdir", default="baselines")
+    group.addoption("--attnkit-noise", default=None, metavar="PATH", help="A/A noise file, or 'none'")
+    group.addoption("--attnkit-fail-on-inconclusive", action="store_true", help="inconclusive fails the run")
+    group.addoption("--attnkit-allow-other-gpu", action="store_true", help="compare with another GPU model")
+    group.addoption(
+        "--attnkit-allow-cpu", action="store_true", help="compare or record on the CPU (gate tests)"
+    )
+    group.addoption(
+        "--attnkit-no-confirm", action="store_true", help="stored mode: do not re-measure suspects"
+    )
+    for name, kind, default, help_text in _TUNABLE:
+        group.addoption("--attnkit-" + name.replace("_", "-"), type=kind, default=None, help=help_text)
+        parser.addini(f"attnkit_{name}", help_text, default=None if default is None else str(default))
+
+
+def _options(config: pytest.Config) -> dict:
+    get = config.getoption
+    options = {
+        "base": get("attnkit_base"),
+        "record": get("attnkit_record"),
+        "baseline_dir": get("attnkit_baseline_dir") or config.getini("attnkit_baseline_dir"),
+        "noise": get("attnkit_noise"),
+        "fail_on_inconclusive": get("attnkit_fail_on_inconclusive"),
+        "allow_other_gpu": get("attnkit_allow_other_gpu"),
+        "allow_cpu": get("attnkit_allow_cpu"),
+        "no_confirm": get("attnkit_no_confirm"),
+    }
+    for name, kind, _, _ in _TUNABLE:
+        value = get("attnkit_" + name)
+        if value is None and config.getini(f"attnkit_{name}") not in (None, ""):
+            value = kind(config.getini(f"attnkit_{name}"))
+        options[name] = value
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is not None and "attnkit_base_src" in worker_input:
+        options["base_src"] = worker_input["attnkit_base_src"]
+        options["base_commit"] = worker_input["attnkit_base_commit"]
+    elif options["base"]:
+        scratch = Path(tempfile.mkdtemp(prefix="attnkit-base-"))
+        try:
+            src, commit = materialise_base(options["base"], Path(config.rootpath), scratch)
+        except BaseError as err:
+            raise pytest.UsageError(f"attnkit perf gate: {err}") from err
+        options["base_src"], options["base_commit"] = str(src), commit
+    return options
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config.option, "benchmark_json"):  # pytest-benchmark not installed
+        return
+    session = config.stash[SESSION] = PerfSession(config, _options(config))
+    if session.mode == "stored" and (
+        config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None)
+    ):
+        raise pytest.UsageError(
+            "attnkit perf gate: stored mode (--benchmark-compare) runs in one process (pytest-benchmark "
+            "is disabled under xdist); shard paired mode (--attnkit-base) instead"
+        )
+    if (
+        session.mode == "stored" or session.record or config.getoption("attnkit_verdict_json")
+    ) and not config.getoption("benchmark_json"):
+        # The gate reads the run through pytest_benchmark_update_json, which fires only when
+        # pytest-benchmark writes JSON; give it a scratch file when the user named none.
+        config.option.benchmark_json = _ScratchJson(
+            Path(tempfile.mkdtemp(prefix="attnkit-perf-")) / "run.json"
+        )
+    if session.mode == "paired":
+        # Paired mode times in worker processes; pytest-benchmark's fixture is requested but idle.
+        config.addinivalue_line("filterwarnings", "ignore:Benchmark fixture was not used at all")
+    if session.mode == "paired" and os.environ.get("PYTEST_XDIST_WORKER") is None:
+        config.pluginmanager.register(_PairedController(session), "attnkit-paired-controller")
+
+
+class _ScratchJson(os.PathLike):
+    """The scratch ``--benchmark-json`` target. pytest-benchmark has parsed that option to an
+    open binary file (``with json as fh``) or to a path (``open(json)``) depending on its
+    release; this serves both, opening the file only when it is written."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.name = str(path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __enter__(self):
+        self._file = open(self.path, "wb")
+        return self._file
+
+    def __exit__(self, *exc_info) -> None:
+        self._file.close()
+
+
+class _PairedController:
+    """Paired mode's collector of verdict rows: on the controller under xdist (rows arrive with
+    each test's report), or in the single process otherwise."""
+
+    def __init__(self, session: PerfSession) -> None:
+        self.session = session
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        node.workerinput["attnkit_base_src"] = self.session.opt["base_src"]
+        node.workerinput["attnkit_base_commit"] = self.session.opt["base_commit"]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for key, value in report.user_properties:
+            if key == VERDICT_PROPERTY and report.when == "call":
+                self.session.rows.append(BenchmarkVerdict(**value))
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items) -> None:
+    perf = config.stash.get(SESSION, None)
+    if perf is not None:
+        # The run's false-alarm budget is split over its benchmarks (attnkit_perf.decide.gate).
+        perf.benchmark_count = sum(1 for item in items if "attnkit_perf" in getattr(item, "fixturenames", ()))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    perf = config.stash.get(SESSION, None)
+    if perf is None:
+        return None
+    where = {
+        "paired": f"paired with base {perf.base_ref} ({perf.opt.get('base_commit')})",
+        "stored": f"stored baseline {perf.baseline_file}",
+    }.get(perf.mode, "not comparing")
+    return [f"attnkit perf: device {perf.device}, gpu key {perf.gpu_key}, {where}"]
+
+
+@pytest.fixture(scope="session")
+def attnkit_perf(request: pytest.FixtureRequest):
+    """``attnkit_perf(benchmark, case, wrap)`` times a case the way the session's mode asks."""
+    perf: PerfSession = request.config.stash[SESSION]
+
+    def run_case(benchmark, case, wrap, node=None):
+        if perf.mode == "paired":
+            perf.run_paired(node, case)
+        else:
+            perf.run_stored(benchmark, case, wrap)
+
+    return run_case
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
+    perf = config.stash.get(SESSION, None)
+    if perf is not None:
+        machine_info["attnkit"] = perf.provenance()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json: dict) -> None:
+    perf = config.stash.get(SESSION, None)
+    if perf is not None and perf.run_json is None and perf.mode != "paired":
+        perf.finish_stored(output_json)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus):
+    perf = session.config.stash.get(SESSION, None)
+    if perf is not None:
+        perf.close()
+        # Before pytest-benchmark serialises the run: suspects get their second measurement,
+        # minutes after the first, so one disturbed stretch of time cannot fail the gate.
+        perf.confirm_suspects()
+    yield
+    if perf is None or os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        return
+    document = perf.document or perf.build_document()
+    if document is None:
+        return
+    path = session.config.getoption("attnkit_verdict_json")
+    if path:
+        document.write(path)
+    if not document.passed and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    perf = config.stash.get(SESSION, None)
+    if perf is None or os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        return
+    if perf.document is None:
+        perf.build_document()  # the stored run's JSON and the paired rows are all in by now
+    if perf.document is None and not perf.notes:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("attnkit perf gate")
+    for note in perf.notes:
+        write(note)
+    doc = perf.document
+    if doc is None:
+        return
+    for key, (then, now) in doc.version_differences.items():
+        write(f"WARNING: baseline recorded under {key} {then}, this run has {now}")
+    write(f"{doc.base['label']} against {doc.head['label']}")
+    for title, kinds in (
+        ("FAILED (slower or more memory):", gate.FAILING),
+        (
+            "inconclusive (measured to the budget and still unclear; not failing by default):",
+            ("inconclusive",),
+        ),
+        ("faster:", ("faster",)),
+        ("new (not in the base):", ("new",)),
+        ("missing (in the baseline, not run):", ("missing",)),
+    ):
+        rows = [r for r in doc.benchmarks if r.outcome in kinds]
+        if rows:
+            write(title, bold=True, red=kinds == gate.FAILING, yellow=kinds == ("inconclusive",))
+            for line in format_table(rows):
+                write("  " + line)
+    write(summary_line(doc), bold=True, red=not doc.passed, green=doc.passed)

@@ -1,0 +1,1 @@
+"""A verdict for people: Markdown (provenance, what needs attention, per-group tables) and plots."""

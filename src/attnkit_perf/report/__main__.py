@@ -1,0 +1,3 @@
+from attnkit_perf.report.markdown import main
+
+raise SystemExit(main())

@@ -1,0 +1,409 @@
+"""One perf-suite session: which mode, what to compare with, and the verdict it reaches.
+
+Modes (docs/PERF_GATE.md):
+
+* **paired** (``--attnkit-base=REF``): each benchmark is measured on the base and on this
+  checkout in worker processes on the same GPU (:mod:`attnkit_perf.measure.paired`), decided as
+  soon as it is measured (:func:`attnkit_perf.decide.gate.decide_paired`), and the test fails
+  when it is slower or uses more memory. Works under pytest-xdist (one GPU per worker).
+* **stored** (``--benchmark-compare``): pytest-benchmark times each case in this process; at the
+  end every benchmark is compared with this GPU model's baseline JSON
+  (:func:`attnkit_perf.decide.gate.decide_stored`), after re-measuring suspects.
+* **record** (``--attnkit-record``): the run becomes this GPU model's baseline.
+
+Every way a comparison could silently not happen is a :class:`pytest.UsageError` here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnkit.device import gpu_key
+from attnkit.errors import UnsupportedProblemError
+from attnkit_perf.decide import gate
+from attnkit_perf.decide.baseline import (
+    RECORD_COMMAND,
+    baseline_path,
+    load_baseline,
+    missing_message,
+    save_baseline,
+)
+from attnkit_perf.decide.formats import FormatError
+from attnkit_perf.decide.noise import load_noise, noise_file
+from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.machine import provenance, version_differences
+from attnkit_perf.measure.calibration import GPU_KEYS, HOST_KEYS, drift_factor
+from attnkit_perf.measure.cases import BenchCase
+from attnkit_perf.measure.measurer import CaseMeasurer, MeasureSettings
+from attnkit_perf.measure.paired import PairedSession, PairedSettings, SideResult
+from attnkit_perf.measure.timing import HOST_BOUND_FRACTION
+
+VERDICT_PROPERTY = "attnkit_verdict"
+
+
+def perf_device() -> torch.device:
+    """``ATTNKIT_TEST_DEVICE`` if set, else CUDA when present, else the CPU."""
+    name = os.environ.get("ATTNKIT_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def describe(case: BenchCase) -> dict:
+    shape = case.as_dict()
+    del shape["backend"], shape["pass_name"]
+    return {
+        "name": case.name,
+        "group": case.group,
+        "backend": case.backend,
+        "pass_name": case.pass_name,
+        "shape": shape,
+    }
+
+
+class PerfSession:
+    """Per-process state of the perf suite (the controller's and each xdist worker's)."""
+
+    def __init__(self, config: pytest.Config, options: dict) -> None:
+        self.config = config
+        self.opt = options
+        self.device = perf_device()
+        self.gpu_key = gpu_key(self.device)
+        root = Path(options["baseline_dir"])
+        self.baseline_root = root if root.is_absolute() else Path(config.rootpath, root)
+        self.record = options["record"]
+        self.base_ref = options["base"]
+        self.mode = "paired" if self.base_ref else ("stored" if self._compare_requested() else None)
+        self.thresholds = self._thresholds()
+        self.noise: dict[str, float] = {}
+        self.baseline: dict | None = None
+        self.baseline_file: Path | None = None
+        self.rows: list[BenchmarkVerdict] = []
+        self.notes: list[str] = []
+        self.suspects: list = []
+        self.run_json: dict | None = None
+        self.document: VerdictDocument | None = None
+        self.benchmark_count = 0
+        self._measurer: CaseMeasurer | None = None
+        self._paired: PairedSession | None = None
+        self._provenance: dict | None = None
+        self._check_usage()
+
+    # --- configuration --------------------------------------------------------------------
+
+    def _compare_requested(self) -> bool:
+        compare = self.config.getoption("benchmark_compare", default=None)
+        return compare not in (None, [], False)
+
+    def _thresholds(self) -> gate.Thresholds:
+        o = self.opt
+        default_slower = gate.Thresholds.slower if self.mode == "paired" else gate.Thresholds.STORED_SLOWER
+        return gate.Thresholds(
+            slower=o["slower"] if o["slower"] is not None else default_slower,
+            run_alpha=o["run_alpha"],
+            memory_rel=o["memory_rel"],
+            memory_abs_bytes=int(o["memory_abs_mib"] * gate.MIB),
+            noise_k=o["noise_k"],
+            fail_on_inconclusive=o["fail_on_inconclusive"],
+        )
+
+    def _check_usage(self) -> None:
+        gpu = self.device.type == "cuda"
+        if self.mode and not gpu and not self.opt["allow_cpu"]:
+            raise pytest.UsageError(
+                f"attnkit perf gate: {self.mode} mode compares GPU timings, and there is no CUDA device "
+                f"here ({self.device}). Without --benchmark-compare / --attnkit-base, tests/perf runs "
+                "the CPU smoke benchmarks without comparing."
+            )
+        if self.record and not gpu and not self.opt["allow_cpu"]:
+            raise pytest.UsageError(
+                "attnkit perf gate: refusing to record a baseline on the CPU: host timings of the smoke "
+                "grid are not a gate; record on the GPU model the gate runs on"
+            )
+        if self.record and self.base_ref:
+            raise pytest.UsageError(
+                "attnkit perf gate: --attnkit-record and --attnkit-base exclude each other"
+            )
+        if self.mode == "stored":
+            self._load_stored_baseline()
+        if self.mode:
+            self._load_noise()
+
+    def _load_stored_baseline(self) -> None:
+        compare = self.config.getoption("benchmark_compare")
+        if compare is True:
+            path = baseline_path(self.baseline_root, self.gpu_key)
+            if not path.exists():
+                raise pytest.UsageError(
+                    f"attnkit perf gate: {missing_message(self.baseline_root, self.gpu_key)}"
+                )
+        else:
+            path = Path(str(compare))
+            if not path.is_file():
+                default = baseline_path(self.baseline_root, self.gpu_key)
+                raise pytest.UsageError(
+                    f"attnkit perf gate: --benchmark-compare={compare}: no such baseline file (give the "
+                    f"path of a baseline JSON, or no value for {default})"
+                )
+        try:
+            self.baseline = load_baseline(path, self.gpu_key, self.opt["allow_other_gpu"])
+        except FormatError as err:
+            raise pytest.UsageError(f"attnkit perf gate: {err}; re-record it with: {RECORD_COMMAND}") from err
+        self.baseline_file = path
+        # pytest-benchmark's own --benchmark-compare-fail then reads the same file.
+        self.config.option.benchmark_compare = str(path.resolve())
+
+    def _load_noise(self) -> None:
+        path = self.opt["noise"] or noise_file(self.baseline_root, self.gpu_key, self.mode)
+        if str(path) == "none" or (not self.opt["noise"] and not Path(path).is_file()):
+            self.notes.append(f"no A/A noise file ({path}): every benchmark held to the practical threshold")
+            return
+        try:
+            self.noise = load_noise(path, self.gpu_key, self.mode)
+        except FormatError as err:
+            raise pytest.UsageError(f"attnkit perf gate: {err}") from err
+        noisy = [
+            n
+            for n, sd in self.noise.items()
+            if gate.benchmark_threshold(self.thresholds, sd) > 2 * self.thresholds.slower
+        ]
+        self.notes.append(f"A/A noise from {path}: {len(self.noise)} benchmarks")
+        if noisy:
+            self.notes.append(
+                f"too noisy to guard at {self.thresholds.slower:.1%} (their threshold is over twice it): "
+                + ", ".join(sorted(noisy))
+            )
+
+    def provenance(self) -> dict:
+        if self._provenance is None:
+            self._provenance = provenance(self.device)
+        return self._provenance
+
+    @property
+    def alpha(self) -> float:
+        return gate.per_benchmark_alpha(self.thresholds, self.benchmark_count)
+
+    def threshold_for(self, name: str) -> float:
+        return gate.benchmark_threshold(self.thresholds, self.noise.get(name))
+
+    # --- paired mode ------------------------------------------------------------------------
+
+    def paired_session(self) -> PairedSession:
+        if self._paired is None:
+            import attnkit
+            import attnkit_perf
+
+            base_src, base_commit = self.opt["base_src"], self.opt["base_commit"]
+            head_src = Path(attnkit.__file__).resolve().parent.parent
+            self._paired = PairedSession(
+                Path(base_src), head_src, Path(attnkit_perf.__file__).parent, {"base": base_commit}
+            )
+        return self._paired
+
+    def run_paired(self, node, case: BenchCase) -> None:
+        name = case.name
+        threshold, alpha = self.threshold_for(name), self.alpha
+        budget = self.opt["budget_s"]
+        settings = PairedSettings(budget_s=budget) if budget else PairedSettings()
+
+        def decide(results: dict[str, SideResult]) -> gate.Decision:
+            b, h = results["base"], results["head"]
+            return gate.decide_paired(
+                b.blocks, h.blocks, self.thresholds, alpha, threshold, b.peak_bytes, h.peak_bytes
+            )
+
+        results = self.paired_session().measure(case.as_dict(), settings, lambda r: decide(r).settled)
+        base, head = results["base"], results["head"]
+        if head.unsupported:
+            pytest.skip(f"{case.backend} does not support this shape: {head.unsupported}")
+        if base.unsupported:
+            decision = gate.Decision("new", reason=f"the base cannot run it: {base.unsupported}")
+        else:
+            decision = decide(results)
+        row = BenchmarkVerdict.from_decision(
+            describe(case),
+            decision,
+            base_median_ms=None if base.median_s is None else base.median_s * 1e3,
+            head_median_ms=head.median_s * 1e3,
+            base_peak_bytes=base.peak_bytes,
+            head_peak_bytes=head.peak_bytes,
+            tflops=case.flops / head.median_s / 1e12,
+            host_bound=None if head.host_fraction is None else head.host_fraction >= HOST_BOUND_FRACTION,
+        )
+        node.user_properties.append((VERDICT_PROPERTY, dataclasses.asdict(row)))
+        failing = gate.FAILING + (("inconclusive",) if self.thresholds.fail_on_inconclusive else ())
+        if row.outcome in failing:
+            pytest.fail(f"{name}: {row.outcome}: {row.reason}", pytrace=False)
+
+    def close(self) -> None:
+        if self._paired is not None:
+            self._paired.close()
+
+    # --- stored mode and record -------------------------------------------------------------
+
+    @property
+    def measurer(self) -> CaseMeasurer:
+        if self._measurer is None:
+            settings = MeasureSettings.for_device(self.device, self.opt["budget_s"])
+            self._measurer = CaseMeasurer(self.device, settings)
+        return self._measurer
+
+    def run_stored(self, benchmark, case: BenchCase, wrap) -> None:
+        """Benchmark ``case`` with pytest-benchmark; queue it for a second measurement if it
+        already looks slower than the baseline (decided once the whole run is in)."""
+        try:
+            self.measurer.benchmark_case(benchmark, case, wrap)
+        except UnsupportedProblemError as err:
+            benchmark.skipped = True
+            pytest.skip(f"{case.backend} does not support this shape: {err}")
+        if self.baseline is None or self.opt["no_confirm"]:
+            return
+        reference = self._baseline_entries().get(benchmark.fullname)
+        if reference is None:
+            return
+        decision = self._decide_stored(
+            reference, benchmark.stats.stats.data, benchmark.extra_info, local=True
+        )
+        if decision.outcome in ("slower", "inconclusive"):
+            self.suspects.append((benchmark, case, wrap))
+
+    def confirm_suspects(self) -> None:
+        for benchmark, case, wrap in self.suspects:
+            info = benchmark.extra_info
+            info["confirm"] = self.measurer.remeasure(
+                case, info.get("rounds") or 20, info.get("reps_per_round") or 1, wrap
+            )
+
+    def _baseline_entries(self) -> dict:
+        return {b["fullname"]: b for b in self.baseline["benchmarks"]}
+
+    def _drift(self, base_info: dict, head_calibration: dict | None, host_bound: bool) -> float:
+        keys = HOST_KEYS if host_bound else GPU_KEYS
+        return drift_factor(base_info, head_calibration, keys)
+
+    def _decide_stored(
+        self, base_entry: dict, head_samples, head_info: dict, local: bool = False
+    ) -> gate.Decision:
+        base_info = base_entry.get("extra_info") or {}
+        host_bound = bool(head_info.get("host_bound") or base_info.get("host_bound"))
+        if local:  # while measuring: this benchmark's own calibration against the baseline's
+            drift = self._drift(base_info.get("calibration"), head_info.get("calibration"), host_bound)
+        else:
+            drift = self._drift(
+                self._run_calibration(self.baseline), self._run_calibration(self.run_json), host_bound
+            )
+        name = base_info.get("name") or base_entry["fullname"]
+        return gate.decide_stored(
+            base_entry["stats"]["data"],
+            head_samples,
+            drift,
+            self.thresholds,
+            self.alpha,
+            self.threshold_for(name),
+            base_info.get("peak_bytes"),
+            head_info.get("peak_bytes"),
+        )
+
+    @staticmethod
+    def _run_calibration(run: dict) -> dict:
+        """A run's calibration: per kernel, the median over its benchmarks' local calibrations."""
+        per_key: dict[str, list[float]] = {}
+        for bench in run.get("benchmarks", []):
+            for key, value in ((bench.get("extra_info") or {}).get("calibration") or {}).items():
+                per_key.setdefault(key, []).append(value)
+        return {key: statistics.median(values) for key, values in per_key.items()}
+
+    def finish_stored(self, run: dict) -> None:
+        """Called with the run's JSON (per-round samples included) once pytest-benchmark has it."""
+        self.run_json = run
+        if self.record:
+            try:
+                path = save_baseline(run, baseline_path(self.baseline_root, self.gpu_key))
+            except FormatError as err:
+                self.notes.append(f"NOT recorded: {err}")
+            else:
+                self.notes.append(
+                    f"recorded perf baseline for {self.gpu_key}: {path} ({len(run['benchmarks'])} benchmarks)"
+                )
+        if self.baseline is None:
+            return
+        baseline = self._baseline_entries()
+        now = {b["fullname"]: b for b in run.get("benchmarks", [])}
+        for fullname, bench in now.items():
+            info = bench.get("extra_info") or {}
+            case = BenchCase(**{**info["shape"], "backend": info["backend"], "pass_name": info["pass"]})
+            measured = {
+                "head_median_ms": statistics.median(bench["stats"]["data"]) * 1e3,
+                "head_peak_bytes": info.get("peak_bytes"),
+                "tflops": info.get("tflops"),
+                "host_bound": info.get("host_bound"),
+            }
+            reference = baseline.get(fullname)
+            if reference is None:
+                decision = gate.Decision("new", reason="not in the baseline")
+            else:
+                decision = self._decide_stored(reference, bench["stats"]["data"], info)
+                confirm = info.get("confirm")
+                if confirm and decision.outcome in ("slower", "inconclusive"):
+                    second = self._decide_stored(reference, confirm["samples_s"], info)
+                    decision = (
+                        gate.confirm_stored(decision, second) if decision.outcome == "slower" else second
+                    )
+                measured["base_median_ms"] = statistics.median(reference["stats"]["data"]) * 1e3
+                measured["base_peak_bytes"] = (reference.get("extra_info") or {}).get("peak_bytes")
+            self.rows.append(BenchmarkVerdict.from_decision(describe(case), decision, **measured))
+        for fullname, reference in baseline.items():
+            if fullname not in now:
+                info = reference["extra_info"]
+                case = BenchCase(**{**info["shape"], "backend": info["backend"], "pass_name": info["pass"]})
+                self.rows.append(
+                    BenchmarkVerdict.from_decision(
+                        describe(case),
+                        gate.Decision("missing", reason="in the baseline, not run"),
+                        base_median_ms=statistics.median(reference["stats"]["data"]) * 1e3,
+                        base_peak_bytes=info.get("peak_bytes"),
+                    )
+                )
+
+    # --- the verdict ------------------------------------------------------------------------
+
+    def build_document(self) -> VerdictDocument | None:
+        if self.mode is None or (self.mode == "stored" and self.run_json is None):
+            return None
+        if self.mode == "paired":
+            base = {
+                "label": f"base {self.base_ref} ({self.opt['base_commit']})",
+                "provenance": self.provenance(),
+            }
+            versions = {}
+        else:
+            recorded = self.baseline["machine_info"].get("attnkit") or {}
+            base = {
+                "label": f"baseline {self.baseline_file}",
+                "provenance": recorded,
+                "datetime": self.baseline.get("datetime"),
+            }
+            versions = {k: list(v) for k, v in version_differences(recorded, self.provenance()).items()}
+        thresholds = {
+            "slower": self.thresholds.slower,
+            "run_alpha": self.thresholds.run_alpha,
+            "per_benchmark_alpha": self.alpha,
+            "memory_rel": self.thresholds.memory_rel,
+            "memory_abs_bytes": self.thresholds.memory_abs_bytes,
+            "noise_k": self.thresholds.noise_k,
+            "fail_on_inconclusive": self.thresholds.fail_on_inconclusive,
+        }
+        self.document = VerdictDocument(
+            mode=self.mode,
+            base=base,
+            head={"label": "this checkout", "provenance": self.provenance()},
+            thresholds=thresholds,
+            benchmarks=self.rows,
+            version_differences=versions,
+            notes=self.notes,
+        )
+        return self.document

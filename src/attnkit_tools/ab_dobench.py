@@ -1,0 +1,97 @@
+"""The true effect of a code change, measured independently of the gate: ``triton.testing.do_bench``
+medians of the same cases under two source trees, in alternating fresh processes (A B A B ...).
+
+    python -m attnkit_tools.ab_dobench --base BASE_SRC --head HEAD_SRC --match triton --rounds 3 --out ab.json
+
+``BASE_SRC``/``HEAD_SRC`` are ``src`` folders (each holding ``attnkit``); cases are the perf
+grid's (:func:`attnkit_perf.measure.cases.gpu_suite_cases`) whose name contains every
+``--match`` word. Prints, per case, the median of the head/base ratios over the rounds, and
+writes every time to ``--out``. This is the yardstick the gate's verification compares with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _side_main(names: list[str]) -> None:
+    """In a side's process: do_bench every named case, print {name: ms} as JSON."""
+    import torch
+    from triton.testing import do_bench
+
+    from attnkit.errors import UnsupportedProblemError
+    from attnkit_perf.measure.cases import build_runner, gpu_suite_cases
+
+    cases = {c.name: c for c in gpu_suite_cases()}
+    times = {}
+    for name in names:
+        try:
+            runner = build_runner(cases[name], "cuda")
+            times[name] = do_bench(runner, warmup=25, rep=200, return_mode="median")
+        except UnsupportedProblemError:
+            times[name] = None
+        torch.cuda.empty_cache()
+    print(json.dumps(times))
+
+
+def _run_side(src: Path, names: list[str]) -> dict:
+    import attnkit_perf
+
+    env = dict(os.environ)
+    perf_parent = str(Path(attnkit_perf.__file__).resolve().parent.parent)
+    # The side's src first (its attnkit), then this tree for attnkit_perf and attnkit_tools.
+    env["PYTHONPATH"] = os.pathsep.join([str(src), perf_parent])
+    out = subprocess.run(
+        [sys.executable, "-m", "attnkit_tools.ab_dobench", "--side", *names],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    summary = __doc__.splitlines()[0]
+    parser = argparse.ArgumentParser(prog="python -m attnkit_tools.ab_dobench", description=summary)
+    parser.add_argument("--side", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--base", type=Path, help="base src folder")
+    parser.add_argument("--head", type=Path, help="head src folder")
+    parser.add_argument("--match", nargs="*", default=[], help="words every case name must contain")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating A/B rounds (fresh processes)")
+    parser.add_argument("--out", help="JSON file for every time")
+    args = parser.parse_args(argv)
+    if args.side:
+        _side_main(args.side)
+        return 0
+    if not (args.base and args.head):
+        parser.error("--base and --head are required")
+    from attnkit_perf.measure.cases import gpu_suite_cases
+
+    names = [c.name for c in gpu_suite_cases() if all(w in c.name for w in args.match)]
+    runs: dict[str, list[dict]] = {"base": [], "head": []}
+    for _ in range(args.rounds):
+        for side, src in (("base", args.base), ("head", args.head)):
+            runs[side].append(_run_side(src, names))
+    rows = []
+    for name in names:
+        ratios = [
+            h[name] / b[name] for b, h in zip(runs["base"], runs["head"], strict=True) if b[name] and h[name]
+        ]
+        if ratios:
+            rows.append({"name": name, "ratio": statistics.median(ratios), "ratios": ratios})
+            each = " ".join(f"{r:.3f}" for r in ratios)
+            print(f"{name:60s} head/base {statistics.median(ratios):.4f}  ({each})")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

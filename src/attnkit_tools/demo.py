@@ -1,0 +1,72 @@
+"""``attnkit-demo``: run every available backend on one problem and compare them.
+
+For each path: forward+backward time, peak extra memory, and the largest error against the
+float64 oracle with the tolerance rule's verdict. Example::
+
+    attnkit-demo --seq-len 4096 --head-dim 128 --heads 16 --causal --dtype bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import attnkit
+from attnkit.testing import compare_to_reference
+from attnkit_perf.measure.cases import DTYPES, BenchCase, build_runner, make_inputs
+from attnkit_perf.measure.timing import median_time_s, peak_extra_bytes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=512)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--backends", nargs="*", default=None, help="default: every available one")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--reps", type=int, default=5, help="fewest timed rounds")
+    parser.add_argument("--no-check", action="store_true", help="skip the float64 comparison (large N)")
+    args = parser.parse_args(argv)
+
+    device = torch.device(args.device) if args.device else attnkit.registry.default_device()
+    names = args.backends or attnkit.available_backends(device)
+    print(f"device: {device}")
+    for skipped in [n for n in attnkit.backend_names() if n not in names]:
+        print(f"  not run: {skipped} ({attnkit.unavailable_reason(skipped, device) or 'not selected'})")
+    header = f"{'backend':<16}{'fwd+bwd ms':>12}{'TFLOP/s':>10}{'peak MiB':>10}  accuracy vs float64 oracle"
+    print(header)
+    print("-" * len(header))
+    for name in names:
+        case = BenchCase(name, "fwd+bwd", args.batch, args.heads, args.kv_heads or args.heads,
+                         args.seq_len, args.head_dim, args.causal, args.dtype)  # fmt: skip
+        try:
+            step = build_runner(case, device)
+            step()
+        except (NotImplementedError, ValueError, torch.OutOfMemoryError) as err:
+            print(f"{name:<16}  skipped: {str(err).splitlines()[0][:100]}")
+            continue
+        ms = 1e3 * median_time_s(step, device, budget_s=0.3, min_rounds=args.reps)
+        peak_bytes = peak_extra_bytes(step, device)
+        peak = None if peak_bytes is None else peak_bytes / 2**20
+        accuracy = "-"
+        if not args.no_check:
+            q, k, v, grad_out = make_inputs(case, device)
+            checks = compare_to_reference(
+                lambda a, b, c, name=name: attnkit.attention(a, b, c, causal=args.causal, backend=name),
+                q, k, v, causal=args.causal, scale=None, grad_out=grad_out,
+            )  # fmt: skip
+            worst = max(checks, key=lambda c: c.error / c.bound)
+            verdict = "ok" if all(c.ok for c in checks) else "FAIL"
+            accuracy = f"{verdict} (worst {worst.quantity}: {worst.error / worst.bound:.2f} of bound)"
+        peak_text = f"{peak:10.1f}" if peak is not None else f"{'-':>10}"
+        print(f"{name:<16}{ms:12.3f}{case.flops / ms / 1e9:10.1f}{peak_text}  {accuracy}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,192 @@
+"""The performance grid of the Triton path against SDPA's flash and cuDNN backends.
+
+    python -m attnkit_tools.grid --out docs/PERFORMANCE.md
+
+bf16, B=4, H*D=2048, N in 1024..16384, D in {64, 128}, causal and not, forward and backward:
+every cell times triton, sdpa-flash and sdpa-cudnn side by side in one run, with
+the gate's timing protocol (:func:`attnkit_perf.measure.timing.median_time_s`: warm-up, L2
+flushed, CUDA events, median) on random
+inputs, through :func:`attnkit_perf.measure.cases.build_runner` so every provider is timed the same
+way. Prints TFLOP/s and the ratios to both peers, and writes a Markdown report with provenance,
+the floor of issue 3 (forward >= 1.2x sdpa-flash, backward >= 1.0x, at N >= 2048) and a plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from attnkit_perf.machine import provenance
+from attnkit_perf.measure.cases import BenchCase, build_runner
+from attnkit_perf.measure.timing import median_time_s
+
+PROVIDERS = ("triton", "sdpa-flash", "sdpa-cudnn")
+SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
+HEAD_DIMS = (64, 128)
+PASSES = ("fwd", "bwd")
+#: Issue 3's floor: triton / sdpa-flash per pass, required at N >= FLOOR_FROM.
+FLOOR = {"fwd": 1.2, "bwd": 1.0}
+FLOOR_FROM = 2048
+
+
+def measure(seq_lens=SEQ_LENS, head_dims=HEAD_DIMS, log=print) -> list[dict]:
+    rows = []
+    for head_dim in head_dims:
+        for pass_name in PASSES:
+            for causal in (False, True):
+                for n in seq_lens:
+                    row = {"D": head_dim, "pass": pass_name, "causal": causal, "N": n}
+                    for provider in PROVIDERS:
+                        case = BenchCase(
+                            provider, pass_name, 4, 2048 // head_dim, 2048 // head_dim, n, head_dim, causal
+                        )
+                        try:
+                            runner = build_runner(case, "cuda")
+                            ms = 1e3 * median_time_s(runner, torch.device("cuda"))
+                            row[provider] = case.flops / (ms * 1e-3) / 1e12
+                        except Exception as err:  # a peer that cannot run a cell is reported, not fatal
+                            row[provider] = None
+                            log(f"  {case.name}: {type(err).__name__}: {err}")
+                        del runner
+                    torch.cuda.empty_cache()
+                    rows.append(row)
+                    log(format_row(row))
+    return rows
+
+
+def _ratio(row, peer):
+    return row["triton"] / row[peer] if row.get("triton") and row.get(peer) else None
+
+
+def format_row(row: dict) -> str:
+    cells = [f"{row[p]:6.1f}" if row.get(p) else "   n/a" for p in PROVIDERS]
+    ratios = [f"{r:5.2f}x" if r else "  n/a" for r in (_ratio(row, "sdpa-flash"), _ratio(row, "sdpa-cudnn"))]
+    mask = "causal" if row["causal"] else "full"
+    return (
+        f"D={row['D']:3d} {row['pass']} {mask:6s} N={row['N']:5d}  triton {cells[0]}  flash {cells[1]}  "
+        f"cudnn {cells[2]} TFLOP/s  vs flash {ratios[0]}  vs cudnn {ratios[1]}"
+    )
+
+
+def meets_floor(row: dict) -> bool | None:
+    if row["N"] < FLOOR_FROM:
+        return None
+    ratio = _ratio(row, "sdpa-flash")
+    return ratio is not None and ratio >= FLOOR[row["pass"]]
+
+
+def report(rows: list[dict], info: dict, plot_name: str | None) -> str:
+    lines = [
+        "# Performance of the Triton path",
+        "",
+        "Produced by `python -m attnkit_tools.grid --out docs/PERFORMANCE.md`. bf16, B=4, H*D=2048, "
+        "TFLOP/s = 4*B*H*N^2*D (halved when causal, x2.5 for the backward alone), "
+        "median of the gate's timing protocol (L2 flushed, CUDA events), random inputs, the three "
+        "providers timed in one run.",
+        "",
+        "| | |",
+        "| --- | --- |",
+        *(f"| {k} | {v} |" for k, v in info.items()),
+        "",
+        f"Each cell: triton TFLOP/s (x sdpa-flash, x sdpa-cudnn). Floor (issue 3): forward >= "
+        f"{FLOOR['fwd']}x and backward >= {FLOOR['bwd']}x sdpa-flash at N >= {FLOOR_FROM}; "
+        "a cell below it is marked **(below floor)**.",
+        "",
+        "| D | pass | causal | " + " | ".join(f"N={n}" for n in SEQ_LENS) + " |",
+        "|---|---|---|" + "---|" * len(SEQ_LENS),
+    ]
+    keys = sorted(
+        {(r["D"], r["pass"], r["causal"]) for r in rows}, key=lambda k: (k[0], PASSES.index(k[1]), k[2])
+    )
+    for d, pass_name, causal in keys:
+        cells = []
+        for n in SEQ_LENS:
+            row = next(
+                (r for r in rows if (r["D"], r["pass"], r["causal"], r["N"]) == (d, pass_name, causal, n)),
+                None,
+            )
+            if row is None or not row.get("triton"):
+                cells.append("n/a")
+                continue
+            flash, cudnn = _ratio(row, "sdpa-flash"), _ratio(row, "sdpa-cudnn")
+            text = (
+                f"{row['triton']:.0f} ({flash:.2f}x, {cudnn:.2f}x)"
+                if flash and cudnn
+                else f"{row['triton']:.0f}"
+            )
+            if meets_floor(row) is False:
+                text += " **(below floor)**"
+            cells.append(text)
+        lines.append(f"| {d} | {pass_name} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
+    short = [r for r in rows if meets_floor(r) is False]
+    lines += ["", f"Cells below the floor: {len(short)} of {sum(meets_floor(r) is not None for r in rows)}."]
+    lines += ["", "Peers (TFLOP/s, sdpa-flash / sdpa-cudnn), same run:", ""]
+    lines += ["| D | pass | causal | " + " | ".join(f"N={n}" for n in SEQ_LENS) + " |"]
+    lines += ["|---|---|---|" + "---|" * len(SEQ_LENS)]
+    for d, pass_name, causal in keys:
+        cells = []
+        for n in SEQ_LENS:
+            row = next(
+                (r for r in rows if (r["D"], r["pass"], r["causal"], r["N"]) == (d, pass_name, causal, n)), {}
+            )
+            cells.append("/".join(f"{row[p]:.0f}" if row.get(p) else "n/a" for p in PROVIDERS[1:]))
+        lines.append(f"| {d} | {pass_name} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
+    if plot_name:
+        lines += ["", f"![TFLOP/s by sequence length]({plot_name})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 4, figsize=(18, 8), sharex=True)
+    for i, d in enumerate(HEAD_DIMS):
+        for j, (pass_name, causal) in enumerate([(p, c) for p in PASSES for c in (False, True)]):
+            ax = axes[i][j]
+            sel = [r for r in rows if (r["D"], r["pass"], r["causal"]) == (d, pass_name, causal)]
+            for provider in PROVIDERS:
+                pts = [(r["N"], r[provider]) for r in sel if r.get(provider)]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=provider)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"D={d} {pass_name} {'causal' if causal else 'full'}")
+            ax.set_xlabel("N")
+            ax.set_ylabel("TFLOP/s")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attnkit_tools.grid", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="docs/PERFORMANCE.md", help="Markdown report to write")
+    parser.add_argument("--json", help="also write the raw rows here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("the grid needs a CUDA GPU")
+    info = provenance(torch.device("cuda"))
+    print(" | ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
+    rows = measure(log=lambda s: print(s, flush=True))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plot_path = out.with_name("performance.png")
+    try:
+        plot(rows, plot_path)
+    except ImportError:
+        plot_path = None
+    out.write_text(report(rows, info, plot_path.name if plot_path else None))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"provenance": info, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
