@@ -13,12 +13,14 @@
 #   stored:N       stored mode N times against that baseline: nothing may fail
 #   noise          build baselines/<gpu_key>/noise-paired.json from the aa runs' verdicts
 #
-# PERF_ARGS: extra pytest arguments for every run (e.g. "-k triton", "-n 2").
+# PERF_ARGS: extra pytest arguments for every run (e.g. "-k triton", "-n 2"); CHANGE_ARGS: for
+# the change runs only.
 set -uo pipefail
 out=$(realpath -m "$1"); shift
 mkdir -p "$out"
 root=$(pwd)
-export PYTHONPATH=$root/src PYTHONUNBUFFERED=1
+site=${PYTHONPATH:+:$PYTHONPATH}  # wheels or site folders the caller added stay visible
+export PYTHONPATH=$root/src$site PYTHONUNBUFFERED=1
 work=$(mktemp -d)
 cp -r "$root/src" "$work/clean-src" && mkdir -p "$work/clean" && mv "$work/clean-src" "$work/clean/src"
 summary=$out/summary.txt
@@ -41,7 +43,7 @@ PY
 paired() {  # $1: label, $2: head src, $3: base folder
   local label=$1 head=$2 base=$3 t0
   t0=$(date +%s)
-  PYTHONPATH=$head python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider \
+  PYTHONPATH=$head$site python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider \
     --attnkit-base="$base" --attnkit-verdict-json="$out/verdict_$label.json" "${extra[@]}" \
     > "$out/log_$label.txt" 2>&1
   log "$label rc=$? $(( $(date +%s) - t0 ))s: $(grep 'attnkit perf gate (' "$out/log_$label.txt")"
@@ -62,7 +64,10 @@ for step in "$@"; do
       python3 -m attnkit_tools.ab_dobench --base "$work/clean/src" --head "$head/src" --match "${words[@]}" \
         --rounds 3 --out "$out/ab_$name.json" > "$out/ab_$name.txt" 2>&1
       log "$name true effect (do_bench, head/base):"; tee -a "$summary" < "$out/ab_$name.txt"
-      paired "change_$name" "$head/src" "$work/clean" ;;
+      # shellcheck disable=SC2206
+      extra=(${PERF_ARGS:-} ${CHANGE_ARGS:-}); paired "change_$name" "$head/src" "$work/clean"
+      # shellcheck disable=SC2206
+      extra=(${PERF_ARGS:-}) ;;
     stored-record)
       t0=$(date +%s)
       python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider --attnkit-record \

@@ -15,11 +15,15 @@ and a bootstrap interval.
 In both, with ``t`` the benchmark's threshold (:func:`benchmark_threshold`) and ``alpha`` its
 share of the run's false-alarm budget (:func:`per_benchmark_alpha`):
 
-* **slower**: the ratio is >= 1 + t *and* significant (interval above 1, rank test p < alpha);
+* **slower**: the ratio is >= 1 + t *and* significant at ``alpha`` (rank test; in paired mode
+  the 99% interval also lies above 1). Two conditions guard false alarms: ``alpha`` bounds the
+  chance that noise looks like a shift, and ``t`` ignores shifts too small to matter (and
+  the few-tenths-of-a-percent offsets between processes that A/A runs show);
 * **faster**: the mirror image (reported, never failing);
-* **same**: the interval lies inside (1/(1+t), 1+t): a slowdown of t is excluded (paired), or
-  the ratio is below 1 + t and its interval excludes 1 + 2t (stored, where the two runs' noise
-  is wider);
+* **same**: a slowdown of ``t`` is excluded: the 99% interval lies inside (1/(1+t), 1+t)
+  (paired), or the ratio is below 1 + t and its interval excludes 1 + 2t (stored, where the
+  two runs' noise is wider). Calling "same" wrongly is a miss, not a false alarm, so this
+  interval needs no share of the run's budget;
 * **inconclusive**: anything else — too few, NaN, non-positive or constant samples, or an
   interval too wide to tell. The caller measures more; still unclear, it is reported loudly,
   never as "same".
@@ -40,6 +44,9 @@ from attnkit_perf.decide.stats import (
     paired_ratio,
     sample_problem,
 )
+
+#: Confidence of the interval that must lie within the threshold for "same".
+SAME_CONFIDENCE = 0.99
 
 OUTCOMES = ("slower", "more-memory", "inconclusive", "faster", "new", "missing", "same")
 FAILING = ("slower", "more-memory")
@@ -128,19 +135,20 @@ def decide_paired(
         problem = f"{len(base_blocks)} base blocks against {len(head_blocks)} head blocks: not paired"
     if problem:
         return _with_memory(Decision("inconclusive", reason=problem), base_peak, head_peak, t)
-    est = paired_ratio(base_blocks, head_blocks, confidence=1.0 - 2.0 * alpha)
+    est = paired_ratio(base_blocks, head_blocks, confidence=SAME_CONFIDENCE)
     up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
     common = {"ratio": est.ratio, "ci": (est.low, est.high), "threshold": threshold, "alpha": alpha}
-    pct = f"{est.confidence:.4%} interval [{est.low:.4f}, {est.high:.4f}] over {est.pairs} pairs"
+    text = f"x{est.ratio:.4f}, 99% interval [{est.low:.4f}, {est.high:.4f}] over {est.pairs} pairs"
     if est.ratio >= up and est.low > 1.0 and est.p_slower < alpha:
-        d = Decision("slower", p=est.p_slower, reason=f"x{est.ratio:.4f} >= {up:.4f}; {pct}", **common)
+        d = Decision("slower", p=est.p_slower, reason=f"{text}, p={est.p_slower:.1e} >= x{up:.3f}", **common)
     elif est.ratio <= down and est.high < 1.0 and est.p_faster < alpha:
-        d = Decision("faster", p=est.p_faster, reason=f"x{est.ratio:.4f} <= {down:.4f}; {pct}", **common)
+        d = Decision("faster", p=est.p_faster, reason=f"{text}, p={est.p_faster:.1e}", **common)
     elif down < est.low and est.high < up:
-        d = Decision("same", p=est.p_slower, reason=f"within x{up:.4f}: {pct}", **common)
+        d = Decision("same", p=est.p_slower, reason=f"{text}: within x{up:.3f}", **common)
     else:
-        d = Decision("inconclusive", p=est.p_slower, reason=f"cannot tell at x{up:.4f}: {pct}", **common)
-    d.extra["pairs"] = est.pairs
+        d = Decision("inconclusive", p=est.p_slower, reason=f"{text}: cannot tell at x{up:.3f}", **common)
+    logs = [math.log(h / b) for b, h in zip(base_blocks, head_blocks, strict=True)]
+    d.extra.update(pairs=est.pairs, log_ratios=[round(x, 5) for x in logs])
     return _with_memory(d, base_peak, head_peak, t)
 
 

@@ -2,8 +2,8 @@
 
 * stored mode (two independent sample sets): a one-sided Mann-Whitney U test and a bootstrap
   interval for the ratio of medians;
-* paired mode (A/B blocks measured back to back): a t interval for the mean log ratio of the
-  pairs, with a Wilcoxon signed-rank test as its rank-based check.
+* paired mode (A/B blocks measured back to back): the median log ratio of the pairs, its
+  bootstrap interval, and a Wilcoxon signed-rank test.
 
 Every function validates its samples first (:func:`sample_problem`): too few, non-finite,
 non-positive or constant samples are *no evidence*, which the gate reports as inconclusive —
@@ -77,9 +77,10 @@ def median(values) -> float:
 class PairedEstimate:
     """The B/A time ratio estimated from paired blocks.
 
-    ``ratio`` is the geometric mean of the pairs' ratios; ``low``/``high`` its two-sided interval
-    at ``confidence`` (a t interval on the log ratios); ``p_slower``/``p_faster`` one-sided
-    Wilcoxon signed-rank p-values; ``pairs`` the number of pairs.
+    ``ratio``: exp of the median of the pairs' log ratios (robust to a disturbed pair);
+    ``low``/``high``: a percentile bootstrap interval of that median at ``confidence``;
+    ``p_slower``/``p_faster``: one-sided Wilcoxon signed-rank p-values of the log ratios;
+    ``pairs``: how many pairs.
     """
 
     ratio: float
@@ -91,34 +92,39 @@ class PairedEstimate:
     confidence: float
 
 
-def paired_ratio(base_blocks, head_blocks, confidence: float) -> PairedEstimate:
+def paired_ratio(base_blocks, head_blocks, confidence: float = 0.99, seed: int = 0) -> PairedEstimate:
     """Estimate head/base from block medians measured as adjacent pairs (same index = same pair).
 
     Working on log ratios makes a slowdown and the matching speed-up symmetric, and pairing
     cancels what drifts slowly (clocks, temperature) because both blocks of a pair ran within
     milliseconds of each other.
     """
-    a = np.asarray(base_blocks, dtype=float)
-    b = np.asarray(head_blocks, dtype=float)
-    logs = np.log(b) - np.log(a)
-    n = len(logs)
-    mean = float(logs.mean())
-    sem = float(logs.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
-    if sem == 0.0:
-        low = high = mean
+    logs = np.log(np.asarray(head_blocks, dtype=float)) - np.log(np.asarray(base_blocks, dtype=float))
+    centre = float(np.median(logs))
+    if np.ptp(logs) == 0:
+        low = high = centre
     else:
-        low, high = stats.t.interval(confidence, n - 1, loc=mean, scale=sem)
+        seed_arg = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
+        interval = stats.bootstrap(
+            (logs,),
+            np.median,
+            confidence_level=confidence,
+            n_resamples=2000,
+            method="percentile",
+            **{seed_arg: np.random.default_rng(seed)},
+        ).confidence_interval
+        low, high = float(interval.low), float(interval.high)
     if np.any(logs != 0):
         p_slower = float(stats.wilcoxon(logs, alternative="greater").pvalue)
         p_faster = float(stats.wilcoxon(logs, alternative="less").pvalue)
     else:
         p_slower = p_faster = 1.0
     return PairedEstimate(
-        ratio=math.exp(mean),
+        ratio=math.exp(centre),
         low=math.exp(low),
         high=math.exp(high),
         p_slower=p_slower,
         p_faster=p_faster,
-        pairs=n,
+        pairs=len(logs),
         confidence=confidence,
     )

@@ -6,7 +6,8 @@ every worker builds the case and warms up; then pairs of blocks are measured, pa
 worker ``i % 2`` of each side, in the order A-B for even ``i`` and B-A for odd (A-B-B-A...), so
 slow drifts cancel within the pairs and both sides are sampled in more than one process. A
 block is ``rounds`` rounds of the same flushed repetitions (the plan of the head's first
-worker, used by both sides); its value is the median of its rounds.
+worker, used by both sides), after one untimed round that brings clocks and caches back to
+where a running workload keeps them; its value is the median of its rounds.
 
 :meth:`PairedSession.measure` measures in steps of ``step_pairs`` until ``decide`` says the
 outcome is settled, or ``max_pairs`` / ``budget_s`` is reached.
@@ -45,11 +46,11 @@ class PairedSettings:
     """Effort per benchmark. 16 pairs are the fewest with which the Wilcoxon test can reach the
     per-benchmark alpha of a ~100-benchmark run (2^-16 < 0.01 / 100)."""
 
-    rounds_per_block: int = 2
+    rounds_per_block: int = 3
     min_pairs: int = 16
     step_pairs: int = 16
-    max_pairs: int = 64
-    budget_s: float = 12.0
+    max_pairs: int = 48
+    budget_s: float = 8.0
 
 
 @dataclass
@@ -117,7 +118,10 @@ class PairedSession:
         self.identity: dict[str, dict] = {}
         for side, src in self.sides.items():
             env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join([str(link_dir), str(src)])
+            # Then the caller's own path (site folders): a package resolves to its first folder, so
+            # the side's attnkit wins even if the caller's path names another.
+            inherited = [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
+            env["PYTHONPATH"] = os.pathsep.join([str(link_dir), str(src), *inherited])
             # Each side compiles into a cache of its own; kept between runs (Triton keys entries by
             # source and options), so a runner compiles a side's kernels once.
             env["TRITON_CACHE_DIR"] = str(cache_root() / f"triton-{side}")
@@ -160,7 +164,7 @@ class PairedSession:
 
     def _block(self, side: str, pair: int, reps: int, rounds: int) -> float:
         worker = self.workers[side][pair % PROCESSES_PER_SIDE]
-        answer = worker.ask({"op": "measure", "rounds": rounds, "reps": reps})
+        answer = worker.ask({"op": "measure", "rounds": rounds, "reps": reps, "warm_rounds": 1})
         if not answer["ok"]:
             raise WorkerError(f"{worker.label} failed to measure: {answer['error']}")
         return statistics.median(answer["samples"])

@@ -14,7 +14,8 @@ request                                        answer
                                                ``{"ok", "reps", "estimate_s", "peak_bytes",
                                                "host_fraction", "min_bytes", "flops"}``, or
                                                ``{"ok": false, "unsupported": why}``
-``{"op": "measure", "rounds", "reps"}``        ``{"ok", "samples"}`` (seconds per call, one a round)
+``{"op": "measure", "rounds", "reps",``       ``{"ok", "samples"}`` (seconds per call, one a round;
+``"warm_rounds"}``                             the first ``warm_rounds`` are run and dropped)
 ``{"op": "release"}``                          drops the case and frees its memory
 =============================================  ======================================================
 
@@ -83,7 +84,9 @@ def _serve(out) -> None:
                     }
                 )
             elif op == "measure":
-                samples = measure_samples(runner, device, request["rounds"], flusher, request["reps"])
+                rounds = request["rounds"] + request.get("warm_rounds", 0)
+                samples = measure_samples(runner, device, rounds, flusher, request["reps"])
+                samples = samples[request.get("warm_rounds", 0) :]
                 answer({"ok": True, "samples": samples})
             elif op == "release":
                 runner = None
