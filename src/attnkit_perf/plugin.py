@@ -160,11 +160,16 @@ class _PairedController:
                 self.session.rows.append(BenchmarkVerdict(**value))
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection: count only what will run
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items) -> None:
     perf = config.stash.get(SESSION, None)
     if perf is not None:
         # The run's false-alarm budget is split over its benchmarks (attnkit_perf.decide.gate).
-        perf.benchmark_count = sum(1 for item in items if "attnkit_perf" in getattr(item, "fixturenames", ()))
+        perf.benchmark_count = sum(
+            1
+            for item in items
+            if "attnkit_perf" in getattr(item, "fixturenames", ()) and item.get_closest_marker("skip") is None
+        )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

@@ -17,6 +17,7 @@ Every way a comparison could silently not happen is a :class:`pytest.UsageError`
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import statistics
 from pathlib import Path
@@ -51,6 +52,14 @@ def perf_device() -> torch.device:
     """``ATTNKIT_TEST_DEVICE`` if set, else CUDA when present, else the CPU."""
     name = os.environ.get("ATTNKIT_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def _median_ms(samples) -> float | None:
+    """Median of ``samples`` (seconds) in ms, or None when they are no evidence (empty, NaN):
+    the row's outcome says why, and the verdict stays valid JSON."""
+    values = [float(s) for s in samples or ()]
+    median = statistics.median(values) * 1e3 if values else math.nan
+    return median if math.isfinite(median) else None
 
 
 def describe(case: BenchCase) -> dict:
@@ -337,7 +346,7 @@ class PerfSession:
             info = bench.get("extra_info") or {}
             case = BenchCase(**{**info["shape"], "backend": info["backend"], "pass_name": info["pass"]})
             measured = {
-                "head_median_ms": statistics.median(bench["stats"]["data"]) * 1e3,
+                "head_median_ms": _median_ms(bench["stats"]["data"]),
                 "head_peak_bytes": info.get("peak_bytes"),
                 "tflops": info.get("tflops"),
                 "host_bound": info.get("host_bound"),
@@ -353,7 +362,7 @@ class PerfSession:
                     decision = (
                         gate.confirm_stored(decision, second) if decision.outcome == "slower" else second
                     )
-                measured["base_median_ms"] = statistics.median(reference["stats"]["data"]) * 1e3
+                measured["base_median_ms"] = _median_ms(reference["stats"]["data"])
                 measured["base_peak_bytes"] = (reference.get("extra_info") or {}).get("peak_bytes")
             self.rows.append(BenchmarkVerdict.from_decision(describe(case), decision, **measured))
         for fullname, reference in baseline.items():
@@ -364,7 +373,7 @@ class PerfSession:
                     BenchmarkVerdict.from_decision(
                         describe(case),
                         gate.Decision("missing", reason="in the baseline, not run"),
-                        base_median_ms=statistics.median(reference["stats"]["data"]) * 1e3,
+                        base_median_ms=_median_ms(reference["stats"]["data"]),
                         base_peak_bytes=info.get("peak_bytes"),
                     )
                 )

@@ -1,0 +1,407 @@
+"""The decision rule (attnkit_perf.decide.gate) on synthetic samples: the five outcomes in both
+modes, "no evidence" is never "same", the statistics against independent computations, and the
+false-alarm and detection rates under noise modelled on our H100 measurements."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from perf_synthetic import noisy_samples, paired_blocks
+from scipy import stats
+
+from attnkit_perf.decide import gate
+from attnkit_perf.decide.stats import (
+    MIN_SAMPLES,
+    bootstrap_ratio_ci,
+    mann_whitney_greater,
+    paired_ratio,
+    sample_problem,
+)
+from attnkit_perf.measure.paired import PairedSettings
+
+MS = 1e-3
+T = gate.Thresholds()
+#: A ~100-benchmark run's share of the false-alarm budget per benchmark.
+RUN_BENCHMARKS = 100
+ALPHA = gate.per_benchmark_alpha(T, RUN_BENCHMARKS)
+STORED = gate.Thresholds(slower=gate.Thresholds.STORED_SLOWER)
+STORED_ALPHA = gate.per_benchmark_alpha(STORED, RUN_BENCHMARKS)
+
+
+def _paired(ratio: float, pairs: int = 16, seed: int = 0, **noise) -> gate.Decision:
+    base, head = paired_blocks(np.random.default_rng(seed), pairs, ratio, **noise)
+    return gate.decide_paired(base, head, T, ALPHA, T.slower)
+
+
+def _stored(scale: float, seed: int = 0, rounds: int = 60, drift: float = 1.0, **noise) -> gate.Decision:
+    rng = np.random.default_rng(seed)
+    base = noisy_samples(rng, MS, rounds=rounds, **noise)
+    head = noisy_samples(rng, MS, rounds=rounds, scale=scale * drift, **noise)
+    return gate.decide_stored(base, head, drift, STORED, STORED_ALPHA, STORED.slower)
+
+
+# --- paired mode: the outcomes --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ratio", "expected"), [(1.0, "same"), (1.10, "slower"), (1 / 1.10, "faster"), (1.05, "slower")]
+)
+def test_paired_outcomes(ratio, expected):
+    d = _paired(ratio, seed=1)
+    assert d.outcome == expected, f"true ratio {ratio:.3f}: {d.outcome} ({d.reason})"
+    assert d.ratio == pytest.approx(ratio, rel=0.01), f"estimated x{d.ratio:.4f}, true x{ratio:.4f}"
+    assert d.ci[0] <= d.ratio <= d.ci[1], f"estimate x{d.ratio:.4f} outside its interval {d.ci}"
+    assert d.extra["pairs"] == 16, f"evidence says {d.extra.get('pairs')} pairs, 16 were given"
+    assert d.threshold == T.slower and d.alpha == ALPHA, f"threshold {d.threshold}, alpha {d.alpha}"
+
+
+def test_paired_slower_reason_has_the_numbers():
+    d = _paired(1.10, seed=2)
+    assert d.outcome == "slower", d.reason
+    assert f"x{d.ratio:.4f}" in d.reason and "16 pairs" in d.reason, f"reason lacks the numbers: {d.reason}"
+    assert len(d.extra["log_ratios"]) == 16, f"the pairs' log ratios are the evidence: {d.extra}"
+
+
+def test_paired_more_memory_fails_and_a_slowdown_keeps_its_name():
+    base, head = paired_blocks(np.random.default_rng(3), 16, 1.0)
+    grown = gate.decide_paired(base, head, T, ALPHA, T.slower, 100 * gate.MIB, 104 * gate.MIB)
+    assert grown.outcome == "more-memory", f"+4 MiB of 100 MiB: {grown.outcome} ({grown.reason})"
+    assert grown.extra["memory_growth_bytes"] == 4 * gate.MIB, grown.extra
+    assert "time: same" in grown.reason, f"the time outcome must stay in the reason: {grown.reason}"
+    base, head = paired_blocks(np.random.default_rng(3), 16, 1.2)
+    both = gate.decide_paired(base, head, T, ALPHA, T.slower, 100 * gate.MIB, 104 * gate.MIB)
+    assert both.outcome == "slower" and both.extra["memory_growth_bytes"] == 4 * gate.MIB, both
+
+
+@pytest.mark.parametrize(
+    ("base_peak", "head_peak", "grew"),
+    [
+        (10 * gate.MIB, 10 * gate.MIB + gate.MIB // 2, False),  # under the 1 MiB floor
+        (10 * gate.MIB, 12 * gate.MIB, True),
+        (2**30, 2**30 + 5 * gate.MIB, False),  # 0.5% of 1 GiB: under the 1% share
+        (2**30, 2**30 + 20 * gate.MIB, True),
+        (None, 12 * gate.MIB, False),  # the CPU measures no memory: nothing to compare
+        (10 * gate.MIB, 9 * gate.MIB, False),
+    ],
+)
+def test_memory_tolerance(base_peak, head_peak, grew):
+    assert gate.memory_grew(base_peak, head_peak, T) is grew, f"{base_peak} -> {head_peak} B"
+
+
+def test_inconclusive_when_the_interval_straddles_the_threshold():
+    # 2% true slowdown with 2% threshold, noisy blocks: neither excluded nor shown.
+    d = _paired(1.02, seed=4, block_sd=0.02)
+    assert d.outcome == "inconclusive", f"{d.outcome}: {d.reason}"
+    assert "cannot tell" in d.reason and not d.settled, d.reason
+
+
+# --- no evidence is never "same" ------------------------------------------------------------
+
+GOOD = [MS * (1 + 0.01 * i) for i in range(20)]
+
+NO_EVIDENCE = {
+    "empty": [],
+    "None": None,
+    "too few": GOOD[: MIN_SAMPLES - 1],
+    "NaN": [*GOOD[:-1], math.nan],
+    "inf": [*GOOD[:-1], math.inf],
+    "zero": [*GOOD[:-1], 0.0],
+    "negative": [*GOOD[:-1], -MS],
+    "constant": [MS] * 20,
+    "strings": ["1e-3"] * 20,
+    "nested": [[MS, MS]] * 20,
+}
+
+
+@pytest.mark.parametrize("kind", NO_EVIDENCE)
+@pytest.mark.parametrize("side", ["base", "head"])
+def test_no_evidence_is_inconclusive_in_paired_mode(kind, side):
+    bad = NO_EVIDENCE[kind]
+    args = (bad, GOOD) if side == "base" else (GOOD, bad)
+    d = gate.decide_paired(*args, T, ALPHA, T.slower)
+    assert d.outcome == "inconclusive", f"{side} samples {kind}: {d.outcome} ({d.reason})"
+    assert d.reason.startswith(side), f"the reason must name the side ({side}): {d.reason}"
+
+
+@pytest.mark.parametrize("kind", NO_EVIDENCE)
+@pytest.mark.parametrize("side", ["baseline", "this run"])
+def test_no_evidence_is_inconclusive_in_stored_mode(kind, side):
+    bad = NO_EVIDENCE[kind]
+    args = (bad, GOOD) if side == "baseline" else (GOOD, bad)
+    d = gate.decide_stored(*args, 1.0, STORED, STORED_ALPHA, STORED.slower)
+    assert d.outcome == "inconclusive", f"{side} samples {kind}: {d.outcome} ({d.reason})"
+    assert d.reason.startswith(side), f"the reason must name the side ({side}): {d.reason}"
+
+
+def test_no_evidence_still_reports_memory_growth():
+    d = gate.decide_paired([], GOOD, T, ALPHA, T.slower, 10 * gate.MIB, 20 * gate.MIB)
+    assert d.outcome == "more-memory", f"memory is measured apart from time: {d.outcome} ({d.reason})"
+
+
+def test_mismatched_pair_counts_are_inconclusive():
+    d = gate.decide_paired(GOOD, GOOD[:-2], T, ALPHA, T.slower)
+    assert d.outcome == "inconclusive" and "not paired" in d.reason, f"{d.outcome}: {d.reason}"
+
+
+@pytest.mark.parametrize("drift", [0.0, -1.0, math.nan, math.inf])
+def test_a_broken_calibration_drift_is_inconclusive(drift):
+    d = gate.decide_stored(GOOD, GOOD, drift, STORED, STORED_ALPHA, STORED.slower)
+    assert d.outcome == "inconclusive" and "drift" in d.reason, f"drift {drift}: {d.outcome} ({d.reason})"
+
+
+@pytest.mark.parametrize("head_rounds", [6, 20])
+def test_a_3x_scaled_baseline_of_6_rounds_is_never_same(head_rounds):
+    """Issue 10: the H100 baseline held 6 rounds for a tiled backward; scaling them by 3x read
+    "same" (p=0.0025 > alpha)."""
+    rng = np.random.default_rng(5)
+    base = noisy_samples(rng, 30 * MS, rounds=6, outlier_rate=0.0)
+    head = noisy_samples(rng, 30 * MS, rounds=head_rounds, scale=3.0, outlier_rate=0.0)
+    d = gate.decide_stored(base, head, 1.0, STORED, STORED_ALPHA, STORED.slower)
+    assert d.outcome in ("slower", "inconclusive"), f"x{d.ratio:.2f} on 6 rounds: {d.outcome} ({d.reason})"
+
+
+@pytest.mark.parametrize("rounds", [5, 6, 8])
+def test_a_1_32x_ratio_with_few_rounds_is_never_same(rounds):
+    """Issue 10: bwd[tiled-bf16-B16-H16-N1024-D128-causal] read 1.32x -> "same" (p=0.04, 5 rounds)."""
+    rng = np.random.default_rng(6)
+    base = noisy_samples(rng, 40 * MS, rounds=rounds, cv=0.15)
+    head = noisy_samples(rng, 40 * MS, rounds=rounds, cv=0.15, scale=1.32)
+    d = gate.decide_stored(base, head, 1.0, STORED, STORED_ALPHA, STORED.slower)
+    assert d.outcome in ("slower", "inconclusive"), f"{rounds} rounds: {d.outcome} ({d.reason})"
+    base_blocks, head_blocks = paired_blocks(rng, rounds, 1.32, block_sd=0.15)
+    p = gate.decide_paired(base_blocks, head_blocks, T, ALPHA, T.slower)
+    assert p.outcome in ("slower", "inconclusive"), f"{rounds} pairs: {p.outcome} ({p.reason})"
+
+
+# --- stored mode ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("scale", "expected"), [(1.0, "same"), (1.2, "slower"), (1 / 1.2, "faster")])
+def test_stored_outcomes(scale, expected):
+    d = _stored(scale, seed=7)
+    assert d.outcome == expected, f"x{scale:.3f}: {d.outcome} ({d.reason})"
+    assert d.ratio == pytest.approx(scale, rel=0.03), f"estimated x{d.ratio:.4f}, true x{scale:.4f}"
+
+
+def test_stored_drift_of_the_whole_machine_is_divided_out():
+    d = _stored(1.0, seed=8, drift=1.12)
+    assert d.outcome == "same", f"12% slower machine, calibration included: {d.outcome} ({d.reason})"
+    assert d.extra["drift"] == 1.12 and "drift x1.1200" in d.reason, d.reason
+    raw = _stored(1.12, seed=8)
+    assert raw.outcome == "slower", f"the same samples without the drift: {raw.outcome} ({raw.reason})"
+
+
+def test_stored_more_memory():
+    rng = np.random.default_rng(9)
+    base, head = noisy_samples(rng, MS), noisy_samples(rng, MS)
+    d = gate.decide_stored(base, head, 1.0, STORED, STORED_ALPHA, STORED.slower, 8 * gate.MIB, 72 * gate.MIB)
+    assert d.outcome == "more-memory" and d.extra["memory_growth_bytes"] == 64 * gate.MIB, d
+
+
+def test_stored_interval_too_wide_is_inconclusive():
+    # a 5% change under a 6% threshold, measured too noisily to exclude 12%
+    d = _stored(1.05, seed=10, rounds=8, cv=0.2, outlier_rate=0.0)
+    assert d.outcome == "inconclusive", f"{d.outcome}: {d.reason}"
+
+
+# --- confirmation of stored-mode suspects ---------------------------------------------------
+
+
+def _decision(outcome: str, ratio: float = 1.2) -> gate.Decision:
+    return gate.Decision(outcome, ratio=ratio, reason=f"{outcome} evidence")
+
+
+def test_confirm_a_confirmed_slowdown_reports_the_smaller_ratio():
+    d = gate.confirm_stored(_decision("slower", 1.3), _decision("slower", 1.15))
+    assert d.outcome == "slower" and d.ratio == 1.15, f"{d.outcome} x{d.ratio}"
+    assert "slower evidence; re-measured: slower evidence" in d.reason, d.reason
+
+
+@pytest.mark.parametrize(
+    ("second", "expected"), [("same", "same"), ("inconclusive", "inconclusive"), ("faster", "inconclusive")]
+)
+def test_confirm_an_unconfirmed_slowdown_does_not_fail(second, expected):
+    d = gate.confirm_stored(_decision("slower"), _decision(second, 1.0))
+    assert d.outcome == expected, f"slower then {second}: {d.outcome}"
+    assert d.reason.startswith("first measurement slower"), d.reason
+
+
+@pytest.mark.parametrize("first", ["same", "faster", "inconclusive", "more-memory"])
+def test_confirm_leaves_anything_but_slower_alone(first):
+    original = _decision(first)
+    d = gate.confirm_stored(original, _decision("slower"))
+    assert d is original and d.outcome == first, f"{first} then slower became {d.outcome}"
+
+
+# --- thresholds and the run-wide false-alarm budget -----------------------------------------
+
+
+def test_per_benchmark_alpha_is_bonferroni():
+    t = gate.Thresholds(run_alpha=0.01)
+    assert gate.per_benchmark_alpha(t, 100) == pytest.approx(1e-4), "0.01 split over 100 benchmarks"
+    assert gate.per_benchmark_alpha(t, 1) == 0.01, "one benchmark takes the whole budget"
+    assert gate.per_benchmark_alpha(t, 0) == 0.01, "an empty run must not divide by zero"
+
+
+def test_the_per_benchmark_alpha_decides():
+    """A slowdown with Wilcoxon p ~ 1e-3 fails one benchmark on its own, not among 100."""
+    base, head = paired_blocks(np.random.default_rng(11), 12, 1.05, block_sd=0.01)
+    alone = gate.decide_paired(base, head, T, gate.per_benchmark_alpha(T, 1), T.slower)
+    among = gate.decide_paired(base, head, T, gate.per_benchmark_alpha(T, 100), T.slower)
+    assert alone.p < 0.01 and alone.outcome == "slower", f"alone: {alone.outcome}, p={alone.p:.2e}"
+    assert among.outcome == "inconclusive", f"among 100: {among.outcome}, p={among.p:.2e} vs {among.alpha}"
+
+
+def test_benchmark_threshold_from_aa_noise():
+    # A/A log-ratio sd of 1.5%: 4 sd is 6.2%, over the 2% practical threshold
+    rng = np.random.default_rng(12)
+    aa_ratios = np.exp(rng.normal(0.0, 0.015, 10))
+    sd = float(np.std(np.log(aa_ratios), ddof=1))
+    assert gate.benchmark_threshold(T, sd) == pytest.approx(math.expm1(T.noise_k * sd)), f"sd {sd}"
+    assert gate.benchmark_threshold(T, sd) > T.slower, f"sd {sd}: A/A noise must raise the threshold"
+    assert gate.benchmark_threshold(T, 0.001) == T.slower, "a quiet benchmark keeps the practical threshold"
+    for missing in (None, math.nan, math.inf):
+        assert gate.benchmark_threshold(T, missing) == T.slower, f"noise {missing}"
+    # the A/A-derived threshold is what a slowdown must clear
+    noisy = gate.decide_paired(
+        *paired_blocks(rng, 32, 1.04, block_sd=0.004), T, ALPHA, gate.benchmark_threshold(T, sd)
+    )
+    assert noisy.outcome != "slower", (
+        f"4% under a {gate.benchmark_threshold(T, sd):.1%} threshold: {noisy.reason}"
+    )
+
+
+# --- the statistics against independent computations ----------------------------------------
+
+
+def test_paired_ratio_is_the_median_log_ratio_with_an_exact_bootstrap_interval():
+    """The interval is a percentile bootstrap of the median log ratio. For an odd number of
+    pairs n, the bootstrap median is the ((n+1)/2)-th order statistic of the resample, so its
+    distribution is exact: P(median <= x_(j)) = P(Binomial(n, j/n) >= (n+1)/2)."""
+    n, confidence = 15, 0.99
+    base, head = paired_blocks(np.random.default_rng(13), n, 1.03, block_sd=0.01)
+    est = paired_ratio(base, head, confidence)
+    logs = np.sort(np.log(head) - np.log(base))
+    assert est.ratio == pytest.approx(math.exp(logs[n // 2]), rel=1e-12), "exp of the median log ratio"
+    cdf = stats.binom.sf(n // 2, n, np.arange(1, n + 1) / n)
+    tail = (1 - confidence) / 2
+    low_j, high_j = int(np.argmax(cdf >= tail)), int(np.argmax(cdf >= 1 - tail))
+    for name, value, j in (("low", est.low, low_j), ("high", est.high, high_j)):
+        near = (math.exp(logs[max(j - 1, 0)]), math.exp(logs[min(j + 1, n - 1)]))
+        assert near[0] <= value <= near[1], f"{name} {value:.5f} not within one order statistic of {near}"
+    assert (est.pairs, est.confidence) == (n, confidence), f"{est.pairs} pairs at {est.confidence}"
+
+
+def test_paired_wilcoxon_matches_an_exact_enumeration():
+    rng = np.random.default_rng(14)
+    base, head = paired_blocks(rng, 8, 1.01, block_sd=0.01)
+    logs = np.log(head) - np.log(base)
+    ranks = stats.rankdata(np.abs(logs))
+    observed = ranks[logs > 0].sum()
+    sums = [
+        sum(r for r, s in zip(ranks, signs, strict=True) if s)
+        for signs in itertools.product((0, 1), repeat=8)
+    ]
+    exact_slower = sum(s >= observed for s in sums) / len(sums)
+    exact_faster = sum(s <= observed for s in sums) / len(sums)
+    est = paired_ratio(base, head, 0.99)
+    assert est.p_slower == pytest.approx(exact_slower, rel=1e-9), f"{est.p_slower} vs {exact_slower}"
+    assert est.p_faster == pytest.approx(exact_faster, rel=1e-9), f"{est.p_faster} vs {exact_faster}"
+
+
+def test_mann_whitney_matches_an_exact_permutation_p():
+    sample, reference = [1.31, 1.12, 1.25, 1.04], [1.0, 1.1, 1.02, 1.2, 0.97]
+    pooled = sample + reference
+
+    def u(xs, ys):
+        return sum((x > y) + 0.5 * (x == y) for x in xs for y in ys)
+
+    observed = u(sample, reference)
+    perms = [
+        u([pooled[i] for i in idx], [pooled[j] for j in range(9) if j not in idx])
+        for idx in itertools.combinations(range(9), 4)
+    ]
+    exact = sum(x >= observed for x in perms) / len(perms)
+    assert mann_whitney_greater(sample, reference) == pytest.approx(exact, rel=1e-9), f"exact {exact}"
+    assert mann_whitney_greater(reference, sample) > 0.5, "the other direction is not significant"
+
+
+def test_bootstrap_interval_brackets_the_true_ratio():
+    rng = np.random.default_rng(15)
+    base = noisy_samples(rng, MS, rounds=80, outlier_rate=0.0)
+    head = noisy_samples(rng, MS, rounds=80, scale=1.2, outlier_rate=0.0)
+    low, high = bootstrap_ratio_ci(base, head)
+    assert low < 1.2 < high, f"99% interval [{low:.4f}, {high:.4f}] should contain 1.2"
+    assert high - low < 0.05, f"80 rounds at 3% jitter: interval [{low:.4f}, {high:.4f}] is too wide"
+    assert bootstrap_ratio_ci(base, head) == (low, high), "seeded: the same inputs give the same interval"
+
+
+def test_sample_problem_accepts_real_samples():
+    assert sample_problem(GOOD, "x") is None, sample_problem(GOOD, "x")
+    assert sample_problem(np.asarray(GOOD), "x") is None, "a numpy array is as good as a list"
+
+
+# --- simulated runs: false alarms and detection ---------------------------------------------
+
+
+def _simulate_paired(ratio: float, benchmarks: int, seed: int, process_sd: float = 0.003) -> list[str]:
+    """Outcomes of ``benchmarks`` paired measurements as the session runs them: ``min_pairs``,
+    then ``step_pairs`` more while inconclusive, up to ``max_pairs`` (PairedSettings)."""
+    effort = PairedSettings()
+    steps = range(effort.min_pairs, effort.max_pairs + 1, effort.step_pairs)
+    rng = np.random.default_rng(seed)
+    outcomes = []
+    for _ in range(benchmarks):
+        base, head = paired_blocks(rng, effort.max_pairs, ratio, process_sd=process_sd)
+        for pairs in steps:
+            d = gate.decide_paired(base[:pairs], head[:pairs], T, ALPHA, T.slower)
+            if d.settled:
+                break
+        outcomes.append(d.outcome)
+    return outcomes
+
+
+def test_aa_paired_runs_raise_no_false_alarm():
+    outcomes = [o for run in range(20) for o in _simulate_paired(1.0, RUN_BENCHMARKS, seed=100 + run)]
+    alarms = outcomes.count("slower") + outcomes.count("faster")
+    assert alarms == 0, f"{alarms} of {len(outcomes)} unchanged benchmarks were called slower or faster"
+    same = outcomes.count("same") / len(outcomes)
+    assert same >= 0.95, f"only {same:.1%} of unchanged benchmarks settled as same"
+
+
+@pytest.mark.parametrize(("ratio", "rate"), [(1.03, 0.90), (1.05, 1.0)])
+def test_paired_slowdowns_are_caught(ratio, rate):
+    outcomes = _simulate_paired(ratio, 200, seed=int(ratio * 1000))
+    caught = outcomes.count("slower") / len(outcomes)
+    assert caught >= rate, f"x{ratio}: caught {caught:.1%} (want >= {rate:.0%}); {sorted(set(outcomes))}"
+    assert "same" not in outcomes, f"x{ratio}: {outcomes.count('same')} called same"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limitation: every pair of a benchmark runs on the same 2 worker processes per "
+    "side and the interval treats pairs as independent, so without an A/A noise file a per-process "
+    "offset of 1% (sd) calls ~4% of unchanged benchmarks slower (0.6%: ~1 in 100); the A/A "
+    "thresholds (decide/noise.py) absorb the offsets seen on a GPU model",
+)
+def test_aa_paired_runs_with_process_offsets_raise_no_false_alarm():
+    """Process-level variance (allocation addresses, code placement; ROCm TransformerEngine #637)
+    must widen the interval, not fail unchanged benchmarks."""
+    outcomes = [o for run in range(5) for o in _simulate_paired(1.0, RUN_BENCHMARKS, 200 + run, 0.01)]
+    alarms = outcomes.count("slower")
+    assert alarms == 0, f"{alarms} of {len(outcomes)} unchanged benchmarks were called slower"
+
+
+def test_aa_stored_comparisons_raise_no_false_alarm():
+    rng = np.random.default_rng(16)
+    alarms = []
+    for i in range(300):
+        noise = {"cv": rng.uniform(0.02, 0.05), "session_sd": 0.01}
+        base, head = noisy_samples(rng, MS, **noise), noisy_samples(rng, MS, **noise)
+        d = gate.decide_stored(base, head, 1.0, STORED, STORED_ALPHA, STORED.slower)
+        if d.outcome in gate.FAILING:
+            alarms.append((i, d.reason))
+    assert not alarms, f"{len(alarms)} false alarms in 300 unchanged comparisons: {alarms[:3]}"

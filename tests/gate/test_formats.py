@@ -1,0 +1,223 @@
+"""The gate's file formats (attnkit_perf/decide/schemas/*.json): valid documents pass, corrupt
+ones raise FormatError naming the field, and the verdict's writer and reader agree."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+from perf_synthetic import H100_KEY, bench_entry, case_for, noisy_samples, paired_blocks, run_json
+
+from attnkit_perf.decide import gate
+from attnkit_perf.decide.baseline import load_baseline, save_baseline
+from attnkit_perf.decide.formats import FormatError, validate
+from attnkit_perf.decide.noise import FORMAT as NOISE_FORMAT
+from attnkit_perf.decide.noise import load_noise
+from attnkit_perf.decide.verdict import FORMAT as VERDICT_FORMAT
+from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.session import describe
+
+T = gate.Thresholds()
+
+
+def _baseline() -> dict:
+    rng = np.random.default_rng(0)
+    return run_json([bench_entry(b, noisy_samples(rng, 1e-3, rounds=20)) for b in ("sdpa", "tiled")])
+
+
+def _row(backend: str, ratio: float, **measured) -> BenchmarkVerdict:
+    base, head = paired_blocks(np.random.default_rng(1), 16, ratio)
+    decision = gate.decide_paired(base, head, T, 1e-4, T.slower, 8 * gate.MIB, 8 * gate.MIB)
+    return BenchmarkVerdict.from_decision(
+        describe(case_for(backend)),
+        decision,
+        base_median_ms=float(np.median(base)) * 1e3,
+        head_median_ms=float(np.median(head)) * 1e3,
+        base_peak_bytes=8 * gate.MIB,
+        head_peak_bytes=8 * gate.MIB,
+        tflops=0.5,
+        host_bound=False,
+        **measured,
+    )
+
+
+def verdict_document(rows=None, mode: str = "paired") -> VerdictDocument:
+    side = {"label": "base", "provenance": {"gpu_key": H100_KEY, "torch": "2.11.0", "commit": "a" * 40}}
+    return VerdictDocument(
+        mode=mode,
+        base=side,
+        head={"label": "this checkout", "provenance": {**side["provenance"], "commit": "b" * 40}},
+        thresholds={"slower": 0.02, "run_alpha": 0.01, "memory_rel": 0.01, "memory_abs_bytes": gate.MIB},
+        benchmarks=rows if rows is not None else [_row("sdpa", 1.0), _row("tiled", 1.1)],
+        notes=["a note"],
+    )
+
+
+def _noise() -> dict:
+    return {
+        "format": NOISE_FORMAT,
+        "gpu_key": H100_KEY,
+        "mode": "paired",
+        "runs": 3,
+        "provenance": {"gpu_key": H100_KEY},
+        "benchmarks": {case_for("sdpa").name: {"log_ratio_sd": 0.004, "ratios": [1.0, 1.004, 0.995]}},
+    }
+
+
+def _set(doc: dict, path: tuple, value) -> dict:
+    doc = copy.deepcopy(doc)
+    target = doc
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return doc
+
+
+# --- valid documents ------------------------------------------------------------------------
+
+
+def test_valid_documents_pass():
+    validate("baseline", _baseline(), "baseline")
+    validate("verdict", verdict_document().to_dict(), "verdict")
+    validate("noise", _noise(), "noise")
+
+
+# --- corrupt documents name the field -------------------------------------------------------
+
+CORRUPT_BASELINES = {
+    "stats null": (("benchmarks", 0, "stats"), None, "at benchmarks/0/stats:"),
+    "machine_info.attnkit null": (("machine_info", "attnkit"), None, "at machine_info/attnkit:"),
+    "stats.data null": (("benchmarks", 0, "stats", "data"), None, "at benchmarks/0/stats/data:"),
+    "stats.data strings": (
+        ("benchmarks", 1, "stats", "data"),
+        ["1e-3", "2e-3"],
+        "at benchmarks/1/stats/data/",
+    ),
+    "no gpu key": (("machine_info", "attnkit", "gpu_key"), "", "at machine_info/attnkit/gpu_key:"),
+    "extra_info null": (("benchmarks", 0, "extra_info"), None, "at benchmarks/0/extra_info:"),
+    "benchmarks not a list": (("benchmarks",), {"a": 1}, "at benchmarks:"),
+}
+
+
+@pytest.mark.parametrize("kind", CORRUPT_BASELINES)
+def test_corrupt_baseline_names_the_field(kind, tmp_path):
+    path, value, field = CORRUPT_BASELINES[kind]
+    file = tmp_path / "baseline.json"
+    file.write_text(json.dumps(_set(_baseline(), path, value)))
+    with pytest.raises(FormatError) as err:
+        load_baseline(file, H100_KEY)
+    assert field in str(err.value), f"{kind}: the message must name {field}: {err.value}"
+    assert str(file) in str(err.value), f"{kind}: the message must name the file: {err.value}"
+
+
+@pytest.mark.parametrize("kind", ["baseline", "verdict", "noise"])
+def test_a_foreign_document_is_rejected(kind):
+    with pytest.raises(FormatError, match=r"not a valid .* file: at \(top level\): '\w+' is a required"):
+        validate(kind, {"foo": 1}, f"{kind} file")
+
+
+def test_unreadable_files_say_why(tmp_path):
+    with pytest.raises(FormatError, match="does not exist"):
+        load_baseline(tmp_path / "absent.json", H100_KEY)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{ not json")
+    with pytest.raises(FormatError, match=r"broken\.json is not readable JSON"):
+        load_baseline(broken, H100_KEY)
+
+
+def test_another_gpus_baseline_is_refused_unless_allowed(tmp_path):
+    file = save_baseline(_baseline(), tmp_path / "b.json")
+    with pytest.raises(FormatError, match=f"recorded on '{H100_KEY}', this run is on 'nvidia-h200'"):
+        load_baseline(file, "nvidia-h200")
+    assert load_baseline(file, "nvidia-h200", allow_other_gpu=True)["benchmarks"], "allowed: loaded"
+
+
+def test_save_baseline_refuses_an_invalid_run(tmp_path):
+    with pytest.raises(FormatError, match=r"the run being recorded .*machine_info"):
+        save_baseline({"benchmarks": []}, tmp_path / "b.json")
+    assert not (tmp_path / "b.json").exists(), "nothing is written for an invalid run"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (("format",), "attnkit-perf-verdict/1", "format"),
+        (("benchmarks", 0, "outcome"), "regressed", "benchmarks/0/outcome"),
+        (("mode",), "both", "mode"),
+        (("benchmarks", 0, "ci"), [1.0], "benchmarks/0/ci"),
+        (("benchmarks", 1, "surprise"), 1, "benchmarks/1"),
+        (("thresholds", "run_alpha"), 1.5, "thresholds/run_alpha"),
+        (("passed",), None, "passed"),
+    ],
+)
+def test_corrupt_verdict_names_the_field(path, value, field, tmp_path):
+    file = tmp_path / "verdict.json"
+    file.write_text(json.dumps(_set(verdict_document().to_dict(), path, value)))
+    with pytest.raises(FormatError) as err:
+        VerdictDocument.read(file)
+    assert f"at {field}:" in str(err.value), f"the message must name {field}: {err.value}"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (("format",), "attnkit-perf-noise/0", "format"),
+        (("runs",), 1, "runs"),
+        (("mode",), "record", "mode"),
+        (("benchmarks", case_for("sdpa").name, "log_ratio_sd"), -0.1, "benchmarks/" + case_for("sdpa").name),
+        (("benchmarks", case_for("sdpa").name, "ratios"), [1.0, 0.0], "benchmarks/" + case_for("sdpa").name),
+    ],
+)
+def test_corrupt_noise_names_the_field(path, value, field, tmp_path):
+    file = tmp_path / "noise.json"
+    file.write_text(json.dumps(_set(_noise(), path, value)))
+    with pytest.raises(FormatError) as err:
+        load_noise(file, H100_KEY, "paired")
+    assert f"at {field}" in str(err.value), f"the message must name {field}: {err.value}"
+
+
+# --- the verdict's writer and reader together -----------------------------------------------
+
+
+def test_verdict_round_trip(tmp_path):
+    doc = verdict_document([_row("sdpa", 1.0), _row("tiled", 1.1), _row("naive", 1 / 1.1)])
+    doc.benchmarks.append(
+        BenchmarkVerdict.from_decision(
+            describe(case_for("triton")),
+            gate.Decision("new", reason="the base cannot run it"),
+            head_median_ms=0.1,
+        )
+    )
+    path = doc.write(tmp_path / "sub" / "verdict.json")
+    data = json.loads(path.read_text())
+    assert data["format"] == VERDICT_FORMAT and data["passed"] is False, data["format"]
+    assert data["counts"] == {"slower": 1, "faster": 1, "new": 1, "same": 1}, data["counts"]
+    back = VerdictDocument.read(path)
+    assert back == doc, "read(write(doc)) differs from doc"
+    outcomes = [r.outcome for r in back.benchmarks]
+    assert outcomes == ["same", "slower", "faster", "new"], f"outcomes read back: {outcomes}"
+    assert back.failing == [doc.benchmarks[1]] and not back.passed, f"failing: {back.failing}"
+
+
+def test_fail_on_inconclusive_is_part_of_the_document():
+    row = BenchmarkVerdict.from_decision(
+        describe(case_for("sdpa")), gate.Decision("inconclusive", reason="wide")
+    )
+    doc = verdict_document([row])
+    assert doc.passed, "inconclusive is listed, not failing, by default"
+    doc.thresholds["fail_on_inconclusive"] = True
+    assert not doc.passed and doc.failing == [row], "told to, the run fails on inconclusive"
+
+
+@pytest.mark.parametrize("field", ["ratio", "head_median_ms", "p"])
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_a_non_finite_number_is_refused_on_write(field, value, tmp_path):
+    doc = verdict_document()
+    setattr(doc.benchmarks[0], field, value)
+    path = tmp_path / "verdict.json"
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        doc.write(path)
+    assert not path.exists(), "a refused verdict must leave no file behind"
