@@ -6,7 +6,8 @@ import torch
 
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import check_inputs
-from attnkit.registry import get_backend, unavailable_reason
+from attnkit.reference import degenerate_attention
+from attnkit.registry import auto_skip_reason, get_backend, unavailable_reason
 
 #: Order in which ``backend="auto"`` tries paths: fastest first, as measured on the H100
 #: (docs/PERFORMANCE.md); a path is skipped when it is unavailable or rejects the inputs.
@@ -43,7 +44,9 @@ def attention(
     """
     problem = check_inputs(q, k, v, causal, scale)
     if backend == "auto":
-        return _run_auto(q, k, v, problem)
+        return (
+            degenerate_attention(q, k, v, problem) if problem.is_degenerate else _run_auto(q, k, v, problem)
+        )
     chosen = get_backend(backend)
     reason = chosen.device_support(problem.device)
     if reason is not None:
@@ -51,6 +54,8 @@ def attention(
     reason = chosen.problem_support(problem)
     if reason is not None:
         raise UnsupportedProblemError(f"backend {backend!r} does not support {problem.describe()}: {reason}")
+    if problem.is_degenerate:  # a zero-size dimension: one answer for every path (README)
+        return degenerate_attention(q, k, v, problem)
     return chosen.run(q, k, v, problem)
 
 
@@ -61,7 +66,11 @@ def _run_auto(q, k, v, problem):
             candidate = get_backend(name)
         except ValueError:
             continue  # not registered in this build (e.g. no triton installed)
-        reason = candidate.device_support(problem.device) or candidate.problem_support(problem)
+        reason = (
+            auto_skip_reason(name, problem.device)
+            or candidate.device_support(problem.device)
+            or candidate.problem_support(problem)
+        )
         if reason is None:
             try:
                 return candidate.run(q, k, v, problem)
