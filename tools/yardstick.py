@@ -138,12 +138,13 @@ def summarise(rows):
     lines += [
         "Allowed multiple: "
         + ", ".join(f"{x} {ERROR_FACTORS[x]:g}x" for x in QUANTITIES)
-        + " (plus the floor). `fail` counts problems outside today's rule.",
+        + " (plus the floor). `error/bound` is the largest error over today's bound (floor included; "
+        + "the path fails above 1), `fail` counts the problems outside today's rule.",
         "",
     ]
     lines += [
-        "| backend | dtype | " + " | ".join(QUANTITIES) + " | fail |",
-        "|---" * (len(QUANTITIES) + 3) + "|",
+        "| backend | dtype | " + " | ".join(QUANTITIES) + " | error/bound | fail |",
+        "|---" * (len(QUANTITIES) + 4) + "|",
     ]
     for name in sorted({r["backend"] for r in rows}):
         for dname in DTYPES:
@@ -158,7 +159,9 @@ def summarise(rows):
                 summary["multiples"][f"{name}/{dname}/{x}"] = (before, after)
                 cells.append(f"{before:.2f} -> {after:.2f}")
             fails = sum(not r["ok"] for r in mine)
-            lines.append(f"| {name} | {dname} | " + " | ".join(cells) + f" | {fails} |")
+            worst = max(_ratio(r["error"], r["bound"]) for r in mine)
+            summary["error_over_bound"] = {**summary.get("error_over_bound", {}), f"{name}/{dname}": worst}
+            lines.append(f"| {name} | {dname} | " + " | ".join(cells) + f" | {worst:.2f} | {fails} |")
     return "\n".join(lines), summary
 
 
@@ -168,6 +171,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, default=2, help="random draws per problem")
     parser.add_argument("--backends", nargs="*", help="default: every available one but naive")
     parser.add_argument("--out", help="write the rows and the summary as JSON here")
+    parser.add_argument("--doc", help="also write the table as a Markdown page here, with this command")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     backends = args.backends or [n for n in attnkit.available_backends(device) if n != "naive"]
@@ -178,6 +182,13 @@ def main(argv=None) -> int:
     header = f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
     header += f"torch {torch.__version__}, {len(PROBLEMS)} problems x {args.seeds} seeds per dtype\n"
     print(header + "\n" + table)
+    if args.doc:
+        command = "PYTHONPATH=src python3 tools/yardstick.py " + " ".join(argv or sys.argv[1:])
+        with open(args.doc, "w") as f:
+            f.write(
+                f"# The tolerance rule's yardstick, before and after\n\nProduced by `{command}`; {header}\n"
+            )
+            f.write((__doc__ or "").split("\n\n", 1)[1].split("Usage")[0].strip() + "\n\n" + table + "\n")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"header": header, "summary": summary, "rows": rows}, f, indent=1)
