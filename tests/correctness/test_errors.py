@@ -82,8 +82,20 @@ def _bad_inputs():
         ValueError,
         r"scale: expected a finite float, got inf",
     )
-    yield "scale-type", (q, k, v), {"scale": "0.5"}, TypeError, r"scale: expected a real number or None, got str"
-    yield "causal-type", (q, k, v), {"causal": 1}, TypeError, r"causal: expected a bool \(Python or NumPy\), got int"
+    yield (
+        "scale-type",
+        (q, k, v),
+        {"scale": "0.5"},
+        TypeError,
+        r"scale: expected a real number or None, got str",
+    )
+    yield (
+        "causal-type",
+        (q, k, v),
+        {"causal": 1},
+        TypeError,
+        r"causal: expected a bool \(Python or NumPy\), got int",
+    )
     yield (
         "unknown-backend",
         (q, k, v),
