@@ -31,7 +31,8 @@ def attention(
         v: (B, Hkv, M, Dv) values.
         causal: mask keys after the query, aligned bottom-right: query i sees key j iff
             ``j <= i + M - N``. A row that sees no key outputs zeros and gets zero gradient.
-        scale: multiplies the scores; default ``1 / sqrt(D)``. Any finite float, 0 included.
+        scale: multiplies the scores; default ``1 / sqrt(D)``. Any finite real, 0 included, whose
+            scores fit float32 (float64 for float64 inputs); see README "Input rules".
         backend: ``"auto"`` or a name from :func:`attnkit.available_backends`.
 
     Returns:
