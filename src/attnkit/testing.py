@@ -8,7 +8,7 @@ The tolerance rule (FlashAttention's): a path's error against the float64 oracle
 * The yardstick, the naive path in the input dtype, computes as an ideal fused kernel does and
   as FlashAttention's low-precision reference does: scores and softmax in float32, the weights
   rounded to the dtype before P @ V (:mod:`attnkit.reference`). A softmax in fp16/bf16 would be
-  2-6x less accurate (median; up to ~70x on large logits) and the same factors would admit that
+  2-4x less accurate (median; up to ~95x on large logits) and the same factors would admit that
   much more error: ``python tools/yardstick.py`` measures it, docs/YARDSTICK.md has the table.
 * ``factor`` is 2 for the output and 3 for gradients. Output: 2x leaves room for a different
   summation order (online softmax rescaling, blocked accumulation). Gradients pass through two
