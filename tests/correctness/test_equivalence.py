@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import INTERPRETED, backend_params
-from hypothesis import example, given
+from hypothesis import given
 from strategies import Problem, fit_to_interpreter, problems
 
 from attnkit import UnsupportedProblemError, attention
@@ -94,27 +94,17 @@ def check_backend(backend: str, problem: Problem, device: torch.device) -> bool:
 
 @pytest.mark.parametrize("backend", backend_params())
 @given(problem=problems())
-@example(problem=EDGE_CASES["single-token"])
-@example(problem=EDGE_CASES["decode-gqa"])
-@example(problem=EDGE_CASES["rows-see-no-key"])
-@example(problem=EDGE_CASES["block-edge-fp16"])
-@example(problem=EDGE_CASES["just-past-blocks"])
-@example(problem=EDGE_CASES["scale-zero"])
-@example(problem=EDGE_CASES["negative-scale"])
-@example(problem=EDGE_CASES["mqa"])
-@example(problem=EDGE_CASES["large-logits"])
-@example(problem=EDGE_CASES["outliers"])
-@example(problem=EDGE_CASES["head-dim-256"])
-@example(problem=EDGE_CASES["strided-layouts"])
-@example(problem=EDGE_CASES["expanded-kv"])
-@example(problem=EDGE_CASES["float64"])
-@example(problem=EDGE_CASES["unaligned-rows-dv16"])
-@example(problem=EDGE_CASES["tiny-scale-float64"])
-@example(problem=EDGE_CASES["head-dim-59"])
-@example(problem=EDGE_CASES["head-dim-111-dv-17"])
-@example(problem=EDGE_CASES["head-dim-3"])
 def test_backend_matches_reference(backend, problem, device):
     check_backend(backend, problem, device)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("edge", list(EDGE_CASES))
+def test_edge_case_matches_reference(backend, edge, device):
+    """The pinned edge cases, one test item each rather than ``@example``s of the test above:
+    pytest-xdist then spreads them over its workers (on a GPU each compiles its own Triton
+    kernels, and one hypothesis test runs its examples one after another)."""
+    check_backend(backend, EDGE_CASES[edge], device)
 
 
 @pytest.mark.parametrize("backend", backend_params())
