@@ -6,7 +6,8 @@ import torch
 
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import check_inputs
-from attnkit.registry import get_backend, unavailable_reason
+from attnkit.reference import degenerate_attention
+from attnkit.registry import auto_skip_reason, get_backend, unavailable_reason
 
 #: Order in which ``backend="auto"`` tries paths: fastest first, as measured on the H100
 #: (docs/PERFORMANCE.md); a path is skipped when it is unavailable or rejects the inputs.
@@ -30,7 +31,8 @@ def attention(
         v: (B, Hkv, M, Dv) values.
         causal: mask keys after the query, aligned bottom-right: query i sees key j iff
             ``j <= i + M - N``. A row that sees no key outputs zeros and gets zero gradient.
-        scale: multiplies the scores; default ``1 / sqrt(D)``. Any finite float, 0 included.
+        scale: multiplies the scores; default ``1 / sqrt(D)``. Any finite real, 0 included, whose
+            scores fit float32 (float64 for float64 inputs); see README "Input rules".
         backend: ``"auto"`` or a name from :func:`attnkit.available_backends`.
 
     Returns:
@@ -43,7 +45,9 @@ def attention(
     """
     problem = check_inputs(q, k, v, causal, scale)
     if backend == "auto":
-        return _run_auto(q, k, v, problem)
+        return (
+            degenerate_attention(q, k, v, problem) if problem.is_degenerate else _run_auto(q, k, v, problem)
+        )
     chosen = get_backend(backend)
     reason = chosen.device_support(problem.device)
     if reason is not None:
@@ -51,6 +55,8 @@ def attention(
     reason = chosen.problem_support(problem)
     if reason is not None:
         raise UnsupportedProblemError(f"backend {backend!r} does not support {problem.describe()}: {reason}")
+    if problem.is_degenerate:  # a zero-size dimension: one answer for every path (README)
+        return degenerate_attention(q, k, v, problem)
     return chosen.run(q, k, v, problem)
 
 
@@ -61,7 +67,11 @@ def _run_auto(q, k, v, problem):
             candidate = get_backend(name)
         except ValueError:
             continue  # not registered in this build (e.g. no triton installed)
-        reason = candidate.device_support(problem.device) or candidate.problem_support(problem)
+        reason = (
+            auto_skip_reason(name, problem.device)
+            or candidate.device_support(problem.device)
+            or candidate.problem_support(problem)
+        )
         if reason is None:
             try:
                 return candidate.run(q, k, v, problem)

@@ -7,9 +7,15 @@ masking, so shape logic lives here and nowhere else.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
+
+try:  # NumPy's bool is not a Python bool; accept it where a flag is expected.
+    from numpy import bool_ as _numpy_bool
+except ImportError:  # pragma: no cover - numpy is optional for torch
+    _numpy_bool = bool
 
 #: dtypes any path may accept; individual backends narrow this further.
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -44,6 +50,13 @@ class AttentionProblem:
     def causal_offset(self) -> int:
         """Bottom-right alignment: query row i sees key j iff ``j <= i + causal_offset``."""
         return self.kv_len - self.q_len
+
+    @property
+    def is_degenerate(self) -> bool:
+        """A zero-size dimension: the result is fixed without a kernel (see
+        :func:`attnkit.reference.degenerate_attention`)."""
+        dims = (self.batch, self.q_heads, self.q_len, self.kv_len, self.head_dim, self.value_dim)
+        return 0 in dims
 
     def describe(self) -> str:
         return (
@@ -88,22 +101,24 @@ def check_inputs(
         raise ValueError(f"head_dim mismatch: q has D={head_dim}, k has D={k_dim}")
     if v_len != kv_len:
         raise ValueError(f"key/value length mismatch: k has M={kv_len}, v has M={v_len}")
-    for name, size in (("q", q_len), ("k", kv_len), ("head_dim", head_dim), ("value_dim", value_dim)):
-        if size == 0:
-            raise ValueError(f"{name}: every dimension must be non-empty, got size 0")
     if kv_heads == 0 or q_heads % kv_heads != 0:
         raise ValueError(
             f"q has {q_heads} heads, which is not a multiple of k/v's {kv_heads} heads (GQA needs "
-            "Hq % Hkv == 0)"
+            "Hkv >= 1 and Hq % Hkv == 0)"
         )
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
+    if not isinstance(causal, (bool, _numpy_bool)):
+        raise TypeError(f"causal: expected a bool (Python or NumPy), got {type(causal).__name__}")
     if scale is None:
-        scale = 1.0 / math.sqrt(head_dim)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale: expected a float or None, got {type(scale).__name__}")
+        # D = 0: every score is 0 whatever the scale; 1.0 avoids dividing by zero.
+        scale = 1.0 / math.sqrt(head_dim) if head_dim else 1.0
+    elif isinstance(scale, (bool, _numpy_bool)) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale: expected a real number or None, got {type(scale).__name__}")
     elif not math.isfinite(scale):
         raise ValueError(f"scale: expected a finite float, got {scale}")
+    else:
+        scale = float(scale)
+        if abs(scale) > 1.0:
+            _check_scale_range(q, k, scale)
     return AttentionProblem(
         batch=batch,
         q_heads=q_heads,
@@ -112,8 +127,44 @@ def check_inputs(
         kv_len=kv_len,
         head_dim=head_dim,
         value_dim=value_dim,
-        causal=causal,
+        causal=bool(causal),
         scale=float(scale),
         dtype=q.dtype,
         device=q.device,
+    )
+
+
+#: Headroom below the score dtype's largest float: kernels multiply the scores by log2(e) and
+#: subtract the row max (which can double a magnitude) before exp.
+_SCORE_HEADROOM = 4.0
+
+
+def max_scale(q: torch.Tensor, k: torch.Tensor) -> float:
+    """The largest |scale| whose scores stay representable for these q (B, Hq, N, D) and
+    k (B, Hkv, M, D): finfo(score dtype).max / (4 * max|q| * max|k| * D), the score dtype being
+    float32 (float64 for float64 inputs). One reduction over q and k and a host sync."""
+    score_max = torch.finfo(torch.float64 if q.dtype == torch.float64 else torch.float32).max
+    with torch.no_grad():
+        q_max, k_max = (x.abs().amax().item() if x.numel() else 0.0 for x in (q, k))
+    bound = q_max * k_max * q.shape[-1] * _SCORE_HEADROOM
+    if not math.isfinite(bound):
+        return math.inf  # inf/NaN inputs: the result is NaN whatever the scale, as on every path
+    return score_max / bound if bound > 0 else math.inf
+
+
+def _check_scale_range(q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
+    """Reject a scale whose product with the scores overflows the score dtype (the softmax of
+    inf - inf is NaN on every path). Checked only for |scale| > 1: below, the scaled scores
+    are no larger than q.k itself, and the default 1/sqrt(D) pays no reduction or sync."""
+    score_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if abs(scale) > torch.finfo(score_dtype).max / _SCORE_HEADROOM:
+        limit = f"{torch.finfo(score_dtype).max / _SCORE_HEADROOM:.3g}"
+    else:
+        limit_value = max_scale(q, k)
+        if abs(scale) <= limit_value:
+            return
+        limit = f"{limit_value:.3g} for these q and k"
+    raise ValueError(
+        f"scale: |scale| * max|q| * max|k| * D must stay below {score_dtype}'s range / 4, so |scale| "
+        f"<= {limit}; got {scale:g}"
     )

@@ -50,6 +50,11 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 3:
             raise ValueError(f"x: expected (batch, seq_len, embed_dim), got shape {tuple(x.shape)}")
+        if x.shape[-1] != self.q_proj.in_features:
+            raise ValueError(
+                f"x: expected last dimension embed_dim={self.q_proj.in_features}, got {x.shape[-1]} "
+                f"(shape {tuple(x.shape)})"
+            )
         batch, seq_len, _ = x.shape
 
         # (B, N, H*D) -> (B, H, N, D) as a strided view: attnkit accepts any strides.

@@ -62,6 +62,15 @@ def unavailable_reason(name: str, device: torch.device | str | None = None) -> s
     return get_backend(name).device_support(device)
 
 
+def auto_skip_reason(name: str, device: torch.device | str) -> str | None:
+    """Why ``backend="auto"`` passes over ``name`` on ``device`` although it may run there, or
+    None. Interpreted Triton (the CPU under ``TRITON_INTERPRET=1``) is ~1000x slower than any
+    native path: it runs only when asked for by name."""
+    if name == "triton" and torch.device(device).type == "cpu":
+        return "on the CPU Triton runs interpreted; it runs only when requested by name"
+    return None
+
+
 def available_backends(device: torch.device | str | None = None) -> list[str]:
     """Names of the backends usable on ``device`` (default: CUDA if present, else CPU)."""
     return [name for name in _REGISTRY if unavailable_reason(name, device) is None]

@@ -12,8 +12,10 @@ Two translations are needed:
 * Non-positive and tiny scales. PyTorch's CPU flash kernel returns NaN for causal inputs when
   the scale is 0, negative, or below float32's smallest normal (torch 2.13). Both are
   translated exactly: ``softmax(s * q k^T) == softmax(|s| * q (-k)^T)`` for s < 0 (negation is
-  exact), and for |s| below the smallest normal every score rounds to 0 in float32, so the call
-  is made with a zeroed q (scale 1), which is the s = 0 function with dq = 0.
+  exact), and for |s| below the smallest normal of the dtype the scores are computed in
+  (float64 for float64 inputs, float32 otherwise) every score rounds to 0 there, so the call is
+  made with a zeroed q (scale 1), which is the s = 0 function with dq = 0. The threshold must
+  follow that dtype: float64 scores at s = 1e-206 are normal numbers and give nonzero dq, dk.
 * Strides. PyTorch's CUDA flash kernel (torch 2.11) reads rows with 16-byte vector loads and
   faults with "misaligned address" — poisoning the CUDA context — when a row stride is not a
   multiple of 16 bytes (e.g. every other row of a (.., 2N, D + 3) buffer). Such operands are
@@ -117,7 +119,8 @@ def sdpa_attention(
     name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem
 ) -> torch.Tensor:
     """SDPA with attnkit's bottom-right causal convention; shapes as in :func:`attnkit.attention`."""
-    if abs(problem.scale) < torch.finfo(torch.float32).tiny:
+    score_dtype = torch.float64 if problem.dtype == torch.float64 else torch.float32
+    if abs(problem.scale) < torch.finfo(score_dtype).tiny:
         q, problem = q * 0.0, dataclasses.replace(problem, scale=1.0)
     elif problem.scale < 0:
         k, problem = -k, dataclasses.replace(problem, scale=-problem.scale)

@@ -1,16 +1,21 @@
 """Shipped test utilities: input generation and the one tolerance rule every test uses.
 
-The tolerance rule (after FlashAttention's): a path's error against the float64 oracle may be
-at most ``factor`` times the error that the naive path makes in the same dtype, plus a floor:
+The tolerance rule (FlashAttention's): a path's error against the float64 oracle may be at most
+``factor`` times the error that the naive path makes in the same dtype, plus a floor:
 
     error(path) <= factor[quantity] * error(naive in dtype) + floor
 
-* ``factor`` is 2 for the output and 3 for gradients. Output: the fused paths keep scores in
-  float32 where the naive path rounds them to the input dtype, so they are normally *more*
-  accurate; 2x leaves room for a different summation order and for the P -> dtype cast before
-  P @ V. Gradients pass through two more matmuls (dS = P * (dP - delta), then dS @ K or
-  dS^T @ Q), each rounding in a different place than autograd's, and dK/dV also sum over the
-  query-head group, so they get 3x, as FlashAttention's own tests allow for some gradients.
+* The yardstick, the naive path in the input dtype, computes as an ideal fused kernel does and
+  as FlashAttention's low-precision reference does: scores and softmax in float32, the weights
+  rounded to the dtype before P @ V (:mod:`attnkit.reference`). A softmax in fp16/bf16 would be
+  2-4x less accurate (median; up to ~95x on large logits) and the same factors would admit that
+  much more error: ``python tools/yardstick.py`` measures it, docs/YARDSTICK.md has the table.
+* ``factor`` is 2 for the output and 3 for gradients. Output: 2x leaves room for a different
+  summation order (online softmax rescaling, blocked accumulation). Gradients pass through two
+  more matmuls (dS = P * (dP - delta), then dS @ K or dS^T @ Q), each rounding in a different
+  place than autograd's (fused kernels round dS to the dtype, autograd rounds dP), and dK/dV
+  also sum over the query-head group, so they get 3x, as FlashAttention's tests allow for some
+  gradients.
 * ``floor`` covers cases where the naive path happens to be (nearly) exact, e.g. N = 1, or a
   float64 run where the naive path *is* the oracle: one rounding of the result to the output
   dtype (``eps(dtype) * max|ref|``) plus the reordering error of the float32 (float64 for

@@ -6,7 +6,11 @@ Hypothesis profiles, chosen with the environment variable HYPOTHESIS_PROFILE:
                  run and bounded time on a 2-core CPU or a GPU runner, where shrinking a failure
                  through per-shape kernel compilation (cuDNN) can take many minutes; the failing
                  example is still printed in full (the default under CI=true).
-* ``dev``      — the default locally: random, a moderate number of examples.
+* ``dev``      — the default locally: random, a moderate number of examples. A failing example
+                 is saved in hypothesis' database at the repository root (``.hypothesis/``,
+                 wherever pytest is started) and replayed first on every later run until it
+                 passes: a local failure stays red until the bug is fixed. Clear it with
+                 ``rm -rf .hypothesis``; replay a whole run with ``--hypothesis-seed=<n>``.
 * ``thorough`` — many examples, for a GPU box or a nightly run.
 
 Tests run on ``ATTNKIT_TEST_DEVICE`` if set, else on CUDA when present, else on the CPU.
@@ -15,20 +19,26 @@ Tests run on ``ATTNKIT_TEST_DEVICE`` if set, else on CUDA when present, else on 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 import attnkit
 
+#: One database per checkout, not per working directory: pytest started from tests/ or from the
+#: root replays the same saved failures.
+_DATABASE = DirectoryBasedExampleDatabase(Path(__file__).resolve().parents[2] / ".hypothesis" / "examples")
 _COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
-_NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+_NO_SHRINK = [Phase.explicit, Phase.generate, Phase.target]
+# ci: no database, so a run is exactly the same examples anywhere, saved local failures aside.
 settings.register_profile(
-    "ci", max_examples=12, derandomize=True, phases=_NO_SHRINK, print_blob=True, **_COMMON
+    "ci", max_examples=12, derandomize=True, database=None, phases=_NO_SHRINK, print_blob=True, **_COMMON
 )
-settings.register_profile("dev", max_examples=40, print_blob=True, **_COMMON)
-settings.register_profile("thorough", max_examples=400, print_blob=True, **_COMMON)
+settings.register_profile("dev", max_examples=40, print_blob=True, database=_DATABASE, **_COMMON)
+settings.register_profile("thorough", max_examples=400, print_blob=True, database=_DATABASE, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 

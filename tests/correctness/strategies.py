@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -12,8 +13,10 @@ from attnkit.testing import LAYOUTS, MAGNITUDES, make_tensor
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-#: Head dims: powers of two, and the awkward ones real models use (24, 40, 80, 96, ...).
-HEAD_DIMS = (16, 24, 32, 40, 64, 80, 96, 128, 160, 256)
+#: Head dims: powers of two, the awkward ones real models use (24, 40, 80, 96, ...), and ones
+#: that are not multiples of 8 (3, 17, 59, 111: fp16 rows of 6, 34, 118, 222 bytes are not
+#: 16-byte aligned, the layout class that crashed Triton 3.6's causal forward before).
+HEAD_DIMS = (3, 16, 17, 24, 32, 40, 59, 64, 80, 96, 111, 128, 160, 256)
 
 
 @dataclass(frozen=True)
@@ -94,4 +97,24 @@ def problems(draw, *, max_len: int = 160, max_dim: int = 128, dtypes=DTYPES, max
         kv_layout=draw(st.sampled_from(LAYOUTS)),
         magnitude=draw(st.sampled_from(MAGNITUDES)),
         seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def fit_to_interpreter(problem: Problem) -> Problem:
+    """Shrink a problem for backends interpreted on the CPU, keeping its odd lengths odd and
+    its awkward head dims awkward (e.g. 129 -> 33, 80 -> 40, 111 -> 55)."""
+
+    def length(n: int) -> int:
+        return n if n <= 48 else 32 + n % 17
+
+    def dim(d: int) -> int:
+        return d if d <= 64 else max(16, d // 2 if d // 2 <= 64 else 64 - 8 * (d % 3))
+
+    return dataclasses.replace(
+        problem,
+        batch=1,
+        q_len=length(problem.q_len),
+        kv_len=length(problem.kv_len),
+        head_dim=dim(problem.head_dim),
+        value_dim=dim(problem.value_dim),
     )

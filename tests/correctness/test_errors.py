@@ -67,7 +67,7 @@ def _bad_inputs():
         TypeError,
         r"q: expected a floating dtype .*got torch.complex64",
     )
-    yield "empty", (q[:, :, :0], k, v), {}, ValueError, r"q: every dimension must be non-empty"
+    yield "no-kv-heads", (q, k[:, :0], v[:, :0]), {}, ValueError, r"GQA needs Hkv >= 1 and Hq % Hkv == 0"
     yield (
         "scale-nan",
         (q, k, v),
@@ -82,8 +82,20 @@ def _bad_inputs():
         ValueError,
         r"scale: expected a finite float, got inf",
     )
-    yield "scale-type", (q, k, v), {"scale": "0.5"}, TypeError, r"scale: expected a float or None, got str"
-    yield "causal-type", (q, k, v), {"causal": 1}, TypeError, r"causal: expected a bool, got int"
+    yield (
+        "scale-type",
+        (q, k, v),
+        {"scale": "0.5"},
+        TypeError,
+        r"scale: expected a real number or None, got str",
+    )
+    yield (
+        "causal-type",
+        (q, k, v),
+        {"causal": 1},
+        TypeError,
+        r"causal: expected a bool \(Python or NumPy\), got int",
+    )
     yield (
         "unknown-backend",
         (q, k, v),

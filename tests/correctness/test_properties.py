@@ -14,8 +14,7 @@ import torch
 from conftest import INTERPRETED, backend_params
 from hypothesis import given, reject
 from hypothesis import strategies as st
-from strategies import problems
-from test_equivalence import fit_to_interpreter
+from strategies import fit_to_interpreter, problems
 
 from attnkit import UnsupportedProblemError, attention
 from attnkit.inputs import check_inputs
@@ -110,12 +109,12 @@ def test_causal_first_row_is_first_value(backend, problem, device):
 @pytest.mark.parametrize("backend", backend_params())
 @given(problem=problems(max_len=96))
 def test_rows_that_see_no_key_are_zero_with_zero_gradient(backend, problem, device):
-    # At least one row sees no key: N > M, bottom-right aligned.
-    problem = dataclasses.replace(problem, causal=True, q_len=max(problem.q_len, problem.kv_len + 3))
     if backend in INTERPRETED:
         problem = fit_to_interpreter(problem)
+    # At least one row sees no key: N > M, bottom-right aligned.
+    problem = dataclasses.replace(problem, causal=True, q_len=max(problem.q_len, problem.kv_len + 3))
     q, k, v, grad_out = problem.tensors(device)
-    hidden_rows = max(0, problem.q_len - problem.kv_len)
+    hidden_rows = problem.q_len - problem.kv_len
     q = q.detach().requires_grad_()
     try:
         out = attention(q, k, v, causal=True, scale=problem.scale, backend=backend)
@@ -123,5 +122,8 @@ def test_rows_that_see_no_key_are_zero_with_zero_gradient(backend, problem, devi
         reject()  # this backend declines these inputs; draw another problem
     (dq,) = torch.autograd.grad(out, (q,), grad_out)
     assert torch.isfinite(out).all() and torch.isfinite(dq).all(), f"{backend}: NaN/inf with hidden rows"
-    assert (out[:, :, :hidden_rows] == 0).all(), f"{backend}: rows that see no key are not exactly 0"
-    assert (dq[:, :, :hidden_rows] == 0).all(), f"{backend}: rows that see no key get nonzero dq"
+    for name, x in (("output", out), ("dq", dq)):
+        largest = x[:, :, :hidden_rows].abs().max().item()
+        assert largest == 0, (
+            f"{backend}: the {hidden_rows} rows that see no key have {name} up to {largest:.3e}, not 0"
+        )

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"triton on {DE
 
 from attnkit.triton import AttentionConfig, KernelConfig, triton_attention  # noqa: E402
 from attnkit.triton.config import default_config, family_key, padded_dim  # noqa: E402
-from attnkit.triton.launch import LaunchSetup, attention_forward  # noqa: E402
+from attnkit.triton.launch import LaunchSetup, aligned_copy, attention_forward  # noqa: E402
 
 #: The forward's TMA-descriptor path runs on Hopper and in the interpreter, nowhere else.
 _TMA_UNAVAILABLE = torch.device(DEVICE).type == "cuda" and torch.cuda.get_device_capability(DEVICE)[0] != 9
@@ -154,18 +154,6 @@ def test_backward_is_bitwise_deterministic(causal):
         assert differing == 0, f"{name}: {differing} elements differ between two identical runs"
 
 
-def test_rows_that_see_no_key_are_zero_with_zero_gradient():
-    case = Case(q_len=40, kv_len=9, causal=True, dtype=torch.float16)
-    q, k, v, grad_out = case.tensors(seed=3)
-    q = q.requires_grad_()
-    out = attention(q, k, v, causal=True, backend="triton")
-    (dq,) = torch.autograd.grad(out, q, grad_out)
-    hidden = case.q_len - case.kv_len
-    assert torch.isfinite(out).all() and torch.isfinite(dq).all()
-    assert out[:, :, :hidden].abs().max().item() == 0.0
-    assert dq[:, :, :hidden].abs().max().item() == 0.0
-
-
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -200,7 +188,27 @@ def test_unsupported_problem_is_rejected_before_launch(dtype, head_dim, message)
         attention(q, q, q, backend="triton")
 
 
-def test_cpu_without_interpreter_says_what_is_missing(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+@pytest.mark.parametrize("variable", [None, "1"], ids=["unset", "set-after-import"])
+def test_cpu_without_interpreted_kernels_says_what_is_missing(monkeypatch, variable):
+    """Kernels compiled for a GPU (TRITON_INTERPRET unset at import) cannot run on the CPU,
+    whatever the variable says now; the reason says what to do."""
+    monkeypatch.setattr(attnkit.triton, "_KERNELS_INTERPRETED", False)
+    if variable is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_INTERPRET", variable)
     reason = attnkit.unavailable_reason("triton", "cpu")
-    assert reason is not None and "TRITON_INTERPRET=1" in reason
+    assert reason is not None and "TRITON_INTERPRET=1" in reason, f"unhelpful reason: {reason!r}"
+    assert "triton" not in attnkit.available_backends("cpu"), "listed triton although it cannot run"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("dim", [3, 17, 59, 111])
+def test_aligned_copy_pads_rows_to_16_bytes(dtype, dim):
+    """What the GPU launch copies an unaligned operand to: the same values, every outer stride a
+    multiple of 16 bytes even when a row of D values is not (59 fp16 values are 118 bytes)."""
+    x = torch.randn(2, 3, 10, dim).to(dtype)[:, :, ::2]
+    y = aligned_copy(x)
+    assert torch.equal(y, x), "aligned_copy changed values"
+    strides = [s * y.element_size() for s in y.stride()[:-1]]
+    assert y.stride(-1) == 1 and all(s % 16 == 0 for s in strides), f"byte strides {strides} for D={dim}"

@@ -23,7 +23,12 @@ from attnkit.errors import UnsupportedProblemError
 from attnkit.flash_autograd import flash_attention
 from attnkit.inputs import AttentionProblem
 from attnkit.triton.config import AttentionConfig, KernelConfig
+from attnkit.triton.forward_kernels import _attn_fwd_kernel
 from attnkit.triton.launch import LaunchSetup, attention_backward, attention_forward
+
+#: Whether @triton.jit built interpreter kernels: Triton reads TRITON_INTERPRET once, when the
+#: kernels are decorated (at import), so availability follows the kernels, not today's variable.
+_KERNELS_INTERPRETED = type(_attn_fwd_kernel).__name__ == "InterpretedFunction"
 
 MAX_HEAD_DIM = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -68,8 +73,13 @@ def triton_device_support(device: torch.device) -> str | None:
             return "CUDA is not available in this PyTorch build or machine"
         return None
     if device.type == "cpu":
-        if os.environ.get("TRITON_INTERPRET") == "1":
+        if _KERNELS_INTERPRETED:
             return None
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return (
+                "TRITON_INTERPRET=1 was set after attnkit was imported; Triton decides at import "
+                "whether kernels are interpreted: set it before importing attnkit"
+            )
         return "on the CPU the Triton kernels run only through the interpreter: set TRITON_INTERPRET=1"
     return f"Triton kernels run on CUDA devices (or the CPU interpreter), not on {device.type}"
 

@@ -95,14 +95,15 @@ class LaunchSetup:
         return all(_tma_layout_ok(x) for x in tensors)
 
     def tile_safe(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` itself, or a contiguous copy when its layout is one the kernels must not see:
+        """``x`` itself, or a copy when its layout is one the kernels must not see:
 
-        * a stride so large that in-tile int32 offsets could overflow;
+        * a stride so large that in-tile int32 offsets could overflow (contiguous copy);
         * on a GPU, a base or stride that is not a multiple of 16 bytes, or a last dim that is
-          not contiguous. Compiled with such strides, triton 3.6's causal forward faulted on
-          the H100 ("out-of-range shared address", V with Dv=16 and a 76-byte row stride);
-          16-byte aligned rows are also what vectorised loads need. Zero strides (expanded
-          tensors) are aligned and never copied.
+          not contiguous (copy with rows padded to 16 bytes, :func:`aligned_copy`, since a row
+          of D = 59 fp16 values is itself 118 bytes). Compiled with such strides, triton 3.6's
+          causal forward faulted on the H100 ("out-of-range shared address", V with Dv=16
+          and a 76-byte row stride); 16-byte aligned rows are also what vectorised loads
+          need. Zero strides (expanded tensors) are aligned and never copied.
 
         Everyday layouts (contiguous, (B, N, H, D) transposed, slices of whole rows) pass as they are.
         """
@@ -114,8 +115,19 @@ class LaunchSetup:
         if max(x.stride(2), x.stride(3)) * largest_block >= _INT32_LIMIT:
             return x.contiguous()
         if x.device.type == "cuda" and not _aligned_rows(x):
-            return x.contiguous()
+            return aligned_copy(x)
         return x
+
+
+def aligned_copy(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` (any shape) whose rows start on 16-byte boundaries: stored with the last
+    dim padded to a multiple of 16 bytes, viewed back to ``x``'s shape. A plain contiguous copy
+    is not enough when the row itself is not a multiple of 16 bytes (D = 59 in fp16: 118 bytes)."""
+    per_16_bytes = max(1, 16 // x.element_size())
+    width = -(-x.shape[-1] // per_16_bytes) * per_16_bytes
+    view = x.new_empty(*x.shape[:-1], width)[..., : x.shape[-1]]
+    view.copy_(x)
+    return view
 
 
 def _aligned_rows(x: torch.Tensor) -> bool:
