@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnkit.flash_autograd import flash_attention
+from attnkit.flash_autograd import PATHS, flash_attention
 from attnkit.inputs import AttentionProblem
 
 
@@ -69,7 +69,12 @@ class TiledImplementation:
     """Forward and backward loops; see :class:`attnkit.flash_autograd.FlashImplementation`."""
 
     def __init__(self, config: TiledConfig | None = None) -> None:
+        self.op_name = "tiled" if config is None else None
         self.config = config or TiledConfig()
+
+    @staticmethod
+    def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+        return accumulator_dtype(dtype)
 
     def _group_view(self, x: torch.Tensor, problem: AttentionProblem) -> torch.Tensor:
         # (B, Hq, N, X) -> (B, Hkv, G, N, X); splitting one dimension is always a view.
@@ -129,8 +134,8 @@ class TiledImplementation:
 
         # Pass 1, dK and dV: each key block owns its gradient; loop over the query blocks that
         # see it and sum over the query-head group.
-        dk = torch.empty_like(k)
-        dv = torch.empty_like(v)
+        dk = k.new_empty(k.shape)
+        dv = v.new_empty(v.shape)
         for n0 in range(0, p.kv_len, cfg.block_n):
             n1 = min(n0 + cfg.block_n, p.kv_len)
             dk_tile = torch.zeros(p.batch, p.kv_heads, n1 - n0, p.head_dim, dtype=acc, device=q.device)
@@ -145,7 +150,7 @@ class TiledImplementation:
             dv[:, :, n0:n1] = dv_tile.to(v.dtype)
 
         # Pass 2, dQ: each query block owns its gradient; loop over the keys it sees.
-        dq = torch.empty_like(q)
+        dq = q.new_empty(q.shape)
         dq_g = self._group_view(dq, p)
         for m0 in range(0, p.q_len, cfg.block_m):
             m1 = min(m0 + cfg.block_m, p.q_len)
@@ -167,3 +172,6 @@ def tiled_attention(
 ) -> torch.Tensor:
     """Tiled FlashAttention-2 with a recomputing backward. Shapes as in :func:`attnkit.attention`."""
     return flash_attention(TiledImplementation(config), q, k, v, problem)
+
+
+PATHS["tiled"] = TiledImplementation
