@@ -81,7 +81,7 @@ def _aligned_for_fused_kernels(x: torch.Tensor) -> torch.Tensor:
 
     Under torch.compile the tensors are symbolic (no data pointer); Inductor's SDPA lowering
     enforces the same 16-byte alignment itself."""
-    if x.device.type != "cuda" or torch.compiler.is_compiling():
+    if not x.is_cuda or torch.compiler.is_compiling():
         return x
     if x.data_ptr() % 16:
         return x.contiguous()

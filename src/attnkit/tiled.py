@@ -4,9 +4,16 @@ This is the readable twin of the Triton kernels: the same loops, the same online
 same causal block bounds and the same two-pass backward (a dK/dV pass over key blocks, a dQ
 pass over query blocks). Each loop iteration is vectorised over batch and heads.
 
-Memory: besides inputs and outputs it keeps the log-sum-exp (O(N)) and one
-(B, H, block_m, block_n) score tile at a time, so peak extra memory grows O(N * D), never
-O(N^2), in forward and backward.
+Tile sizes come from a memory budget (:func:`tile_shape`), not a fixed block: a tile holds at
+most as many scores per head as one head of q or k holds values, ``block_m * block_n <=
+max(N, M) * max(D, Dv)``. Big tiles are what make this path usable: each loop iteration is a
+handful of large batched matmuls and elementwise ops instead of thousands of small launches.
+
+Workspace bound: besides inputs and outputs it keeps the log-sum-exp (O(N)) and, at any time,
+a few (about six: scores, probabilities, their gradient and masked copies) (B, Hq, block_m,
+block_n) tiles in the accumulator dtype, each no larger than q or k upcast to it. Peak extra
+memory is therefore a small constant times the inputs' size: O(N * D), never O(N^2), in
+forward and backward.
 
 GQA: q is viewed as (B, Hkv, G, N, D), so one key/value block serves its whole query-head
 group and dK/dV are summed over the group, as the kernels do.
@@ -24,16 +31,41 @@ from attnkit.inputs import AttentionProblem
 
 @dataclass(frozen=True)
 class TiledConfig:
-    """Tile sizes of the tiled path (query rows and key columns per tile)."""
+    """Tile sizes of the tiled path (query rows and key columns per tile); None: sized to the
+    memory budget by :func:`tile_shape`."""
 
-    block_m: int = 128
-    block_n: int = 128
+    block_m: int | None = None
+    block_n: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"TiledConfig.{name}: expected a positive int, got {value!r}")
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"TiledConfig.{name}: expected a positive int or None, got {value!r}")
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (max(1, n) - 1).bit_length()
+
+
+def tile_shape(problem: AttentionProblem, config: TiledConfig | None = None) -> tuple[int, int]:
+    """(block_m, block_n): the configured sizes, or the largest powers of two whose tile fits
+    the budget ``block_m * block_n <= max(N, M) * max(D, Dv)`` (see the module docstring),
+    square-ish with the query side larger, and no larger than the problem."""
+    config = config or TiledConfig()
+    p = problem
+    budget = max(p.q_len, p.kv_len) * max(p.head_dim, p.value_dim)
+    rows_cap, cols_cap = _pow2_ceil(p.q_len), _pow2_ceil(p.kv_len)
+    side = _pow2_floor(int(budget**0.5))
+    block_m = config.block_m or min(rows_cap, side * 2 if side * side * 2 <= budget else side)
+    block_n = config.block_n or min(cols_cap, _pow2_floor(budget // block_m))
+    if config.block_m is None:  # keys capped by a short M: give the rows what is left
+        block_m = min(rows_cap, max(block_m, _pow2_floor(budget // block_n)))
+    return block_m, block_n
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -81,7 +113,7 @@ class TiledImplementation:
         return x.unflatten(1, (problem.kv_heads, problem.group_size))
 
     def forward(self, q, k, v, problem):
-        p, cfg = problem, self.config
+        p, cfg = problem, TiledConfig(*tile_shape(problem, self.config))
         acc = accumulator_dtype(p.dtype)
         qg = self._group_view(q, p)
         out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=q.device)
@@ -114,7 +146,7 @@ class TiledImplementation:
         return out, lse.flatten(1, 2)
 
     def backward(self, grad_out, q, k, v, out, lse, problem):
-        p, cfg = problem, self.config
+        p, cfg = problem, TiledConfig(*tile_shape(problem, self.config))
         acc = accumulator_dtype(p.dtype)
         qg, dog = self._group_view(q, p), self._group_view(grad_out, p)
         lse_g = lse.unflatten(1, (p.kv_heads, p.group_size))
