@@ -86,12 +86,19 @@ def _checked_problem(q, k, v, causal, scale) -> AttentionProblem:
     return problem
 
 
+@torch.compiler.assume_constant_result
+def _device_reason(backend: str, device: torch.device) -> str | None:
+    """Why ``backend`` cannot run on ``device``. A constant to torch.compile: the answer reads
+    the environment and the CUDA/cuDNN builds, which the compiler cannot trace."""
+    return get_backend(backend).device_support(device)
+
+
 def _plan(backend: str, problem: AttentionProblem):
     """The function that runs ``problem`` on ``backend``, or the error saying why it cannot."""
     if backend == "auto":
         return _run_auto
     chosen = get_backend(backend)
-    reason = chosen.device_support(problem.device)
+    reason = _device_reason(backend, problem.device)
     if reason is not None:
         raise BackendUnavailableError(f"backend {backend!r} is unavailable: {reason}")
     reason = chosen.problem_support(problem)
@@ -107,7 +114,7 @@ def _run_auto(q, k, v, problem):
             candidate = get_backend(name)
         except ValueError:
             continue  # not registered in this build (e.g. no triton installed)
-        reason = candidate.device_support(problem.device) or candidate.problem_support(problem)
+        reason = _device_reason(name, problem.device) or candidate.problem_support(problem)
         if reason is None:
             try:
                 return candidate.run(q, k, v, problem)
