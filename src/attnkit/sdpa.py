@@ -103,16 +103,17 @@ def _backend_flags():
     ``torch.nn.attention.sdpa_kernel`` flips, without its ~20 us of generator and list work per
     call (measured on CPU, torch 2.13)."""
     names = getattr(torch.nn.attention, "_backend_names", None)
-    if names is None:
-        return None
-    return tuple(
-        (
-            getattr(torch._C, f"_get_{flag}_sdp_enabled"),
-            getattr(torch._C, f"_set_sdp_use_{flag}"),
-            getattr(SDPBackend, member),
+    try:
+        return tuple(
+            (
+                getattr(torch._C, f"_get_{flag}_sdp_enabled"),
+                getattr(torch._C, f"_set_sdp_use_{flag}"),
+                getattr(SDPBackend, member),
+            )
+            for flag, member in names.items()
         )
-        for flag, member in names.items()
-    )
+    except (AttributeError, TypeError):  # private names moved: fall back to sdpa_kernel
+        return None
 
 
 _FLAGS = _backend_flags()
