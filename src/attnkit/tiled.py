@@ -94,7 +94,7 @@ def _mask_tile(scores: torch.Tensor, problem: AttentionProblem, row0: int, col0:
         return scores
     r = torch.arange(row0, row0 + rows, device=scores.device)[:, None]
     c = torch.arange(col0, col0 + cols, device=scores.device)[None, :]
-    return scores.masked_fill(c > r + problem.causal_offset, float("-inf"))
+    return scores.masked_fill_(c > r + problem.causal_offset, float("-inf"))
 
 
 class TiledImplementation:
@@ -121,7 +121,8 @@ class TiledImplementation:
         lse = torch.empty(p.batch, p.kv_heads, p.group_size, p.q_len, dtype=acc, device=q.device)
         for m0 in range(0, p.q_len, cfg.block_m):
             m1 = min(m0 + cfg.block_m, p.q_len)
-            q_tile = qg[..., m0:m1, :].to(acc)
+            # The scale is folded into q (N x D multiplies, not N x M), as the kernels fold it.
+            q_tile = qg[..., m0:m1, :].to(acc) * p.scale
             row_max = torch.full(q_tile.shape[:-1], float("-inf"), dtype=acc, device=q.device)
             row_sum = torch.zeros_like(row_max)
             acc_tile = torch.zeros(*q_tile.shape[:-1], p.value_dim, dtype=acc, device=q.device)
@@ -129,12 +130,12 @@ class TiledImplementation:
                 n1 = min(n0 + cfg.block_n, p.kv_len)
                 k_tile = k[:, :, None, n0:n1, :].to(acc)
                 v_tile = v[:, :, None, n0:n1, :].to(acc)
-                scores = _mask_tile(q_tile @ k_tile.transpose(-1, -2) * p.scale, p, m0, n0)
+                scores = _mask_tile(q_tile @ k_tile.transpose(-1, -2), p, m0, n0)
                 new_max = torch.maximum(row_max, scores.amax(dim=-1))
                 # Rows that have seen no key yet keep max -inf; shifting by 0 instead keeps
                 # exp() finite (exp(-inf) = 0) rather than producing inf - inf = NaN.
                 shift = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
-                probs = torch.exp(scores - shift[..., None])
+                probs = scores.sub_(shift[..., None]).exp_()  # in place: tiles are the workspace
                 rescale = torch.exp(row_max - shift)
                 row_sum = row_sum * rescale + probs.sum(dim=-1)
                 acc_tile = acc_tile * rescale[..., None] + probs @ v_tile
@@ -157,11 +158,13 @@ class TiledImplementation:
             """Recompute the probabilities of one tile from the saved log-sum-exp."""
             q_tile = qg[..., m0:m1, :].to(acc)
             k_tile = k[:, :, None, n0:n1, :].to(acc)
-            scores = _mask_tile(q_tile @ k_tile.transpose(-1, -2) * p.scale, p, m0, n0)
-            probs = torch.exp(scores - lse_g[..., m0:m1, None])
+            scores = _mask_tile((q_tile * p.scale) @ k_tile.transpose(-1, -2), p, m0, n0)
+            probs = scores.sub_(lse_g[..., m0:m1, None]).exp_()
             do_tile = dog[..., m0:m1, :].to(acc)
             dprobs = do_tile @ v[:, :, None, n0:n1, :].to(acc).transpose(-1, -2)
-            dscores = probs * (dprobs - delta[..., m0:m1, None]) * p.scale
+            # dS / scale: the scale multiplies the finished dK and dQ blocks instead (D columns,
+            # not M), as in the kernels.
+            dscores = dprobs.sub_(delta[..., m0:m1, None]).mul_(probs)
             return q_tile, k_tile, probs, do_tile, dscores
 
         # Pass 1, dK and dV: each key block owns its gradient; loop over the query blocks that
@@ -178,7 +181,7 @@ class TiledImplementation:
                 q_tile, _, probs, do_tile, dscores = tile(m0, m1, n0, n1)
                 dv_tile += (probs.transpose(-1, -2) @ do_tile).sum(dim=2)
                 dk_tile += (dscores.transpose(-1, -2) @ q_tile).sum(dim=2)
-            dk[:, :, n0:n1] = dk_tile.to(k.dtype)
+            dk[:, :, n0:n1] = (dk_tile * p.scale).to(k.dtype)
             dv[:, :, n0:n1] = dv_tile.to(v.dtype)
 
         # Pass 2, dQ: each query block owns its gradient; loop over the keys it sees.
@@ -191,7 +194,7 @@ class TiledImplementation:
                 n1 = min(n0 + cfg.block_n, p.kv_len)
                 _, k_tile, _, _, dscores = tile(m0, m1, n0, n1)
                 dq_tile += dscores @ k_tile
-            dq_g[..., m0:m1, :] = dq_tile.to(q.dtype)
+            dq_g[..., m0:m1, :] = (dq_tile * p.scale).to(q.dtype)
         return dq, dk, dv
 
 
