@@ -44,11 +44,11 @@ RAW_KERNELS = {
 }
 
 
-def _paths(size_name: str) -> dict:
+def _paths(size_name: str, device: torch.device) -> dict:
     """name -> (function(q, k, v) -> out, context manager factory or None)."""
     paths = {}
     for name in ["triton", "sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"]:
-        if name in attnkit.available_backends("cuda"):
+        if name in attnkit.available_backends(device):
             paths[name] = (lambda q, k, v, b=name: attention(q, k, v, causal=True, backend=b), None)
     if size_name == "B1-H8-N128-D64":
         paths["tiled"] = (lambda q, k, v: attention(q, k, v, causal=True, backend="tiled"), None)
@@ -72,13 +72,18 @@ def _step(fn, q, k, v, grad):
     return lambda: fn(q, k, v).backward(grad)
 
 
-def _host_and_wall(step, calls: int) -> tuple[float, float]:
-    torch.cuda.synchronize()
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _host_and_wall(step, calls: int, device: torch.device) -> tuple[float, float]:
+    _sync(device)
     start = time.perf_counter()
     for _ in range(calls):
         step()
     issued = time.perf_counter()
-    torch.cuda.synchronize()
+    _sync(device)
     done = time.perf_counter()
     return (issued - start) / calls * 1e6, (done - start) / calls * 1e6
 
@@ -97,22 +102,22 @@ def _gpu_us(step, calls: int) -> float:
     return total / calls
 
 
-def measure(size_name: str, shape, passes, calls: int, repeats: int) -> list[dict]:
+def measure(size_name: str, shape, passes, calls: int, repeats: int, device: torch.device) -> list[dict]:
     b, h, n, d = shape
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
     rows = []
     for pass_name in passes:
         backward = pass_name == "fwd+bwd"
         q, k, v = (
-            torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(
+            torch.randn(b, h, n, d, device=device, dtype=torch.bfloat16, generator=gen).requires_grad_(
                 backward
             )
             for _ in range(3)
         )
         grad = (
-            torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) if backward else None
+            torch.randn(b, h, n, d, device=device, dtype=torch.bfloat16, generator=gen) if backward else None
         )
-        for name, (fn, ctx) in _paths(size_name).items():
+        for name, (fn, ctx) in _paths(size_name, device).items():
             if backward and name == "triton-op":
                 continue
             row = {"size": size_name, "pass": pass_name, "path": name}
@@ -121,13 +126,15 @@ def measure(size_name: str, shape, passes, calls: int, repeats: int) -> list[dic
                     step = _step(fn, q, k, v, grad)
                     for _ in range(10):  # compile, autotune caches, allocator pools
                         step()
-                    samples = [_host_and_wall(step, calls) for _ in range(repeats)]
+                    samples = [_host_and_wall(step, calls, device) for _ in range(repeats)]
                     row["host_us"] = min(s[0] for s in samples)
                     row["wall_us"] = min(s[1] for s in samples)
-                    row["gpu_us"] = _gpu_us(step, max(5, calls // 10))
+                    row["gpu_us"] = (
+                        _gpu_us(step, max(5, calls // 10)) if device.type == "cuda" else float("nan")
+                    )
             except (RuntimeError, NotImplementedError, ValueError) as err:
                 row["error"] = str(err).splitlines()[0][:160]
-                torch.cuda.synchronize()
+                _sync(device)
             rows.append(row)
     return rows
 
@@ -169,13 +176,19 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--calls", type=int, default=200, help="calls per timed loop")
     parser.add_argument("--repeats", type=int, default=5, help="timed loops per row (the minimum is kept)")
+    parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated subset of {list(SIZES)}")
+    parser.add_argument(
+        "--device", default="cuda", help="cuda (the measurement); cpu only smoke-tests the script"
+    )
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("per_call_cost.py measures GPU launches: run it on a CUDA machine")
     rows = []
-    for size_name, shape in SIZES.items():
+    for size_name in args.sizes.split(","):
+        shape = SIZES[size_name]
         calls = args.calls if shape[2] <= 128 else max(20, args.calls // 5)
-        rows += measure(size_name, shape, ("fwd", "fwd+bwd"), calls, args.repeats)
+        rows += measure(size_name, shape, ("fwd", "fwd+bwd"), calls, args.repeats, device)
     print(f"{'size':<20} {'pass':<8} {'path':<15} {'host_us':>9} {'wall_us':>9} {'gpu_us':>9}")
     for r in rows:
         if "error" in r:
@@ -188,7 +201,7 @@ def main() -> None:
     verdicts = targets(rows)
     print("\n".join(verdicts))
     report = {
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "python": platform.python_version(),
         "commit": _commit(),
