@@ -25,6 +25,12 @@ from attnkit.triton.forward_kernels import _attn_fwd_kernel
 #: Host-side TMA descriptors arrived in triton 3.4; older versions keep the pointer path.
 _HAS_DESCRIPTORS = importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
 
+#: Problems with fewer (query, key) score pairs than this (B * Hq * N * M) keep K and V on
+#: pointers: their forward runs in tens of microseconds, about what building two TMA
+#: descriptors and encoding them at launch costs the host, so descriptors would only add
+#: host time to calls that are host-bound already (B=1 H=8 N=M=128 has 2**17 pairs).
+TMA_MIN_SCORES = 2**24
+
 #: Offsets inside one tile are int32: row stride x block rows must stay below this.
 _INT32_LIMIT = 2**31
 
@@ -91,6 +97,7 @@ class LaunchSetup:
                 and p.dtype in (torch.float16, torch.bfloat16)
                 and _HAS_DESCRIPTORS
                 and _capability(p.device)[0] == 9
+                and p.batch * p.q_heads * p.q_len * p.kv_len >= TMA_MIN_SCORES
             ),
         )
 
@@ -109,7 +116,8 @@ class LaunchSetup:
 
     def use_tma(self, *tensors: torch.Tensor) -> bool:
         """Whether the forward can read ``tensors`` (K and V) through TMA tensor descriptors:
-        16-bit inputs on Hopper (where it is measured faster), a contiguous last dim, and
+        16-bit inputs on Hopper (where it is measured faster), at least
+        :data:`TMA_MIN_SCORES` score pairs, a contiguous last dim, and
         16-byte aligned base and strides (the copy engine's rules; a zero stride, as an
         expanded tensor has, is left to the pointer path). Elsewhere the pointer path runs."""
         return self.tma_possible and all(_tma_layout_ok(x) for x in tensors)
