@@ -135,22 +135,45 @@ def _sdpa(q, k, v, scale, is_causal, backend):
             set_enabled(was)
 
 
+#: Signatures (backend, problem, is_causal) SDPA has already run: their calls skip recording
+#: warnings (~5 us). A new signature runs once under ``catch_warnings``, so a kernel that
+#: declines it explains why in attnkit's error and prints no stray warnings. Bounded.
+_ACCEPTED: set[tuple] = set()
+
+
+def _declined(name, problem, err, caught) -> UnsupportedProblemError:
+    reasons = "; ".join(str(w.message).strip() for w in caught) or str(err)
+    return UnsupportedProblemError(
+        f"backend {name!r} cannot run {problem.describe()} on {problem.device}: {reasons}"
+    )
+
+
 def _call_sdpa(name, q, k, v, problem, is_causal):
     backend = SDPA_BACKENDS[name]
     q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
-    try:
+    if torch.compiler.is_compiling():  # a traced graph has no warnings to record
         return _sdpa(q, k, v, problem.scale, is_causal, backend)
-    except RuntimeError as err:
-        # PyTorch gives its reasons only as warnings. Recording them on every call costs ~5 us, so
-        # they are gathered only on failure, by running the (failing) selection once more.
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with contextlib.suppress(RuntimeError):
-                _sdpa(q, k, v, problem.scale, is_causal, backend)
-        reasons = "; ".join(str(w.message).strip() for w in caught) or str(err)
-        raise UnsupportedProblemError(
-            f"backend {name!r} cannot run {problem.describe()} on {problem.device}: {reasons}"
-        ) from err
+    key = (name, problem, is_causal)
+    if key in _ACCEPTED:
+        try:
+            return _sdpa(q, k, v, problem.scale, is_causal, backend)
+        except RuntimeError as err:  # the same shapes in another layout: gather the reasons
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with contextlib.suppress(RuntimeError):
+                    _sdpa(q, k, v, problem.scale, is_causal, backend)
+            raise _declined(name, problem, err, caught) from err
+    # PyTorch gives its reasons for declining only as warnings.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out = _sdpa(q, k, v, problem.scale, is_causal, backend)
+        except RuntimeError as err:
+            raise _declined(name, problem, err, caught) from err
+    if len(_ACCEPTED) >= 4096:
+        _ACCEPTED.clear()
+    _ACCEPTED.add(key)
+    return out
 
 
 def sdpa_attention(
