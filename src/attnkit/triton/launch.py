@@ -12,7 +12,7 @@ import functools
 import importlib.util
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -69,6 +69,8 @@ class LaunchSetup:
     stride_limit: int = _INT32_LIMIT
     #: The device and dtype allow TMA descriptors (the layout is checked per call).
     tma_possible: bool = False
+    #: Keyword arguments (constexprs, warps, stages) of each launch, built once.
+    kernel_kwargs: dict = field(default_factory=dict, compare=False)
 
     @classmethod
     def build(cls, problem: AttentionProblem, config: AttentionConfig | None = None) -> LaunchSetup:
@@ -80,7 +82,7 @@ class LaunchSetup:
             config.fwd.block_m, config.fwd.block_n, config.dkdv.block_m, config.dkdv.block_n,
             config.dq.block_m, config.dq.block_n, head_pad, value_pad,
         )  # fmt: skip
-        return cls(
+        setup = cls(
             problem=p,
             config=config,
             head_pad=head_pad,
@@ -100,6 +102,13 @@ class LaunchSetup:
                 and p.batch * p.q_heads * p.q_len * p.kv_len >= TMA_MIN_SCORES
             ),
         )
+        for name in ("fwd", "dkdv", "dq"):
+            cfg = getattr(config, name)
+            setup.kernel_kwargs[name] = dict(
+                setup.constants(cfg.block_m, cfg.block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages
+            )
+        setup.kernel_kwargs["fwd"]["NEGATE_Q"] = setup.qk_scale < 0
+        return setup
 
     def constants(self, block_m: int, block_n: int) -> dict:
         p = self.problem
@@ -224,46 +233,45 @@ def attention_forward(
     _attn_fwd_kernel[setup.fwd_grid](
         q, k_arg, v_arg, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *setup.sizes, abs(setup.qk_scale),
-        **setup.constants(cfg.block_m, cfg.block_n), TMA=tma, NEGATE_Q=setup.qk_scale < 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **setup.kernel_kwargs["fwd"], TMA=tma,
     )  # fmt: skip
     return out, lse
 
 
 def bwd_preprocess(setup: LaunchSetup, out: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
     """delta = rowsum(dO * O): (B, Hq, N) float32."""
-    p, cfg = setup.problem, setup.config.dq
+    p = setup.problem
     delta = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=out.device)
     _attn_bwd_preprocess[setup.dq_grid](
         out, grad_out, delta, *out.stride(), *grad_out.stride(), p.q_len, p.q_heads,
-        VALUE_DIM=p.value_dim, VALUE_PAD=setup.value_pad, BLOCK_M=cfg.block_m, num_warps=4,
+        VALUE_DIM=p.value_dim, VALUE_PAD=setup.value_pad, BLOCK_M=setup.config.dq.block_m, num_warps=4,
     )  # fmt: skip
     return delta
 
 
 def bwd_dkdv(setup: LaunchSetup, q, k, v, grad_out, lse, delta) -> tuple[torch.Tensor, torch.Tensor]:
     """dk (B, Hkv, M, D) and dv (B, Hkv, M, Dv), each summed over the query-head group."""
-    p, cfg = setup.problem, setup.config.dkdv
+    p = setup.problem
     dk = torch.empty(p.batch, p.kv_heads, p.kv_len, p.head_dim, dtype=p.dtype, device=q.device)
     dv = torch.empty(p.batch, p.kv_heads, p.kv_len, p.value_dim, dtype=p.dtype, device=q.device)
     _attn_bwd_dkdv_kernel[setup.dkdv_grid](
         q, k, v, grad_out, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
         *setup.sizes, setup.qk_scale, p.scale,
-        **setup.constants(cfg.block_m, cfg.block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **setup.kernel_kwargs["dkdv"],
     )  # fmt: skip
     return dk, dv
 
 
 def bwd_dq(setup: LaunchSetup, q, k, v, grad_out, lse, delta) -> torch.Tensor:
     """dq (B, Hq, N, D)."""
-    p, cfg = setup.problem, setup.config.dq
+    p = setup.problem
     dq = torch.empty(p.batch, p.q_heads, p.q_len, p.head_dim, dtype=p.dtype, device=q.device)
     _attn_bwd_dq_kernel[setup.dq_grid](
         q, k, v, grad_out, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
         *setup.sizes, setup.qk_scale, p.scale,
-        **setup.constants(cfg.block_m, cfg.block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **setup.kernel_kwargs["dq"],
     )  # fmt: skip
     return dq
 
