@@ -9,11 +9,12 @@ most as many scores per head as one head of q or k holds values, ``block_m * blo
 max(N, M) * max(D, Dv)``. Big tiles are what make this path usable: each loop iteration is a
 handful of large batched matmuls and elementwise ops instead of thousands of small launches.
 
-Workspace bound: besides inputs and outputs it keeps the log-sum-exp (O(N)) and, at any time,
-a few (about six: scores, probabilities, their gradient and masked copies) (B, Hq, block_m,
-block_n) tiles in the accumulator dtype, each no larger than q or k upcast to it. Peak extra
-memory is therefore a small constant times the inputs' size: O(N * D), never O(N^2), in
-forward and backward.
+Workspace bound: besides inputs, outputs and the log-sum-exp (O(N)), at most two
+(B, Hq, block_m, block_n) tiles in the accumulator dtype are alive at a time (the scores,
+turned into probabilities in place, and in the backward their gradient, computed in place
+too), plus a boolean (block_m, block_n) mask on diagonal tiles and O(block * D) row blocks.
+Each tile is no larger than q (or k) upcast to the accumulator dtype, so the workspace is at
+most about twice that: O(N * D), never O(N^2), in forward and backward.
 
 GQA: q is viewed as (B, Hkv, G, N, D), so one key/value block serves its whole query-head
 group and dK/dV are summed over the group, as the kernels do.
