@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
-from attnkit.inputs import check_inputs
+from attnkit.inputs import AttentionProblem, check_inputs
 from attnkit.reference import degenerate_attention
 from attnkit.registry import auto_skip_reason, get_backend, unavailable_reason
 
@@ -43,21 +43,73 @@ def attention(
         BackendUnavailableError (a ValueError): the backend cannot run on this device/build.
         UnsupportedProblemError (a NotImplementedError): the backend cannot take these inputs.
     """
-    problem = check_inputs(q, k, v, causal, scale)
+    if torch.compiler.is_compiling():  # traced once: the plain checks, no host-side caches
+        problem = check_inputs(q, k, v, causal, scale)
+        return _plan(backend, problem)(q, k, v, problem)
+    problem = _checked_problem(q, k, v, causal, scale)
+    key = (backend, problem)
+    run = _PLANS.get(key)
+    if run is None:
+        run = _plan(backend, problem)
+        if len(_PLANS) >= _CACHE_SIZE:
+            _PLANS.clear()
+        _PLANS[key] = run
+    return run(q, k, v, problem)
+
+
+#: Host-side memo of what depends only on a call's signature: the validated problem, and the
+#: backend's run function once its support checks passed. A call with a known signature pays
+#: one tuple and two dict lookups (~2 us on CPU) instead of the checks (~10 us). Bounded:
+#: cleared when full. Backend availability is therefore decided once per signature.
+_CACHE_SIZE = 4096
+_PROBLEMS: dict[tuple, AttentionProblem] = {}
+_PLANS: dict[tuple, object] = {}
+
+
+def _checked_problem(q, k, v, causal, scale) -> AttentionProblem:
+    """:func:`check_inputs`, memoised on everything it reads. Only tensors and a bool causal
+    with a None/float scale are looked up; anything else goes straight to the checks, which
+    raise the right error."""
+    if not (
+        isinstance(q, torch.Tensor)
+        and isinstance(k, torch.Tensor)
+        and isinstance(v, torch.Tensor)
+        and type(causal) is bool
+        # |scale| > 1 is checked against the data (overflowing scores), so never memoised.
+        and (scale is None or (type(scale) is float and abs(scale) <= 1.0))
+    ):
+        return check_inputs(q, k, v, causal, scale)
+    key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, scale)
+    problem = _PROBLEMS.get(key)
+    if problem is None:
+        problem = check_inputs(q, k, v, causal, scale)
+        if len(_PROBLEMS) >= _CACHE_SIZE:
+            _PROBLEMS.clear()
+        _PROBLEMS[key] = problem
+    return problem
+
+
+@torch.compiler.assume_constant_result
+def _device_reason(backend: str, device: torch.device) -> str | None:
+    """Why ``backend`` cannot run on ``device``. A constant to torch.compile: the answer reads
+    the environment and the CUDA/cuDNN builds, which the compiler cannot trace."""
+    return get_backend(backend).device_support(device)
+
+
+def _plan(backend: str, problem: AttentionProblem):
+    """The function that runs ``problem`` on ``backend``, or the error saying why it cannot."""
     if backend == "auto":
-        return (
-            degenerate_attention(q, k, v, problem) if problem.is_degenerate else _run_auto(q, k, v, problem)
-        )
+        return degenerate_attention if problem.is_degenerate else _run_auto
     chosen = get_backend(backend)
-    reason = chosen.device_support(problem.device)
+    reason = _device_reason(backend, problem.device)
     if reason is not None:
         raise BackendUnavailableError(f"backend {backend!r} is unavailable: {reason}")
     reason = chosen.problem_support(problem)
     if reason is not None:
         raise UnsupportedProblemError(f"backend {backend!r} does not support {problem.describe()}: {reason}")
     if problem.is_degenerate:  # a zero-size dimension: one answer for every path (README)
-        return degenerate_attention(q, k, v, problem)
-    return chosen.run(q, k, v, problem)
+        return degenerate_attention
+    return chosen.run
 
 
 def _run_auto(q, k, v, problem):
@@ -69,7 +121,7 @@ def _run_auto(q, k, v, problem):
             continue  # not registered in this build (e.g. no triton installed)
         reason = (
             auto_skip_reason(name, problem.device)
-            or candidate.device_support(problem.device)
+            or _device_reason(name, problem.device)
             or candidate.problem_support(problem)
         )
         if reason is None:

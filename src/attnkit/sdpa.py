@@ -27,6 +27,7 @@ Two translations are needed:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 
@@ -78,41 +79,103 @@ def _square_causal_operands(q, problem: AttentionProblem):
 
 
 def _aligned_for_fused_kernels(x: torch.Tensor) -> torch.Tensor:
-    """``x``, or a contiguous copy if its layout would misalign CUDA fused kernels' loads."""
-    if x.device.type != "cuda":
+    """``x``, or a contiguous copy if its layout would misalign CUDA fused kernels' loads.
+
+    Under torch.compile the tensors are symbolic (no data pointer); Inductor's SDPA lowering
+    enforces the same 16-byte alignment itself."""
+    if not x.is_cuda or torch.compiler.is_compiling():
         return x
-    item = x.element_size()
-    aligned = (
-        x.stride(-1) == 1
-        and x.data_ptr() % 16 == 0
-        and all(
-            (stride * item) % 16 == 0
-            for stride, size in zip(x.stride()[:-1], x.shape[:-1], strict=True)
-            if size > 1
+    if x.data_ptr() % 16:
+        return x.contiguous()
+    if x.is_contiguous():  # the everyday case: one C++ call instead of the stride walk below
+        return (
+            x if (x.shape[-1] * x.element_size()) % 16 == 0 or x.shape[:-1].numel() == 1 else x.contiguous()
         )
+    item = x.element_size()
+    aligned = x.stride(-1) == 1 and all(
+        (stride * item) % 16 == 0
+        for stride, size in zip(x.stride()[:-1], x.shape[:-1], strict=True)
+        if size > 1
     )
     return x if aligned else x.contiguous()
+
+
+def _backend_flags():
+    """(getter, setter, backend) of each SDPA enable-flag, looked up once: the same switches
+    ``torch.nn.attention.sdpa_kernel`` flips, without its ~20 us of generator and list work per
+    call (measured on CPU, torch 2.13)."""
+    names = getattr(torch.nn.attention, "_backend_names", None)
+    try:
+        return tuple(
+            (
+                getattr(torch._C, f"_get_{flag}_sdp_enabled"),
+                getattr(torch._C, f"_set_sdp_use_{flag}"),
+                getattr(SDPBackend, member),
+            )
+            for flag, member in names.items()
+        )
+    except (AttributeError, TypeError):  # private names moved: fall back to sdpa_kernel
+        return None
+
+
+_FLAGS = _backend_flags()
+
+
+def _sdpa(q, k, v, scale, is_causal, backend):
+    if backend is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+    if _FLAGS is None or torch.compiler.is_compiling():  # dynamo traces sdpa_kernel, not the flags
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+    previous = [get() for get, _, _ in _FLAGS]
+    try:
+        for _, set_enabled, flag_backend in _FLAGS:
+            set_enabled(flag_backend == backend)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+    finally:
+        for (_, set_enabled, _), was in zip(_FLAGS, previous, strict=True):
+            set_enabled(was)
+
+
+#: Signatures (backend, problem, is_causal) SDPA has already run: their calls skip recording
+#: warnings (~5 us). A new signature runs once under ``catch_warnings``, so a kernel that
+#: declines it explains why in attnkit's error and prints no stray warnings. Bounded.
+_ACCEPTED: set[tuple] = set()
+
+
+def _declined(name, problem, err, caught) -> UnsupportedProblemError:
+    reasons = "; ".join(str(w.message).strip() for w in caught) or str(err)
+    return UnsupportedProblemError(
+        f"backend {name!r} cannot run {problem.describe()} on {problem.device}: {reasons}"
+    )
 
 
 def _call_sdpa(name, q, k, v, problem, is_causal):
     backend = SDPA_BACKENDS[name]
     q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
+    if torch.compiler.is_compiling():  # a traced graph has no warnings to record
+        return _sdpa(q, k, v, problem.scale, is_causal, backend)
+    key = (name, problem, is_causal)
+    if key in _ACCEPTED:
+        try:
+            return _sdpa(q, k, v, problem.scale, is_causal, backend)
+        except RuntimeError as err:  # the same shapes in another layout: gather the reasons
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                with contextlib.suppress(RuntimeError):
+                    _sdpa(q, k, v, problem.scale, is_causal, backend)
+            raise _declined(name, problem, err, caught) from err
+    # PyTorch gives its reasons for declining only as warnings.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            if backend is None:
-                return F.scaled_dot_product_attention(
-                    q, k, v, is_causal=is_causal, scale=problem.scale, enable_gqa=True
-                )
-            with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(
-                    q, k, v, is_causal=is_causal, scale=problem.scale, enable_gqa=True
-                )
+            out = _sdpa(q, k, v, problem.scale, is_causal, backend)
         except RuntimeError as err:
-            reasons = "; ".join(str(w.message).strip() for w in caught) or str(err)
-            raise UnsupportedProblemError(
-                f"backend {name!r} cannot run {problem.describe()} on {problem.device}: {reasons}"
-            ) from err
+            raise _declined(name, problem, err, caught) from err
+    if len(_ACCEPTED) >= 4096:
+        _ACCEPTED.clear()
+    _ACCEPTED.add(key)
+    return out
 
 
 def sdpa_attention(

@@ -20,11 +20,11 @@ import os
 import torch
 
 from attnkit.errors import UnsupportedProblemError
-from attnkit.flash_autograd import flash_attention
+from attnkit.flash_autograd import PATHS, flash_attention
 from attnkit.inputs import AttentionProblem
 from attnkit.triton.config import AttentionConfig, KernelConfig
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
-from attnkit.triton.launch import LaunchSetup, attention_backward, attention_forward
+from attnkit.triton.launch import attention_backward, attention_forward, launch_setup
 
 #: Whether @triton.jit built interpreter kernels: Triton reads TRITON_INTERPRET once, when the
 #: kernels are decorated (at import), so availability follows the kernels, not today's variable.
@@ -32,8 +32,11 @@ _KERNELS_INTERPRETED = type(_attn_fwd_kernel).__name__ == "InterpretedFunction"
 
 MAX_HEAD_DIM = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: Grid axis 1 carries batch x heads; CUDA caps it at 65535.
-MAX_BATCH_HEADS = 65535
+#: Every kernel runs on one grid axis of (row blocks x batch x heads) programs; CUDA caps
+#: axis 0 at 2**31 - 1 (the other axes at 65535, which is why nothing else goes there).
+MAX_PROGRAMS = 2**31 - 1
+#: The smallest tile a config may have (KernelConfig): the most programs a problem can need.
+_MIN_BLOCK = 16
 
 
 class TritonImplementation:
@@ -43,12 +46,17 @@ class TritonImplementation:
         if config is not None and not isinstance(config, AttentionConfig):
             raise TypeError(f"config: expected an AttentionConfig or None, got {type(config).__name__}")
         self.config = config
+        self.op_name = "triton" if config is None else None
+
+    @staticmethod
+    def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+        return torch.float32
 
     def forward(self, q, k, v, problem):
-        return attention_forward(q, k, v, LaunchSetup.build(problem, self.config))
+        return attention_forward(q, k, v, launch_setup(problem, self.config))
 
     def backward(self, grad_out, q, k, v, out, lse, problem):
-        return attention_backward(grad_out, q, k, v, out, lse, LaunchSetup.build(problem, self.config))
+        return attention_backward(grad_out, q, k, v, out, lse, launch_setup(problem, self.config))
 
 
 def triton_attention(
@@ -94,12 +102,16 @@ def triton_problem_support(problem: AttentionProblem) -> str | None:
     for name, dim in (("head_dim", problem.head_dim), ("value_dim", problem.value_dim)):
         if dim > MAX_HEAD_DIM:
             return f"{name} {dim} exceeds {MAX_HEAD_DIM}: its tiles would not fit in shared memory"
-    if problem.batch * problem.q_heads > MAX_BATCH_HEADS:
+    programs = -(-max(problem.q_len, problem.kv_len) // _MIN_BLOCK) * problem.batch * problem.q_heads
+    if programs > MAX_PROGRAMS:
         return (
-            f"batch * q_heads = {problem.batch * problem.q_heads} exceeds the launch grid's {MAX_BATCH_HEADS}"
+            f"cdiv(max(N, M), {_MIN_BLOCK}) * batch * q_heads = {programs} programs exceed the launch "
+            f"grid's {MAX_PROGRAMS}"
         )
     return None
 
+
+PATHS["triton"] = TritonImplementation
 
 __all__ = [
     "AttentionConfig",

@@ -25,7 +25,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnkit.triton.forward_kernels import DYNAMIC_INTS, LOG2E, _dot, _key_phases, _load_tile, _store_tile
+from attnkit.triton.forward_kernels import (
+    DYNAMIC_INTS,
+    LOG2E,
+    _dot,
+    _key_phases,
+    _load_tile,
+    _program_coords,
+    _store_tile,
+)
 
 
 @triton.jit(do_not_specialize=["q_len", "q_heads"])
@@ -36,9 +44,8 @@ def _attn_bwd_preprocess(
     q_len, q_heads,
     VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(N, BLOCK_M), B * Hq). O, DO: (B, Hq, N, Dv); DELTA: (B, Hq, N) float32."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    """Grid (cdiv(N, BLOCK_M) * B * Hq,). O, DO: (B, Hq, N, Dv); DELTA: (B, Hq, N) float32."""
+    pid_m, pid_bh = _program_coords(q_len, BLOCK_M, False)
     batch = (pid_bh // q_heads).to(tl.int64)
     head = (pid_bh % q_heads).to(tl.int64)
     m0 = (pid_m * BLOCK_M).to(tl.int64)
@@ -104,9 +111,8 @@ def _attn_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(M, BLOCK_N), B * Hkv). DK like K, DV like V; LSE, DELTA: (B, Hq, N) float32."""
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    """Grid (cdiv(M, BLOCK_N) * B * Hkv,). DK like K, DV like V; LSE, DELTA: (B, Hq, N) float32."""
+    pid_n, pid_bh = _program_coords(kv_len, BLOCK_N, False)
     batch = (pid_bh // kv_heads).to(tl.int64)
     kv_head = pid_bh % kv_heads
     n0 = pid_n * BLOCK_N
@@ -228,11 +234,8 @@ def _attn_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(N, BLOCK_M), B * Hq). DQ like Q; LSE, DELTA: (B, Hq, N) float32."""
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
+    """Grid (cdiv(N, BLOCK_M) * B * Hq,). DQ like Q; LSE, DELTA: (B, Hq, N) float32."""
+    pid_m, pid_bh = _program_coords(q_len, BLOCK_M, CAUSAL)
     batch = (pid_bh // q_heads).to(tl.int64)
     head = pid_bh % q_heads
     kv_head = (head // group_size).to(tl.int64)

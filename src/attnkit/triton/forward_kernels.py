@@ -118,6 +118,23 @@ def _kv_tile(
 
 
 @triton.jit
+def _program_coords(rows, BLOCK: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):
+    """(row block, batch x head) of this program in a 1-D grid of cdiv(rows, BLOCK) * B * H.
+
+    One axis because CUDA caps grid axes 1 and 2 at 65535 and axis 0 at 2**31 - 1: B * H is
+    not limited to 65535. The row block varies fastest, the order a (blocks, B * H) 2-D grid
+    launched in, so the schedule (and the L2 reuse of one head's K/V) is unchanged. With
+    HEAVIEST_FIRST (causal), the blocks lower down, which see more keys, launch first to
+    shorten the tail."""
+    blocks = tl.cdiv(rows, BLOCK)
+    pid = tl.program_id(0)
+    pid_m = pid % blocks
+    if HEAVIEST_FIRST:
+        pid_m = blocks - 1 - pid_m
+    return pid_m, pid // blocks
+
+
+@triton.jit
 def _attn_fwd_inner(
     acc, l_i, m_i, q, K, V, k_offs, v_offs, stride_kn, stride_vn, batch, kv_head, start_n, end_n,
     rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
@@ -173,17 +190,14 @@ def _attn_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     TMA: tl.constexpr, NEGATE_Q: tl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(N, BLOCK_M), B * Hq). Q: (B, Hq, N, D), K: (B, Hkv, M, D), V: (B, Hkv, M, Dv),
-    O: (B, Hq, N, Dv), LSE: (B, Hq, N) float32 contiguous. With TMA, K and V are tensor
-    descriptors of those shapes with blocks (1, 1, BLOCK_N, padded dim) and their strides go
-    unused; otherwise they are pointers. ``qk_scale`` is the magnitude of the
-    log2-domain scale; NEGATE_Q says it was negative (negating q is exact and keeps the
-    unmasked loop's one-FMA form, which needs a non-negative scale)."""
-    pid_m = tl.program_id(0)
-    if CAUSAL:
-        # Causal blocks lower down see more keys: launch the heaviest first to shorten the tail.
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
+    """Grid (cdiv(N, BLOCK_M) * B * Hq,), see :func:`_program_coords`. Q: (B, Hq, N, D),
+    K: (B, Hkv, M, D), V: (B, Hkv, M, Dv), O: (B, Hq, N, Dv), LSE: (B, Hq, N) float32
+    contiguous. With TMA, K and V are tensor descriptors of those shapes with blocks
+    (1, 1, BLOCK_N, padded dim) and their strides go unused; otherwise they are pointers.
+    ``qk_scale`` is the magnitude of the log2-domain scale; NEGATE_Q says it was negative
+    (negating q is exact and keeps the unmasked loop's one-FMA form, which needs a
+    non-negative scale)."""
+    pid_m, pid_bh = _program_coords(q_len, BLOCK_M, CAUSAL)
     batch = pid_bh // q_heads
     head = pid_bh % q_heads
     kv_head = head // group_size

@@ -11,18 +11,25 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import torch
 import triton
 
 from attnkit.inputs import AttentionProblem
 from attnkit.triton.backward_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess
-from attnkit.triton.config import AttentionConfig, get_config, padded_dim
+from attnkit.triton.config import CONFIG_ENV, AttentionConfig, get_config, padded_dim
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
 
 #: Host-side TMA descriptors arrived in triton 3.4; older versions keep the pointer path.
 _HAS_DESCRIPTORS = importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
+
+#: Problems with fewer (query, key) score pairs than this (B * Hq * N * M) keep K and V on
+#: pointers: their forward runs in tens of microseconds, about what building two TMA
+#: descriptors and encoding them at launch costs the host, so descriptors would only add
+#: host time to calls that are host-bound already (B=1 H=8 N=M=128 has 2**17 pairs).
+TMA_MIN_SCORES = 2**24
 
 #: Offsets inside one tile are int32: row stride x block rows must stay below this.
 _INT32_LIMIT = 2**31
@@ -41,7 +48,11 @@ def _dot_precision(problem: AttentionProblem) -> str:
 
 @dataclass(frozen=True)
 class LaunchSetup:
-    """What the forward and backward launches share for one problem."""
+    """What the forward and backward launches share for one problem.
+
+    Everything here depends only on the problem's signature (shapes, dtype, device, causal,
+    scale) and the config, so :func:`launch_setup` builds it once per signature: a call then
+    pays a dictionary lookup instead of the config lookup, the grids and the constants."""
 
     problem: AttentionProblem
     config: AttentionConfig
@@ -49,25 +60,55 @@ class LaunchSetup:
     value_pad: int
     qk_scale: float
     dot_precision: str
+    #: Launch grids (1-D, see forward_kernels._program_coords) and sizes, in kernel order.
+    fwd_grid: tuple[int] = (1,)
+    dkdv_grid: tuple[int] = (1,)
+    dq_grid: tuple[int] = (1,)
+    sizes: tuple[int, ...] = ()
+    #: Row / column strides at or above this would overflow in-tile int32 offsets.
+    stride_limit: int = _INT32_LIMIT
+    #: The device and dtype allow TMA descriptors (the layout is checked per call).
+    tma_possible: bool = False
+    #: Keyword arguments (constexprs, warps, stages) of each launch, built once.
+    kernel_kwargs: dict = field(default_factory=dict, compare=False)
 
     @classmethod
     def build(cls, problem: AttentionProblem, config: AttentionConfig | None = None) -> LaunchSetup:
         p = problem
         if config is None:
             config = get_config(p.device, p.dtype, p.head_dim, p.value_dim, p.causal)
-        return cls(
+        head_pad, value_pad = padded_dim(p.head_dim), padded_dim(p.value_dim)
+        largest_block = max(
+            config.fwd.block_m, config.fwd.block_n, config.dkdv.block_m, config.dkdv.block_n,
+            config.dq.block_m, config.dq.block_n, head_pad, value_pad,
+        )  # fmt: skip
+        setup = cls(
             problem=p,
             config=config,
-            head_pad=padded_dim(p.head_dim),
-            value_pad=padded_dim(p.value_dim),
+            head_pad=head_pad,
+            value_pad=value_pad,
             qk_scale=p.scale * math.log2(math.e),
             dot_precision=_dot_precision(p),
+            fwd_grid=launch_grid(p.q_len, config.fwd.block_m, p.batch * p.q_heads),
+            dkdv_grid=launch_grid(p.kv_len, config.dkdv.block_n, p.batch * p.kv_heads),
+            dq_grid=launch_grid(p.q_len, config.dq.block_m, p.batch * p.q_heads),
+            sizes=(p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.group_size, p.causal_offset),
+            stride_limit=-(-_INT32_LIMIT // largest_block),
+            tma_possible=(
+                p.device.type == "cuda"
+                and p.dtype in (torch.float16, torch.bfloat16)
+                and _HAS_DESCRIPTORS
+                and _capability(p.device)[0] == 9
+                and p.batch * p.q_heads * p.q_len * p.kv_len >= TMA_MIN_SCORES
+            ),
         )
-
-    def sizes(self) -> tuple[int, ...]:
-        """Runtime ints every kernel but the preprocess takes, in kernel-signature order."""
-        p = self.problem
-        return (p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.group_size, p.causal_offset)
+        for name in ("fwd", "dkdv", "dq"):
+            cfg = getattr(config, name)
+            setup.kernel_kwargs[name] = dict(
+                setup.constants(cfg.block_m, cfg.block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages
+            )
+        setup.kernel_kwargs["fwd"]["NEGATE_Q"] = setup.qk_scale < 0
+        return setup
 
     def constants(self, block_m: int, block_n: int) -> dict:
         p = self.problem
@@ -84,15 +125,11 @@ class LaunchSetup:
 
     def use_tma(self, *tensors: torch.Tensor) -> bool:
         """Whether the forward can read ``tensors`` (K and V) through TMA tensor descriptors:
-        16-bit inputs on Hopper (where it is measured faster), a contiguous last dim, and
+        16-bit inputs on Hopper (where it is measured faster), at least
+        :data:`TMA_MIN_SCORES` score pairs, a contiguous last dim, and
         16-byte aligned base and strides (the copy engine's rules; a zero stride, as an
         expanded tensor has, is left to the pointer path). Elsewhere the pointer path runs."""
-        p = self.problem
-        if p.device.type != "cuda" or p.dtype not in (torch.float16, torch.bfloat16):
-            return False
-        if not _HAS_DESCRIPTORS or _capability(p.device)[0] != 9:
-            return False
-        return all(_tma_layout_ok(x) for x in tensors)
+        return self.tma_possible and all(_tma_layout_ok(x) for x in tensors)
 
     def tile_safe(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` itself, or a copy when its layout is one the kernels must not see:
@@ -107,14 +144,10 @@ class LaunchSetup:
 
         Everyday layouts (contiguous, (B, N, H, D) transposed, slices of whole rows) pass as they are.
         """
-        largest_block = max(
-            self.config.fwd.block_m, self.config.fwd.block_n, self.config.dkdv.block_m,
-            self.config.dkdv.block_n, self.config.dq.block_m, self.config.dq.block_n,
-            self.head_pad, self.value_pad,
-        )  # fmt: skip
-        if max(x.stride(2), x.stride(3)) * largest_block >= _INT32_LIMIT:
+        stride = x.stride()
+        if stride[2] >= self.stride_limit or stride[3] >= self.stride_limit:
             return x.contiguous()
-        if x.device.type == "cuda" and not _aligned_rows(x):
+        if x.is_cuda and not _aligned_rows(x):
             return aligned_copy(x)
         return x
 
@@ -130,16 +163,41 @@ def aligned_copy(x: torch.Tensor) -> torch.Tensor:
     return view
 
 
+_SETUPS: dict[tuple, LaunchSetup] = {}
+
+
+def launch_setup(problem: AttentionProblem, config: AttentionConfig | None = None) -> LaunchSetup:
+    """:meth:`LaunchSetup.build`, memoised on the problem, the config and the config-table
+    override (``$ATTNKIT_TRITON_CONFIG``, read here so that changing it takes effect)."""
+    key = (problem, config, os.environ.get(CONFIG_ENV))
+    setup = _SETUPS.get(key)
+    if setup is None:
+        if len(_SETUPS) >= 4096:  # a bound for programs that sweep shapes; refilled on demand
+            _SETUPS.clear()
+        setup = _SETUPS[key] = LaunchSetup.build(problem, config)
+    return setup
+
+
+def launch_grid(rows: int, block: int, programs: int) -> tuple[int]:
+    """One axis of ``cdiv(rows, block) * programs`` programs (CUDA allows 2**31 - 1 on axis 0;
+    the kernels split the index back, see forward_kernels._program_coords)."""
+    return (triton.cdiv(rows, block) * programs,)
+
+
 def _aligned_rows(x: torch.Tensor) -> bool:
     """Contiguous last dim (or a single column), 16-byte aligned base and outer strides."""
+    if x.data_ptr() % 16:
+        return False
     item = x.element_size()
+    if x.is_contiguous():  # the everyday case, without walking the strides in Python
+        return (x.shape[-1] * item) % 16 == 0 or x.shape[:-1].numel() == 1
     last_ok = x.stride(-1) == 1 or x.shape[-1] == 1
     outer_ok = all(
         stride * item % 16 == 0
         for size, stride in zip(x.shape[:-1], x.stride()[:-1], strict=True)
         if size > 1
     )
-    return last_ok and outer_ok and x.data_ptr() % 16 == 0
+    return last_ok and outer_ok
 
 
 @functools.cache
@@ -164,10 +222,6 @@ def _descriptor(x: torch.Tensor, block_rows: int, pad: int):
     return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block_rows, pad])
 
 
-def _grid(rows: int, block: int, programs: int) -> tuple[int, int]:
-    return (triton.cdiv(rows, block), programs)
-
-
 def attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, setup: LaunchSetup, tma: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,49 +242,48 @@ def attention_forward(
             _descriptor(k, cfg.block_n, setup.head_pad),
             _descriptor(v, cfg.block_n, setup.value_pad),
         )
-    _attn_fwd_kernel[_grid(p.q_len, cfg.block_m, p.batch * p.q_heads)](
+    _attn_fwd_kernel[setup.fwd_grid](
         q, k_arg, v_arg, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        *setup.sizes(), abs(setup.qk_scale),
-        **setup.constants(cfg.block_m, cfg.block_n), TMA=tma, NEGATE_Q=setup.qk_scale < 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        *setup.sizes, abs(setup.qk_scale),
+        **setup.kernel_kwargs["fwd"], TMA=tma,
     )  # fmt: skip
     return out, lse
 
 
 def bwd_preprocess(setup: LaunchSetup, out: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
     """delta = rowsum(dO * O): (B, Hq, N) float32."""
-    p, cfg = setup.problem, setup.config.dq
+    p = setup.problem
     delta = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=out.device)
-    _attn_bwd_preprocess[_grid(p.q_len, cfg.block_m, p.batch * p.q_heads)](
+    _attn_bwd_preprocess[setup.dq_grid](
         out, grad_out, delta, *out.stride(), *grad_out.stride(), p.q_len, p.q_heads,
-        VALUE_DIM=p.value_dim, VALUE_PAD=setup.value_pad, BLOCK_M=cfg.block_m, num_warps=4,
+        VALUE_DIM=p.value_dim, VALUE_PAD=setup.value_pad, BLOCK_M=setup.config.dq.block_m, num_warps=4,
     )  # fmt: skip
     return delta
 
 
 def bwd_dkdv(setup: LaunchSetup, q, k, v, grad_out, lse, delta) -> tuple[torch.Tensor, torch.Tensor]:
     """dk (B, Hkv, M, D) and dv (B, Hkv, M, Dv), each summed over the query-head group."""
-    p, cfg = setup.problem, setup.config.dkdv
+    p = setup.problem
     dk = torch.empty(p.batch, p.kv_heads, p.kv_len, p.head_dim, dtype=p.dtype, device=q.device)
     dv = torch.empty(p.batch, p.kv_heads, p.kv_len, p.value_dim, dtype=p.dtype, device=q.device)
-    _attn_bwd_dkdv_kernel[_grid(p.kv_len, cfg.block_n, p.batch * p.kv_heads)](
+    _attn_bwd_dkdv_kernel[setup.dkdv_grid](
         q, k, v, grad_out, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
-        *setup.sizes(), setup.qk_scale, p.scale,
-        **setup.constants(cfg.block_m, cfg.block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        *setup.sizes, setup.qk_scale, p.scale,
+        **setup.kernel_kwargs["dkdv"],
     )  # fmt: skip
     return dk, dv
 
 
 def bwd_dq(setup: LaunchSetup, q, k, v, grad_out, lse, delta) -> torch.Tensor:
     """dq (B, Hq, N, D)."""
-    p, cfg = setup.problem, setup.config.dq
+    p = setup.problem
     dq = torch.empty(p.batch, p.q_heads, p.q_len, p.head_dim, dtype=p.dtype, device=q.device)
-    _attn_bwd_dq_kernel[_grid(p.q_len, cfg.block_m, p.batch * p.q_heads)](
+    _attn_bwd_dq_kernel[setup.dq_grid](
         q, k, v, grad_out, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
-        *setup.sizes(), setup.qk_scale, p.scale,
-        **setup.constants(cfg.block_m, cfg.block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        *setup.sizes, setup.qk_scale, p.scale,
+        **setup.kernel_kwargs["dq"],
     )  # fmt: skip
     return dq
 

@@ -1,0 +1,227 @@
+"""Per-call cost of attnkit's paths against raw ``F.scaled_dot_product_attention``.
+
+For each path and size, forward and forward+backward, three figures per call:
+
+* ``host_us``: host time of the call alone (calls issued back to back, no synchronisation
+  inside the loop): what attnkit's Python layer and the launches cost;
+* ``wall_us``: the same loop including the final synchronisation, per call: what a host-bound
+  program sees (max of host and GPU time, roughly);
+* ``gpu_us``: the summed device time of the kernels one call launches (torch.profiler).
+
+Rows: ``triton``, each ``sdpa-*``, ``tiled`` (smallest size only), ``raw-sdpa`` (PyTorch picks),
+``raw-<kernel>`` (the same kernel forced once, outside the loop: what forcing costs attnkit is
+the difference to the ``sdpa-<kernel>`` row), and ``triton-op`` (the torch.library op called in
+eager mode: the dispatcher's cost, the reason eager calls bypass it).
+
+Usage (on a GPU): ``PYTHONPATH=src python tools/per_call_cost.py --out per_call.json``
+Prints a table and the targets (triton host <= 40 us and <= 2x raw-sdpa; sdpa-X <= raw-X + 10 us).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attnkit
+from attnkit import attention
+
+SIZES = {  # name: (B, H, N, D), causal, bf16
+    "B1-H8-N128-D64": (1, 8, 128, 64),
+    "B4-H16-N1024-D128": (4, 16, 1024, 128),
+    "B16-H16-N1024-D128": (16, 16, 1024, 128),
+}
+RAW_KERNELS = {
+    "raw-flash": SDPBackend.FLASH_ATTENTION,
+    "raw-efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "raw-cudnn": SDPBackend.CUDNN_ATTENTION,
+    "raw-math": SDPBackend.MATH,
+}
+
+
+def _paths(size_name: str, device: torch.device) -> dict:
+    """name -> (function(q, k, v) -> out, context manager factory or None)."""
+    paths = {}
+    for name in ["triton", "sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"]:
+        if name in attnkit.available_backends(device):
+            paths[name] = (lambda q, k, v, b=name: attention(q, k, v, causal=True, backend=b), None)
+    if size_name == "B1-H8-N128-D64":
+        paths["tiled"] = (lambda q, k, v: attention(q, k, v, causal=True, backend="tiled"), None)
+    if "triton" in paths:
+        paths["triton-op"] = (
+            lambda q, k, v: torch.ops.attnkit.flash_forward(q, k, v, True, q.shape[-1] ** -0.5, "triton")[0],
+            None,
+        )
+    paths["raw-sdpa"] = (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), None)
+    for name, kernel in RAW_KERNELS.items():
+        paths[name] = (
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            lambda kernel=kernel: sdpa_kernel([kernel]),
+        )
+    return paths
+
+
+def _step(fn, q, k, v, grad):
+    if grad is None:
+        return lambda: fn(q, k, v)
+    return lambda: fn(q, k, v).backward(grad)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _host_and_wall(step, calls: int, device: torch.device) -> tuple[float, float]:
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        step()
+    issued = time.perf_counter()
+    _sync(device)
+    done = time.perf_counter()
+    return (issued - start) / calls * 1e6, (done - start) / calls * 1e6
+
+
+def _gpu_us(step, calls: int) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    total = 0.0
+    for event in prof.key_averages():
+        total += getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
+    return total / calls
+
+
+def measure(size_name: str, shape, passes, calls: int, repeats: int, device: torch.device) -> list[dict]:
+    b, h, n, d = shape
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows = []
+    for pass_name in passes:
+        backward = pass_name == "fwd+bwd"
+        q, k, v = (
+            torch.randn(b, h, n, d, device=device, dtype=torch.bfloat16, generator=gen).requires_grad_(
+                backward
+            )
+            for _ in range(3)
+        )
+        grad = (
+            torch.randn(b, h, n, d, device=device, dtype=torch.bfloat16, generator=gen) if backward else None
+        )
+        for name, (fn, ctx) in _paths(size_name, device).items():
+            if backward and name == "triton-op":
+                continue
+            row = {"size": size_name, "pass": pass_name, "path": name}
+            try:
+                with ctx() if ctx else _null():
+                    step = _step(fn, q, k, v, grad)
+                    for _ in range(10):  # compile, autotune caches, allocator pools
+                        step()
+                    samples = [_host_and_wall(step, calls, device) for _ in range(repeats)]
+                    row["host_us"] = min(s[0] for s in samples)
+                    row["wall_us"] = min(s[1] for s in samples)
+                    row["gpu_us"] = (
+                        _gpu_us(step, max(5, calls // 10)) if device.type == "cuda" else float("nan")
+                    )
+            except (RuntimeError, NotImplementedError, ValueError) as err:
+                row["error"] = str(err).splitlines()[0][:160]
+                _sync(device)
+            rows.append(row)
+    return rows
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def targets(rows: list[dict]) -> list[str]:
+    """The issue's targets, checked on the measured rows."""
+    by = {(r["size"], r["pass"], r["path"]): r for r in rows if "host_us" in r}
+    verdicts = []
+    for (size, pass_name, path), row in by.items():
+        raw = by.get((size, pass_name, "raw-sdpa"))
+        if path == "triton" and raw:
+            ok = row["host_us"] <= 40 and row["host_us"] <= 2 * raw["host_us"]
+            verdicts.append(
+                f"{'PASS' if ok else 'FAIL'} triton host {row['host_us']:.1f} us <= 40 and <= 2x raw "
+                f"{raw['host_us']:.1f} us [{size} {pass_name}]"
+            )
+        if path.startswith("sdpa"):
+            kernel = {"sdpa": "raw-sdpa"}.get(path, "raw-" + path.removeprefix("sdpa-"))
+            ref = by.get((size, pass_name, kernel))
+            if ref:
+                ok = row["host_us"] <= ref["host_us"] + 10
+                verdicts.append(
+                    f"{'PASS' if ok else 'FAIL'} {path} host {row['host_us']:.1f} us <= {kernel} "
+                    f"{ref['host_us']:.1f} + 10 us [{size} {pass_name}]"
+                )
+    return verdicts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--calls", type=int, default=200, help="calls per timed loop")
+    parser.add_argument("--repeats", type=int, default=5, help="timed loops per row (the minimum is kept)")
+    parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated subset of {list(SIZES)}")
+    parser.add_argument(
+        "--device", default="cuda", help="cuda (the measurement); cpu only smoke-tests the script"
+    )
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("per_call_cost.py measures GPU launches: run it on a CUDA machine")
+    rows = []
+    for size_name in args.sizes.split(","):
+        shape = SIZES[size_name]
+        calls = args.calls if shape[2] <= 128 else max(20, args.calls // 5)
+        rows += measure(size_name, shape, ("fwd", "fwd+bwd"), calls, args.repeats, device)
+    print(f"{'size':<20} {'pass':<8} {'path':<15} {'host_us':>9} {'wall_us':>9} {'gpu_us':>9}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['size']:<20} {r['pass']:<8} {r['path']:<15} error: {r['error']}")
+        else:
+            print(
+                f"{r['size']:<20} {r['pass']:<8} {r['path']:<15} {r['host_us']:9.1f} {r['wall_us']:9.1f} "
+                f"{r['gpu_us']:9.1f}"
+            )
+    verdicts = targets(rows)
+    print("\n".join(verdicts))
+    report = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "commit": _commit(),
+        "rows": rows,
+        "targets": verdicts,
+    }
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+def _commit() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+if __name__ == "__main__":
+    main()
