@@ -3,6 +3,7 @@
 from attnkit.api import AUTO_ORDER, attention
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
+from attnkit.kvcache import attention_with_kvcache
 from attnkit.module import MultiHeadAttention
 from attnkit.reference import reference_attention
 from attnkit.registry import (
@@ -20,6 +21,7 @@ __all__ = [
     "MultiHeadAttention",
     "UnsupportedProblemError",
     "attention",
+    "attention_with_kvcache",
     "available_backends",
     "backend_names",
     "reference_attention",
