@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from attnkit.triton.forward_kernels import LN2, _dot
+from attnkit.triton.forward_kernels import LN2, _dot, _load_tile
 
 #: Runtime ints Triton must not specialise (a value of 1 would become a compile-time constant).
 DECODE_DYNAMIC_INTS = ["q_len", "kv_len", "group_size", "kv_heads", "chunk", "block_size"]
@@ -86,7 +86,7 @@ def _decode_split_kernel(
 
     q_ptrs = Q + batch.to(tl.int64) * stride_qb + head[:, None].to(tl.int64) * stride_qh
     q_ptrs += query[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    q = _load_tile(q_ptrs, offs_m, n_rows, offs_d, HEAD_DIM, HEAD_PAD, True)
 
     k_base = K + kv_head.to(tl.int64) * stride_kh
     v_base = V + kv_head.to(tl.int64) * stride_vh
@@ -100,10 +100,16 @@ def _decode_split_kernel(
         cols = start + offs_n
         col_ok = cols < end_n
         k_rows = _kv_rows(TABLE, stride_tb, batch, cols, end_n, stride_kb, stride_kn, block_size, PAGED)
-        k = tl.load(
+        # Row masks only (constant along the head dim, so loads stay vectorised); the head-dim
+        # mask only where D is padded.
+        k = _load_tile(
             k_base + k_rows[:, None] + offs_d[None, :] * stride_kd,
-            mask=col_ok[:, None] & (offs_d[None, :] < HEAD_DIM),
-            other=0.0,
+            cols,
+            end_n,
+            offs_d,
+            HEAD_DIM,
+            HEAD_PAD,
+            True,
         )
         s = _dot(q, tl.trans(k), None, DOT_PRECISION) * qk_scale
         visible = col_ok[None, :] & row_ok[:, None]
@@ -117,10 +123,14 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v_rows = _kv_rows(TABLE, stride_tb, batch, cols, end_n, stride_vb, stride_vn, block_size, PAGED)
-        v = tl.load(
+        v = _load_tile(
             v_base + v_rows[:, None] + offs_dv[None, :] * stride_vd,
-            mask=col_ok[:, None] & (offs_dv[None, :] < VALUE_DIM),
-            other=0.0,
+            cols,
+            end_n,
+            offs_dv,
+            VALUE_DIM,
+            VALUE_PAD,
+            True,
         )
         acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION)
         m_i = m_new
