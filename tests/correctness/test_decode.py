@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from strategies import Problem
 
 import attnkit
-from attnkit import UnsupportedProblemError, attention
+from attnkit import UnsupportedProblemError, attention, attention_with_kvcache
 from attnkit.inputs import check_inputs
 from attnkit.testing import assert_close_to_reference, compare_to_reference
 
@@ -148,3 +148,41 @@ def test_sdpa_forward_never_builds_the_square_problem(backend, q_len, monkeypatc
             lambda a, b, c: attention(a, b, c, causal=True, backend=backend), q, k, v, causal=True, scale=None
         )
     assert_close_to_reference(f"{backend} N={q_len} M=300", checks)
+
+
+@needs_triton
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="a long cache is too slow for the CPU interpreter")
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_split_kv_long_cache_default_config(q_len, paged):
+    """The default split policy on a long ragged cache (several splits per sequence), D 128, bf16."""
+    gen = torch.Generator().manual_seed(q_len)
+    lengths, block_size, capacity = [5000, 3001], 256, 5120
+    q = torch.randn(2, 8, q_len, 128, generator=gen).to(DEVICE, torch.bfloat16)
+    k_cache, v_cache = (
+        torch.randn(2, 2, capacity, 128, generator=gen).to(DEVICE, torch.bfloat16) for _ in "kv"
+    )
+    table = None
+    if paged:  # the same keys, blocks shuffled through a pool
+        per_seq = capacity // block_size
+        perm = torch.randperm(2 * per_seq, generator=gen).to(DEVICE)
+        table = perm.reshape(2, per_seq).to(torch.int32)
+        blocks = [
+            x.reshape(2, 2, per_seq, block_size, 128).transpose(1, 2).reshape(-1, 2, block_size, 128)
+            for x in (k_cache, v_cache)
+        ]
+        pools = [torch.empty_like(b) for b in blocks]
+        for pool, b in zip(pools, blocks, strict=True):
+            pool[perm] = b
+    seqlens = torch.tensor(lengths, device=DEVICE)
+    with torch.no_grad():
+        cache = (pools[0], pools[1]) if paged else (k_cache, v_cache)
+        out = attention_with_kvcache(q, *cache, seqlens, block_table=table, causal=True, backend="triton")
+    for b, length in enumerate(lengths):
+        keys, values = k_cache[b : b + 1, :, :length], v_cache[b : b + 1, :, :length]
+        checks = compare_to_reference(
+            lambda *_, b=b: out[b : b + 1], q[b : b + 1], keys, values, causal=True, scale=None
+        )
+        assert_close_to_reference(
+            f"split-KV default config, {'paged' if paged else 'contiguous'}, L={length}", checks
+        )
