@@ -4,6 +4,7 @@ from attnkit import ops as _ops  # noqa: F401  (registers the attnkit:: torch.li
 from attnkit.api import AUTO_ORDER, attention
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
+from attnkit.kvcache import attention_with_kvcache
 from attnkit.module import MultiHeadAttention
 from attnkit.reference import reference_attention
 from attnkit.registry import (
@@ -21,6 +22,7 @@ __all__ = [
     "MultiHeadAttention",
     "UnsupportedProblemError",
     "attention",
+    "attention_with_kvcache",
     "available_backends",
     "backend_names",
     "reference_attention",

@@ -5,10 +5,13 @@ Two translations are needed:
 
 * Causal masks. SDPA's ``is_causal`` is aligned top-left; attnkit's is bottom-right
   (query i sees key j iff j <= i + M - N). For N > M the first N - M rows see no key: they are
-  zero, and only the last M rows go to SDPA as a square causal problem. For N < M, M - N
-  zero query rows are prepended, making a square problem whose last N rows are exactly the
-  bottom-right rows. (``torch.nn.attention.bias.causal_lower_right`` is not used: it picks its
-  kernel itself, ignoring a forced backend, and drops GQA on its flash branch.)
+  zero, and only the last M rows go to SDPA as a square causal problem. N < M runs at the
+  cost of the N x M problem (:mod:`attnkit.sdpa_lower_right`: N = 1 non-causal, a lower-right
+  mask for the kernels that take one, prefix + square merged by log-sum-exp for flash and
+  cuDNN forwards). Only flash and cuDNN with gradients still prepend M - N zero query rows,
+  making a square problem whose last N rows are exactly the bottom-right rows.
+  (``torch.nn.attention.bias.causal_lower_right`` is not used: it picks its kernel itself,
+  ignoring a forced backend, and drops GQA on its flash branch.)
 * Non-positive and tiny scales. PyTorch's CPU flash kernel returns NaN for causal inputs when
   the scale is 0, negative, or below float32's smallest normal (torch 2.13). Both are
   translated exactly: ``softmax(s * q k^T) == softmax(|s| * q (-k)^T)`` for s < 0 (negation is
@@ -35,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from attnkit import sdpa_lower_right as lower_right
 from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
 
@@ -189,6 +193,16 @@ def sdpa_attention(
         k, problem = -k, dataclasses.replace(problem, scale=-problem.scale)
     if not problem.causal or problem.causal_offset == 0:
         return _call_sdpa(name, q, k, v, problem, problem.causal)
+    if problem.causal_offset > 0:  # N < M: see attnkit.sdpa_lower_right
+        backend = SDPA_BACKENDS[name]
+        if problem.q_len == 1:  # the one row sees every key
+            return _call_sdpa(name, q, k, v, problem, False)
+        if backend in lower_right.MASK_KERNELS:
+            q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
+            return lower_right.masked_attention(name, backend, q, k, v, problem)
+        if lower_right.split_supported(backend, q, k, v, problem):
+            q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
+            return lower_right.split_attention(name, backend, q, k, v, problem)
     q_square, keep = _square_causal_operands(q, problem)
     out = _call_sdpa(name, q_square, k, v, problem, True)
     if keep is not None:

@@ -4,6 +4,7 @@ Layers, one module each:
 
 * ``forward_kernels`` / ``backward_kernels``: the ``@triton.jit`` kernels;
 * ``launch``: host launchers over one shared setup (shapes, strides, scale, grid, config);
+* ``decode_kernels`` / ``decode``: the split-KV forward for few queries against many keys;
 * ``config``: per-GPU tile configs, read from ``configs/<gpu>.json`` (written by ``tune``);
 * this module: :class:`TritonImplementation` for the shared autograd function, the public
   :func:`triton_attention`, and the support checks the registry asks before dispatch.
@@ -23,6 +24,7 @@ from attnkit.errors import UnsupportedProblemError
 from attnkit.flash_autograd import PATHS, flash_attention
 from attnkit.inputs import AttentionProblem
 from attnkit.triton.config import AttentionConfig, KernelConfig
+from attnkit.triton.decode import decode_forward, use_split_kv
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
 from attnkit.triton.launch import attention_backward, attention_forward, launch_setup
 
@@ -53,6 +55,8 @@ class TritonImplementation:
         return torch.float32
 
     def forward(self, q, k, v, problem):
+        if self.config is None and use_split_kv(problem):  # decode-shaped: split the keys
+            return decode_forward(q, k, v, problem)
         return attention_forward(q, k, v, launch_setup(problem, self.config))
 
     def backward(self, grad_out, q, k, v, out, lse, problem):

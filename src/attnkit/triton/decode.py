@@ -1,0 +1,130 @@
+"""Host launcher of the split-KV forward (flash-decoding), and when the Triton path uses it.
+
+:func:`decode_forward` runs :mod:`attnkit.triton.decode_kernels`: B x Hkv x splits programs
+write partial results, one combine program per query row merges them. It returns the output
+and the log-sum-exp of :func:`attnkit.triton.launch.attention_forward`'s contract, so the
+regular backward kernels differentiate it exactly. :func:`use_split_kv` is the dispatch rule:
+few query rows per kv head (decode, speculative decoding, short chunks) against many keys, or
+any such problem whose B x Hq programs would leave most SMs idle.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from attnkit.inputs import AttentionProblem
+from attnkit.triton.config import next_power_of_2, padded_dim
+from attnkit.triton.decode_kernels import _decode_combine_kernel, _decode_split_kernel
+from attnkit.triton.launch import _dot_precision
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tile and split policy of the split-KV forward.
+
+    ``max_rows``: most query rows (G x N) one program holds, the eligibility limit.
+    ``programs_per_sm`` x SMs is the grid the split count aims for (FA3 splits when
+    batch x heads < 0.8 x SMs: the GPU would not be filled). A split holds at least
+    ``min_keys_per_split`` keys (below that the combine costs more than the parallelism gains)
+    and there are at most ``max_splits``. ``min_keys_per_row`` makes any problem with that many
+    keys per query row count as decode-shaped even on a full GPU.
+    """
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    max_rows: int = 64
+    programs_per_sm: int = 2
+    min_keys_per_split: int = 256
+    max_splits: int = 128
+    min_keys_per_row: int = 64
+    fill_fraction: float = 0.8
+
+
+DEFAULT_DECODE_CONFIG = DecodeConfig()
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device``; 1 for the CPU interpreter."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def use_split_kv(problem: AttentionProblem, config: DecodeConfig = DEFAULT_DECODE_CONFIG) -> bool:
+    """Whether the Triton path runs ``problem``'s forward split-KV: the G x N query rows of a
+    kv head fit one program, and either there are many keys per row or B x Hq programs would
+    not fill the GPU."""
+    p = problem
+    if p.group_size * p.q_len > config.max_rows:
+        return False
+    few_programs = p.batch * p.q_heads < config.fill_fraction * sm_count(p.device)
+    return few_programs or p.kv_len >= config.min_keys_per_row * p.q_len
+
+
+def split_count(batch: int, kv_heads: int, kv_len: int, device: torch.device, config: DecodeConfig) -> int:
+    """Splits per (batch, kv head): enough programs for ``programs_per_sm`` per SM, no split
+    under ``min_keys_per_split`` keys."""
+    wanted = triton.cdiv(config.programs_per_sm * sm_count(device), batch * kv_heads)
+    by_length = max(1, kv_len // config.min_keys_per_split)
+    return max(1, min(wanted, by_length, config.max_splits))
+
+
+def decode_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: AttentionProblem,
+    *,
+    seqlens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    config: DecodeConfig = DEFAULT_DECODE_CONFIG,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-KV attention forward.
+
+    q: (B, Hq, N, D). Dense: k (B, Hkv, M, D), v (B, Hkv, M, Dv). Paged (``block_table``
+    (B, max_blocks) int32 given): k (num_blocks, Hkv, block_size, D), v (num_blocks, Hkv,
+    block_size, Dv) pools, key j of sequence b at page ``block_table[b, j // block_size]``.
+    ``seqlens`` (B,) int32: keys per sequence (default: ``problem.kv_len`` for every one);
+    causal is bottom-right per sequence. ``problem.kv_len`` is the key capacity (it sets the
+    split length). Inputs are validated by the caller. Returns out (B, Hq, N, Dv) in q's
+    dtype and lse (B, Hq, N) float32 (natural log, +inf for rows that see no key).
+    """
+    p = problem
+    rows = p.group_size * p.q_len
+    if num_splits is None:
+        num_splits = split_count(p.batch, p.kv_heads, p.kv_len, p.device, config)
+    chunk = triton.cdiv(triton.cdiv(p.kv_len, num_splits), config.block_n) * config.block_n
+    num_splits = triton.cdiv(p.kv_len, chunk)  # no split starts past the capacity
+    head_pad, value_pad = padded_dim(p.head_dim), padded_dim(p.value_dim)
+    o_part = torch.empty(
+        p.batch, p.kv_heads, rows, num_splits, p.value_dim, dtype=torch.float32, device=q.device
+    )
+    lse_part = torch.empty(p.batch, p.kv_heads, rows, num_splits, dtype=torch.float32, device=q.device)
+    paged = block_table is not None
+    table = block_table if paged else q  # an unused pointer argument when not paged
+    _decode_split_kernel[(num_splits, p.batch * p.kv_heads)](
+        q, k, v, o_part, lse_part, seqlens if seqlens is not None else q, table,
+        *q.stride(), *k.stride(), *v.stride(), table.stride(0),
+        p.q_len, p.kv_len, p.group_size, p.kv_heads, chunk, k.shape[2] if paged else 1,
+        p.scale * math.log2(math.e),
+        HEAD_DIM=p.head_dim, HEAD_PAD=head_pad, VALUE_DIM=p.value_dim, VALUE_PAD=value_pad,
+        BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=config.block_n, CAUSAL=p.causal,
+        DOT_PRECISION=_dot_precision(p), HAS_SEQLENS=seqlens is not None, PAGED=paged,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=q.device)
+    lse = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=q.device)
+    _decode_combine_kernel[(p.batch * p.q_heads * p.q_len,)](
+        o_part, lse_part, out, lse, *out.stride(), p.q_len, p.q_heads, num_splits,
+        VALUE_DIM=p.value_dim, VALUE_PAD=value_pad, SPLIT_PAD=max(2, next_power_of_2(num_splits)),
+        num_warps=1,
+    )  # fmt: skip
+    return out, lse

@@ -1,0 +1,185 @@
+"""Split-KV forward kernels of the Triton path (flash-decoding): few query rows, many keys.
+
+With N <= 16 query rows the regular forward launches B x Hq programs of mostly empty
+(BLOCK_M, D) tiles, each streaming the whole cache: 32 programs on 132 SMs at B1 Hq32, and every
+key/value row read once per query head of its group. Decoding is bound by reading K and V, so
+here:
+
+* one program takes one (batch, kv head, split) and *all* query rows that read that head: the
+  G = Hq / Hkv query heads of the group times the N queries, stacked as G*N rows of one tile
+  (row r is query ``r % N`` of head ``kv_head * G + r // N``). K and V are read once per kv head;
+* the keys of a sequence are cut into ``num_splits`` chunks of ``chunk`` keys (a multiple of
+  BLOCK_N), one per program along grid axis 0, so B x Hkv x splits programs fill the GPU;
+* each program writes its partial output, normalised, and its log-sum-exp (log2 domain, -inf
+  when it saw no key); :func:`_decode_combine_kernel` merges the splits of a row by their
+  log-sum-exp (the merge is exact: ``out = sum_s 2^(lse_s - lse) o_s``).
+
+Keys are addressed either in a contiguous (B, Hkv, M, D) tensor or through a block table into a
+paged pool (num_blocks, Hkv, block_size, D): key j of sequence b lives in page
+``table[b, j // block_size]`` at row ``j % block_size``. Per-sequence lengths (``SEQLENS``) make
+row r see keys ``j < L_b`` and, causally, ``j <= i + L_b - N`` (bottom-right per sequence).
+Scores are scaled before masking (any scale sign, 0 included), in the log2 domain as in
+:mod:`attnkit.triton.forward_kernels`, whose tile helpers these kernels share.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from attnkit.triton.forward_kernels import LN2, _dot, _load_tile
+
+#: Runtime ints Triton must not specialise (a value of 1 would become a compile-time constant).
+DECODE_DYNAMIC_INTS = ["q_len", "kv_len", "group_size", "kv_heads", "chunk", "block_size"]
+
+
+@triton.jit
+def _kv_rows(
+    TABLE, stride_tb, batch, cols, kv_len, stride_b, stride_n, block_size, PAGED: tl.constexpr
+):  # fmt: skip
+    """int64 offset of key row ``cols`` of sequence ``batch`` (before the head offset)."""
+    if PAGED:
+        page = tl.load(
+            TABLE + batch.to(tl.int64) * stride_tb + cols // block_size, mask=cols < kv_len, other=0
+        )
+        rows = page.to(tl.int64) * stride_b + (cols % block_size).to(tl.int64) * stride_n
+    else:
+        rows = batch.to(tl.int64) * stride_b + cols.to(tl.int64) * stride_n
+    return rows
+
+
+@triton.jit(do_not_specialize=DECODE_DYNAMIC_INTS)
+def _decode_split_kernel(
+    Q, K, V, O_PART, LSE_PART, SEQLENS, TABLE,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_tb,
+    q_len, kv_len, group_size, kv_heads, chunk, block_size, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, PAGED: tl.constexpr,
+):  # fmt: skip
+    """Grid (num_splits, B * Hkv). Q: (B, Hq, N, D); K, V: (B, Hkv, M, D|Dv) or, PAGED, pools
+    (num_blocks, Hkv, block_size, D|Dv) read through TABLE (B, max_blocks) int32.
+    SEQLENS: (B,) int32 key counts (else ``kv_len`` for all). Writes O_PART
+    (B, Hkv, G*N, splits, Dv) and LSE_PART (B, Hkv, G*N, splits) float32, contiguous."""
+    split = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    num_splits = tl.num_programs(0)
+    batch = pid_bh // kv_heads
+    kv_head = pid_bh % kv_heads
+    if HAS_SEQLENS:  # noqa: SIM108 (a constexpr branch, kept a statement for the Triton compiler)
+        seq_len = tl.load(SEQLENS + batch)
+    else:
+        seq_len = kv_len
+    causal_offset = seq_len - q_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_PAD)
+    offs_dv = tl.arange(0, VALUE_PAD)
+    n_rows = group_size * q_len
+    row_ok = offs_m < n_rows
+    query = offs_m % q_len  # position of row r among the N queries
+    head = kv_head * group_size + offs_m // q_len
+
+    q_ptrs = Q + batch.to(tl.int64) * stride_qb + head[:, None].to(tl.int64) * stride_qh
+    q_ptrs += query[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    q = _load_tile(q_ptrs, offs_m, n_rows, offs_d, HEAD_DIM, HEAD_PAD, True)
+
+    k_base = K + kv_head.to(tl.int64) * stride_kh
+    v_base = V + kv_head.to(tl.int64) * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, VALUE_PAD], dtype=tl.float32)
+    start_n = split * chunk
+    # Causal or not, no row sees a key past the sequence (the last row sees j <= L - 1).
+    end_n = tl.minimum(start_n + chunk, seq_len)
+    for start in range(start_n, end_n, BLOCK_N):
+        cols = start + offs_n
+        col_ok = cols < end_n
+        k_rows = _kv_rows(TABLE, stride_tb, batch, cols, end_n, stride_kb, stride_kn, block_size, PAGED)
+        # Row masks only (constant along the head dim, so loads stay vectorised); the head-dim
+        # mask only where D is padded.
+        k = _load_tile(
+            k_base + k_rows[:, None] + offs_d[None, :] * stride_kd,
+            cols,
+            end_n,
+            offs_d,
+            HEAD_DIM,
+            HEAD_PAD,
+            True,
+        )
+        s = _dot(q, tl.trans(k), None, DOT_PRECISION) * qk_scale
+        visible = col_ok[None, :] & row_ok[:, None]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= query[:, None] + causal_offset)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row with nothing visible so far keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_rows = _kv_rows(TABLE, stride_tb, batch, cols, end_n, stride_vb, stride_vn, block_size, PAGED)
+        v = _load_tile(
+            v_base + v_rows[:, None] + offs_dv[None, :] * stride_vd,
+            cols,
+            end_n,
+            offs_dv,
+            VALUE_DIM,
+            VALUE_PAD,
+            True,
+        )
+        acc = _dot(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION)
+        m_i = m_new
+
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    part = (pid_bh.to(tl.int64) * n_rows + offs_m) * num_splits + split
+    tl.store(
+        O_PART + part[:, None] * VALUE_DIM + offs_dv[None, :],
+        out,
+        mask=row_ok[:, None] & (offs_dv[None, :] < VALUE_DIM),
+    )
+    tl.store(LSE_PART + part, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_combine_kernel(
+    O_PART, LSE_PART, O, LSE,
+    stride_ob, stride_oh, stride_om, stride_od,
+    q_len, q_heads, num_splits,
+    VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr,
+):  # fmt: skip
+    """Grid (B * Hq * N,): merge one row's splits. O: (B, Hq, N, Dv) in the output dtype, any
+    strides; LSE: (B, Hq, N) float32 natural log, +inf for a row that saw no key (the shared
+    autograd contract: the backward's exp(s - lse) is then exactly 0)."""
+    row = tl.program_id(0)  # = (b * Hq + head) * N + query = (b * Hkv + kv_head) * G*N + r
+    query = row % q_len
+    bh = row // q_len
+    batch = bh // q_heads
+    head = bh % q_heads
+    offs_s = tl.arange(0, SPLIT_PAD)
+    offs_dv = tl.arange(0, VALUE_PAD)
+    base = row.to(tl.int64) * num_splits
+    lse_s = tl.load(LSE_PART + base + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    m = tl.max(lse_s, 0)
+    seen = m > float("-inf")
+    m_safe = tl.where(seen, m, 0.0)
+    weights = tl.exp2(lse_s - m_safe)
+    total = tl.sum(weights, 0)
+    acc = tl.zeros([VALUE_PAD], dtype=tl.float32)
+    for s in range(0, num_splits):
+        w = tl.exp2(tl.load(LSE_PART + base + s) - m_safe)
+        o_s = tl.load(O_PART + (base + s) * VALUE_DIM + offs_dv, mask=offs_dv < VALUE_DIM, other=0.0)
+        acc += w * o_s
+    out = acc / tl.where(seen, total, 1.0)
+    o_ptrs = (
+        O + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + query.to(tl.int64) * stride_om
+    )
+    tl.store(o_ptrs + offs_dv * stride_od, out.to(O.dtype.element_ty), mask=offs_dv < VALUE_DIM)
+    lse = tl.where(seen, (m_safe + tl.log2(tl.where(seen, total, 1.0))) * LN2, float("inf"))
+    tl.store(LSE + row, lse)

@@ -1,0 +1,188 @@
+"""Inference shapes (N < M): decode and chunked prefill on every path against the float64
+oracle, forward alone (the no-grad routes: SDPA's prefix + square merge) and with gradients;
+the split-KV kernel with many splits, dense and paged; the dispatch rules; and that SDPA no
+longer builds the M x M problem."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import DEVICE, backend_params
+from decode_strategies import CacheCase, cache_cases, decode_problems
+from hypothesis import example, given
+from hypothesis import strategies as st
+from strategies import Problem
+
+import attnkit
+from attnkit import UnsupportedProblemError, attention, attention_with_kvcache
+from attnkit.inputs import check_inputs
+from attnkit.testing import assert_close_to_reference, compare_to_reference
+
+_DECODE_GQA = Problem(
+    batch=2, q_heads=8, kv_heads=2, q_len=1, kv_len=70, head_dim=32, value_dim=32, causal=True,
+    dtype=torch.bfloat16, scale=None, q_layout="contiguous", kv_layout="contiguous", magnitude="unit", seed=5,
+)  # fmt: skip
+_CHUNK = dataclasses.replace(_DECODE_GQA, q_len=5, kv_len=77, dtype=torch.float16, kv_layout="bnhd", seed=6)
+_SPEC = dataclasses.replace(
+    _DECODE_GQA, q_len=16, kv_len=40, q_heads=2, kv_heads=1, dtype=torch.float32, seed=7
+)
+
+
+def _check(backend: str, problem: Problem, with_grad: bool) -> None:
+    q, k, v, grad_out = problem.tensors(DEVICE)
+
+    def run(a, b, c):
+        return attention(a, b, c, causal=problem.causal, scale=problem.scale, backend=backend)
+
+    try:
+        checks = compare_to_reference(
+            run, q, k, v, causal=problem.causal, scale=problem.scale, grad_out=grad_out if with_grad else None
+        )
+    except UnsupportedProblemError as err:
+        assert backend in str(err), f"rejection of {backend} does not name it: {err}"
+        return
+    assert_close_to_reference(
+        f"backend {backend!r} ({'fwd+bwd' if with_grad else 'fwd'}) on {problem}", checks
+    )
+
+
+@pytest.mark.parametrize("with_grad", [False, True], ids=["fwd", "fwd+bwd"])
+@pytest.mark.parametrize("backend", backend_params())
+@given(problem=decode_problems())
+@example(problem=_DECODE_GQA)
+@example(problem=_CHUNK)
+@example(problem=_SPEC)
+def test_decode_shapes_match_reference(backend, with_grad, problem):
+    _check(backend, problem, with_grad)
+
+
+_triton_reason = (
+    "triton is not installed"
+    if "triton" not in attnkit.backend_names()
+    else attnkit.unavailable_reason("triton", DEVICE)
+)
+needs_triton = pytest.mark.skipif(_triton_reason is not None, reason=f"triton on {DEVICE}: {_triton_reason}")
+
+
+@needs_triton
+@given(case=cache_cases(), splits=st.integers(1, 5))
+def test_split_kernel_many_splits_dense_and_paged(case: CacheCase, splits: int):
+    """The split-KV kernel with 16-key blocks, so that tiny caches still cut into several
+    splits (some empty), read in place, dense or through the block table, with ragged lengths."""
+    from attnkit.triton.decode import DecodeConfig, decode_forward
+
+    q, k_cache, v_cache, seqlens, _, _, table = case.tensors(DEVICE)
+    problem = dataclasses.replace(
+        check_inputs(
+            q,
+            k_cache[:1, :, :1].expand(case.batch, -1, 1, -1),
+            v_cache[:1, :, :1].expand(case.batch, -1, 1, -1),
+            case.causal,
+            None,
+        ),
+        kv_len=case.capacity,
+    )
+    out, lse = decode_forward(
+        q,
+        k_cache,
+        v_cache,
+        problem,
+        seqlens=seqlens,
+        block_table=table,
+        num_splits=splits,
+        config=DecodeConfig(block_n=16),
+    )
+    for b, length in enumerate(case.seqlens):
+        if length == 0:
+            assert torch.equal(out[b], torch.zeros_like(out[b])), f"sequence {b} has no key but output != 0"
+            assert torch.isinf(lse[b]).all() and (lse[b] > 0).all(), "a row with no key must store lse = +inf"
+            continue
+        if case.paged:
+            pages = [int(table[b, j // case.block_size]) for j in range(length)]
+            rows = [j % case.block_size for j in range(length)]
+            keys = torch.stack([k_cache[p, :, r] for p, r in zip(pages, rows, strict=True)], 1)[None]
+            values = torch.stack([v_cache[p, :, r] for p, r in zip(pages, rows, strict=True)], 1)[None]
+        else:
+            keys, values = k_cache[b : b + 1, :, :length], v_cache[b : b + 1, :, :length]
+        checks = compare_to_reference(
+            lambda *_, b=b: out[b : b + 1], q[b : b + 1], keys, values, causal=case.causal, scale=None
+        )
+        assert_close_to_reference(f"split-KV, {splits} splits, sequence {b} of {case}", checks)
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    ("q_len", "kv_len", "group", "expected"),
+    [(1, 4096, 4, True), (16, 16384, 4, True), (1, 64, 1, True), (16, 32, 4, False), (128, 8192, 4, False)],
+)
+def test_split_kv_dispatch_rule(q_len, kv_len, group, expected):
+    """Few query rows per kv head against many keys run split-KV; long query blocks do not."""
+    from attnkit.triton.decode import use_split_kv
+
+    q = torch.empty(8, 8 * group, q_len, 128, device="meta")
+    k = torch.empty(8, 8, kv_len, 128, device="meta")
+    problem = dataclasses.replace(check_inputs(q, k, k, True, None), device=torch.device("cpu"))
+    assert use_split_kv(problem) == expected, f"use_split_kv({problem.describe()}) != {expected}"
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"])
+@pytest.mark.parametrize("q_len", [1, 5])
+def test_sdpa_forward_never_builds_the_square_problem(backend, q_len, monkeypatch):
+    """Bottom-right causal with N < M costs N x M on SDPA: the M x M detour is not taken for a
+    forward (it remains only for flash/cuDNN gradients)."""
+    reason = attnkit.unavailable_reason(backend, DEVICE)
+    if reason is not None:
+        pytest.skip(f"{backend} unavailable on {DEVICE}: {reason}")
+
+    def detour(*args, **kwargs):
+        raise AssertionError("_square_causal_operands was called: the M x M detour")
+
+    monkeypatch.setattr(attnkit.sdpa, "_square_causal_operands", detour)
+    dtype = torch.float16 if DEVICE.type == "cuda" else torch.float32
+    q = torch.randn(2, 4, q_len, 64, device=DEVICE, dtype=dtype)
+    k, v = (torch.randn(2, 2, 300, 64, device=DEVICE, dtype=dtype) for _ in range(2))
+    with torch.no_grad():
+        checks = compare_to_reference(
+            lambda a, b, c: attention(a, b, c, causal=True, backend=backend), q, k, v, causal=True, scale=None
+        )
+    assert_close_to_reference(f"{backend} N={q_len} M=300", checks)
+
+
+@needs_triton
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="a long cache is too slow for the CPU interpreter")
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_split_kv_long_cache_default_config(q_len, paged):
+    """The default split policy on a long ragged cache (several splits per sequence), D 128, bf16."""
+    gen = torch.Generator().manual_seed(q_len)
+    lengths, block_size, capacity = [5000, 3001], 256, 5120
+    q = torch.randn(2, 8, q_len, 128, generator=gen).to(DEVICE, torch.bfloat16)
+    k_cache, v_cache = (
+        torch.randn(2, 2, capacity, 128, generator=gen).to(DEVICE, torch.bfloat16) for _ in "kv"
+    )
+    table = None
+    if paged:  # the same keys, blocks shuffled through a pool
+        per_seq = capacity // block_size
+        perm = torch.randperm(2 * per_seq, generator=gen).to(DEVICE)
+        table = perm.reshape(2, per_seq).to(torch.int32)
+        blocks = [
+            x.reshape(2, 2, per_seq, block_size, 128).transpose(1, 2).reshape(-1, 2, block_size, 128)
+            for x in (k_cache, v_cache)
+        ]
+        pools = [torch.empty_like(b) for b in blocks]
+        for pool, b in zip(pools, blocks, strict=True):
+            pool[perm] = b
+    seqlens = torch.tensor(lengths, device=DEVICE)
+    with torch.no_grad():
+        cache = (pools[0], pools[1]) if paged else (k_cache, v_cache)
+        out = attention_with_kvcache(q, *cache, seqlens, block_table=table, causal=True, backend="triton")
+    for b, length in enumerate(lengths):
+        keys, values = k_cache[b : b + 1, :, :length], v_cache[b : b + 1, :, :length]
+        checks = compare_to_reference(
+            lambda *_, b=b: out[b : b + 1], q[b : b + 1], keys, values, causal=True, scale=None
+        )
+        assert_close_to_reference(
+            f"split-KV default config, {'paged' if paged else 'contiguous'}, L={length}", checks
+        )

@@ -1,0 +1,226 @@
+"""Decode / KV-cache throughput on one GPU: the table of the decode issue, and tokens/s against
+context length, side by side with SDPA.
+
+    PYTHONPATH=src python3 tools/decode_table.py --out decode.json [--sweep]
+
+Shapes: Hq 32, Hkv 8, D 128, bf16, causal (bottom-right). Every time is the median of
+``triton.testing.do_bench`` (which flushes L2 between runs), in one process. GB/s is the bytes
+of K and V read (B x Hkv x M x D x 2 tensors x 2 bytes) over the time; "% copy" divides it by
+this device's measured copy bandwidth (bytes read + written by a 1 GiB device-to-device copy
+over its time). ``--sweep`` also times split-KV tile configs on two shapes and prints the best
+(to update ``attnkit.triton.decode.DEFAULT_DECODE_CONFIG``). Markdown on stdout, JSON to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import itertools
+import json
+import sys
+
+import torch
+from triton.testing import do_bench
+
+import attnkit
+from attnkit.inputs import check_inputs
+from attnkit.triton.decode import DEFAULT_DECODE_CONFIG, DecodeConfig, decode_forward
+
+HQ, HKV, D, DTYPE = 32, 8, 128, torch.bfloat16
+ISSUE_ROWS = [(8, 1, 4096), (8, 1, 32768), (1, 1, 131072), (4, 16, 16384)]  # (B, N, M)
+CONTEXTS = [512 * 2**i for i in range(9)]  # 512 .. 128K
+SDPA = ("sdpa-flash", "sdpa-cudnn")
+#: Also timed causal against non-causal in the issue rows (the 1.2x check of every SDPA path).
+SDPA_ALL = (*SDPA, "sdpa-efficient", "sdpa")
+PAGE = 256  # block size of the paged cache (FlashAttention-2's paged KV granularity)
+
+
+def median_us(fn) -> float:
+    return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+
+
+def copy_bandwidth() -> float:
+    """GB/s of a 1 GiB device-to-device copy, counting bytes read and written."""
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / (median_us(lambda: dst.copy_(src)) * 1e3)
+
+
+def kv_bytes(batch: int, kv_len: int) -> int:
+    return batch * HKV * kv_len * D * 2 * DTYPE.itemsize
+
+
+def operands(batch: int, q_len: int, kv_len: int):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(batch, HQ, q_len, D, device="cuda", dtype=DTYPE, generator=gen)
+    k, v = (torch.randn(batch, HKV, kv_len, D, device="cuda", dtype=DTYPE, generator=gen) for _ in range(2))
+    return q, k, v
+
+
+def paged_copy(k: torch.Tensor, v: torch.Tensor):
+    """The same cache as a shuffled paged pool: (num_blocks, Hkv, PAGE, D) and a (B, M/PAGE) table."""
+    batch, _, kv_len, _ = k.shape
+    per_seq = -(-kv_len // PAGE)
+    perm = torch.randperm(batch * per_seq, device="cuda")
+    table = perm.reshape(batch, per_seq).to(torch.int32)
+    pools = []
+    for x in (k, v):
+        padded = torch.nn.functional.pad(x, (0, 0, 0, per_seq * PAGE - kv_len))
+        blocks = padded.reshape(batch, HKV, per_seq, PAGE, D).permute(0, 2, 1, 3, 4).reshape(-1, HKV, PAGE, D)
+        pool = torch.empty_like(blocks)
+        pool[perm] = blocks
+        pools.append(pool)
+    return pools[0], pools[1], table
+
+
+def time_row(batch: int, q_len: int, kv_len: int, copy_gbs: float) -> dict:
+    q, k, v = operands(batch, q_len, kv_len)
+    nbytes = kv_bytes(batch, kv_len)
+    row = {"B": batch, "N": q_len, "M": kv_len, "kv_bytes": nbytes, "times_us": {}}
+    for name, causal in itertools.product(("triton", *SDPA_ALL), (True, False)):
+        label = f"{name}{'' if causal else ' non-causal'}"
+        if attnkit.unavailable_reason(name) is not None:
+            continue
+        try:
+            with torch.no_grad():
+                row["times_us"][label] = median_us(
+                    lambda n=name, c=causal: attnkit.attention(q, k, v, causal=c, backend=n)
+                )
+        except attnkit.UnsupportedProblemError as err:
+            row["times_us"][label] = None
+            row.setdefault("errors", {})[label] = str(err)[:200]
+    # Kernel-level paged vs contiguous (same split-KV launcher, no argument checks).
+    problem = check_inputs(q, k, v, True, None)
+    seqlens = torch.full((batch,), kv_len, dtype=torch.int32, device="cuda")
+    k_pool, v_pool, table = paged_copy(k, v)
+    paged_problem = dataclasses.replace(problem, kv_len=table.shape[1] * PAGE)
+    contiguous = decode_forward(q, k, v, problem, seqlens=seqlens)[0]
+    paged = decode_forward(q, k_pool, v_pool, paged_problem, seqlens=seqlens, block_table=table)[0]
+    row["paged_max_abs_diff"] = (contiguous.float() - paged.float()).abs().max().item()
+    row["times_us"]["triton contiguous cache"] = median_us(
+        lambda: decode_forward(q, k, v, problem, seqlens=seqlens)
+    )
+    row["times_us"]["triton paged cache"] = median_us(
+        lambda: decode_forward(q, k_pool, v_pool, paged_problem, seqlens=seqlens, block_table=table)
+    )
+    with torch.no_grad():
+        reference = attnkit.attention(
+            q, k, v, causal=True, backend="sdpa-math" if kv_len <= 4096 else "sdpa-flash"
+        )
+        row["triton_max_abs_diff"] = (
+            (attnkit.attention(q, k, v, causal=True, backend="triton").float() - reference.float())
+            .abs()
+            .max()
+            .item()
+        )
+    row["gbs"] = {key: (nbytes / (t * 1e3) if t else None) for key, t in row["times_us"].items()}
+    row["pct_copy"] = {key: (100 * g / copy_gbs if g else None) for key, g in row["gbs"].items()}
+    return row
+
+
+def tokens_per_second(batch: int = 8) -> list[dict]:
+    """Decode (N = 1, causal) tokens/s of a batch of ``batch`` sequences against context length."""
+    rows = []
+    for kv_len in CONTEXTS:
+        q, k, v = operands(batch, 1, kv_len)
+        entry = {"M": kv_len, "tokens_per_s": {}}
+        for name in ("triton", *SDPA):
+            if attnkit.unavailable_reason(name) is None:
+                with torch.no_grad():
+                    us = median_us(
+                        lambda n=name, q=q, k=k, v=v: attnkit.attention(q, k, v, causal=True, backend=n)
+                    )
+                entry["tokens_per_s"][name] = batch / (us * 1e-6)
+        rows.append(entry)
+    return rows
+
+
+def sweep() -> list[dict]:
+    """Split-KV configs on a short and a long decode shape; fastest first."""
+    results = []
+    shapes = [(8, 1, 4096), (1, 1, 131072), (4, 16, 16384)]
+    grid = itertools.product((32, 64, 128), (4, 8), (2, 3), (2, 4))
+    for block_n, warps, stages, per_sm in grid:
+        config = dataclasses.replace(
+            DEFAULT_DECODE_CONFIG, block_n=block_n, num_warps=warps, num_stages=stages, programs_per_sm=per_sm
+        )
+        total = 0.0
+        try:
+            for batch, q_len, kv_len in shapes:
+                q, k, v = operands(batch, q_len, kv_len)
+                problem = check_inputs(q, k, v, True, None)
+                run = functools.partial(decode_forward, q, k, v, problem, config=config)
+                total += median_us(run) / kv_bytes(batch, kv_len)
+        except Exception as err:  # a config that does not compile is skipped, named
+            print(f"skipped {config}: {type(err).__name__}", file=sys.stderr)
+            continue
+        results.append({"config": dataclasses.asdict(config), "us_per_byte_sum": total})
+    return sorted(results, key=lambda r: r["us_per_byte_sum"])
+
+
+def markdown(rows: list[dict], tokens: list[dict], copy_gbs: float) -> str:
+    labels = list(rows[0]["times_us"])
+    lines = [
+        f"Device: {torch.cuda.get_device_name()}; copy bandwidth {copy_gbs:.0f} GB/s; "
+        f"Hq {HQ} Hkv {HKV} D {D} bf16.",
+        "",
+        "| shape | " + " | ".join(labels) + " |",
+        "|---" * (len(labels) + 1) + "|",
+    ]
+    for row in rows:
+        cells = []
+        for key in labels:
+            t = row["times_us"].get(key)
+            cells.append(
+                "n/a"
+                if t is None
+                else f"{t:.0f} us ({row['gbs'][key]:.0f} GB/s, {row['pct_copy'][key]:.0f}%)"
+            )
+        lines.append(f"| B{row['B']} N{row['N']} M{row['M']} | " + " | ".join(cells) + " |")
+    lines += ["", "Causal / non-causal time (target <= 1.2):", ""]
+    for row in rows:
+        ratios = []
+        for name in ("triton", *SDPA_ALL):
+            causal, plain = row["times_us"].get(name), row["times_us"].get(f"{name} non-causal")
+            if causal and plain:
+                ratios.append(f"{name} {causal / plain:.2f}")
+        paged, contiguous = row["times_us"]["triton paged cache"], row["times_us"]["triton contiguous cache"]
+        lines.append(
+            f"- B{row['B']} N{row['N']} M{row['M']}: " + ", ".join(ratios)
+            + f"; paged / contiguous {paged / contiguous:.2f}"
+            + f"; triton max |diff| {row['triton_max_abs_diff']:.2e}"
+        )  # fmt: skip
+    names = list(tokens[0]["tokens_per_s"])
+    lines += ["", "Decode tokens/s (B 8, N 1, causal) against context length:", ""]
+    lines += ["| context | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for entry in tokens:
+        cells = " | ".join(f"{entry['tokens_per_s'][n]:,.0f}" for n in names)
+        lines.append(f"| {entry['M']} | {cells} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--sweep", action="store_true", help="also time split-KV tile configs")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    copy_gbs = copy_bandwidth()
+    rows = [time_row(b, n, m, copy_gbs) for b, n, m in ISSUE_ROWS]
+    tokens = tokens_per_second()
+    result = {"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "rows": rows, "tokens": tokens}
+    result["config"] = dataclasses.asdict(DEFAULT_DECODE_CONFIG)
+    if args.sweep:
+        result["sweep"] = sweep()
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(markdown(rows, tokens, copy_gbs))
+    if args.sweep and result["sweep"]:
+        print("\nFastest split-KV config:", DecodeConfig(**result["sweep"][0]["config"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
