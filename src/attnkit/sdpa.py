@@ -83,7 +83,8 @@ def _square_causal_operands(q, problem: AttentionProblem):
 
 
 def _aligned_for_fused_kernels(x: torch.Tensor) -> torch.Tensor:
-    """``x``, or a contiguous copy if its layout would misalign CUDA fused kernels' loads.
+    """``x``, or a contiguous copy if its layout would misalign CUDA fused kernels' loads or
+    broadcast a dimension through a zero stride.
 
     Under torch.compile the tensors are symbolic (no data pointer); Inductor's SDPA lowering
     enforces the same 16-byte alignment itself."""
@@ -96,8 +97,10 @@ def _aligned_for_fused_kernels(x: torch.Tensor) -> torch.Tensor:
             x if (x.shape[-1] * x.element_size()) % 16 == 0 or x.shape[:-1].numel() == 1 else x.contiguous()
         )
     item = x.element_size()
+    # A zero stride (an expanded tensor) is materialised too: on the H100, cuDNN (torch 2.11)
+    # crashed the process with a segmentation fault on operands expanded along the batch.
     aligned = x.stride(-1) == 1 and all(
-        (stride * item) % 16 == 0
+        stride != 0 and (stride * item) % 16 == 0
         for stride, size in zip(x.stride()[:-1], x.shape[:-1], strict=True)
         if size > 1
     )

@@ -48,6 +48,32 @@ EDGE_CASES = {
     # Drawn by the dev profile: float64 scores at this scale are normal numbers, so dq and dk
     # are ~1e-205, not 0 (the SDPA path once zeroed q below float32's smallest normal).
     "tiny-scale-float64": _edge(q_len=9, kv_len=12, dtype=torch.float64, scale=7.8e-207),
+    # Found on the H100 by the thorough profile: cuDNN (torch 2.11) crashed the process with a
+    # segmentation fault on operands expanded along the batch (stride 0).
+    "expanded-batch-dv24": _edge(
+        batch=3,
+        q_len=3,
+        kv_len=3,
+        head_dim=96,
+        value_dim=24,
+        causal=False,
+        dtype=torch.float16,
+        q_layout="expanded",
+        kv_layout="expanded",
+    ),
+    "expanded-batch-gqa": _edge(
+        batch=2,
+        q_heads=3,
+        kv_heads=3,
+        q_len=3,
+        kv_len=37,
+        head_dim=16,
+        value_dim=96,
+        causal=False,
+        dtype=torch.float16,
+        q_layout="expanded",
+        kv_layout="expanded",
+    ),
     # Head dims that are not multiples of 8: rows of 118/222/34 bytes in fp16/bf16.
     "head-dim-59": _edge(q_len=45, kv_len=67, head_dim=59, value_dim=59, dtype=torch.float16),
     "head-dim-111-dv-17": _edge(

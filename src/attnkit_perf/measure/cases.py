@@ -27,7 +27,9 @@ _PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 
 @dataclass(frozen=True)
 class BenchCase:
-    """One timed configuration. Sequence length is the same for queries and keys."""
+    """One timed configuration: ``seq_len`` query rows against ``kv_len`` keys (``None``: as many
+    keys as queries). Decode and prefill-with-cache shapes have ``kv_len > seq_len``; causal is
+    bottom-right aligned, as in :func:`attnkit.attention`."""
 
     backend: str
     pass_name: str
@@ -38,6 +40,11 @@ class BenchCase:
     head_dim: int
     causal: bool
     dtype: str = "bf16"
+    kv_len: int | None = None
+
+    @property
+    def keys(self) -> int:
+        return self.seq_len if self.kv_len is None else self.kv_len
 
     def __post_init__(self) -> None:
         if self.pass_name not in PASSES:
@@ -50,7 +57,8 @@ class BenchCase:
         """Shape without the backend, e.g. ``bf16-B4-H16-N4096-D128-causal``."""
         heads = f"H{self.q_heads}" if self.kv_heads == self.q_heads else f"H{self.q_heads}kv{self.kv_heads}"
         mask = "-causal" if self.causal else ""
-        return f"{self.dtype}-B{self.batch}-{heads}-N{self.seq_len}-D{self.head_dim}{mask}"
+        keys = "" if self.kv_len is None else f"-M{self.kv_len}"
+        return f"{self.dtype}-B{self.batch}-{heads}-N{self.seq_len}{keys}-D{self.head_dim}{mask}"
 
     @property
     def name(self) -> str:
@@ -64,11 +72,27 @@ class BenchCase:
 
     @property
     def flops(self) -> float:
-        """4*B*H*N^2*D for the forward, halved when causal, scaled per pass."""
-        forward = 4.0 * self.batch * self.q_heads * self.seq_len**2 * self.head_dim
-        if self.causal:
-            forward /= 2
+        """4*B*H*(visible query-key pairs)*D for the forward, scaled per pass: N*M pairs, or
+        N*M - N*(N-1)/2 when causal (bottom-right: N^2/2 + ... for N = M, all for N = 1)."""
+        n, m = self.seq_len, self.keys
+        pairs = n * m - (min(n, m) * (min(n, m) - 1) / 2 if self.causal else 0)
+        if self.causal and n == m:
+            pairs = n * n / 2  # the usual accounting of square causal attention
+        forward = 4.0 * self.batch * self.q_heads * pairs * self.head_dim
         return forward * _PASS_FLOP_FACTOR[self.pass_name]
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of K and V: what a memory-bound (decode) forward must read at the least."""
+        return (
+            2
+            * self.batch
+            * self.kv_heads
+            * self.keys
+            * self.head_dim
+            * torch.finfo(DTYPES[self.dtype]).bits
+            // 8
+        )
 
     @property
     def min_bytes(self) -> int:
@@ -77,7 +101,7 @@ class BenchCase:
         item = torch.finfo(DTYPES[self.dtype]).bits // 8
         out = self.batch * self.q_heads * self.seq_len * self.head_dim * item
         lse = self.batch * self.q_heads * self.seq_len * 4
-        kv = self.batch * self.kv_heads * self.seq_len * self.head_dim * item
+        kv = self.batch * self.kv_heads * self.keys * self.head_dim * item
         grads = out + 2 * kv
         return {"fwd": out + lse, "bwd": grads, "fwd+bwd": out + lse + grads}[self.pass_name]
 
@@ -90,11 +114,12 @@ def make_inputs(case: BenchCase, device: torch.device | str, seed: int = 0):
     gen = torch.Generator(device=device).manual_seed(seed)
     dtype = DTYPES[case.dtype]
 
-    def rand(heads):
-        shape = (case.batch, heads, case.seq_len, case.head_dim)
+    def rand(heads, length):
+        shape = (case.batch, heads, length, case.head_dim)
         return torch.randn(shape, generator=gen, device=device, dtype=dtype)
 
-    return rand(case.q_heads), rand(case.kv_heads), rand(case.kv_heads), rand(case.q_heads)
+    q, grad_out = rand(case.q_heads, case.seq_len), rand(case.q_heads, case.seq_len)
+    return q, rand(case.kv_heads, case.keys), rand(case.kv_heads, case.keys), grad_out
 
 
 def build_runner(case: BenchCase, device: torch.device | str, seed: int = 0) -> Callable[[], object]:
@@ -149,6 +174,16 @@ FWD_BWD_SHAPE = GPU_SHAPES[1]
 #: and the launches. They guard the per-call cost (a slower dispatch fails here first).
 HOST_SHAPES = ((1, 8, 8, 128, 64, True, "bf16"),)
 HOST_BACKENDS = ("triton", "sdpa", "sdpa-flash", "sdpa-cudnn")
+#: Inference shapes, bottom-right causal with fewer queries than keys (Hq 32 / Hkv 8, D 128):
+#: decoding one token against a long cache (memory-bound: read K and V once), and a prefill
+#: chunk against its cache. (batch, q_heads, kv_heads, seq_len, head_dim, causal, dtype, kv_len)
+DECODE_SHAPES = (
+    (8, 32, 8, 1, 128, True, "bf16", 32768),
+    (1, 32, 8, 1, 128, True, "bf16", 131072),
+    (4, 32, 8, 16, 128, True, "bf16", 16384),
+)
+PREFILL_SHAPES = ((2, 32, 8, 2048, 128, True, "bf16", 8192),)
+INFERENCE_BACKENDS = ("triton", "sdpa-flash", "sdpa-cudnn")
 #: Shapes short enough for the pure-PyTorch paths.
 SLOW_BACKEND_SHAPES = (GPU_SHAPES[0], GPU_SHAPES[4])
 
@@ -171,6 +206,8 @@ def gpu_suite_cases() -> list[BenchCase]:
     cases = _cases(fast, GPU_SHAPES, ("fwd", "bwd"))
     cases += _cases(fast, (FWD_BWD_SHAPE,), ("fwd+bwd",))
     cases += _cases(HOST_BACKENDS, HOST_SHAPES, ("fwd", "fwd+bwd"))
+    cases += _cases(INFERENCE_BACKENDS, DECODE_SHAPES, ("fwd",))
+    cases += _cases(INFERENCE_BACKENDS, PREFILL_SHAPES, ("fwd", "bwd"))
     slow = _cases(SLOW_BACKENDS, SLOW_BACKEND_SHAPES, ("fwd", "bwd"))
     cases += [c for c in slow if c.backend != "naive" or _naive_fits(c)]
     return cases

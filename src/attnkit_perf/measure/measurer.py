@@ -10,6 +10,7 @@
 ``device``          ``cuda`` or ``cpu``
 ``timer``           ``cuda-events+l2-flush`` or ``perf_counter``
 ``tflops``          ``BenchCase.flops`` over the median round, in TFLOP/s
+``kv_gbps``         ``BenchCase.kv_bytes`` over the median round, in GB/s (decode cases)
 ``peak_bytes``      bytes allocated beyond the inputs at the call's peak (None on the CPU)
 ``min_bytes``       ``BenchCase.min_bytes``: what the pass must allocate at the least
 ``host_fraction``   host time to issue a call over its measured time (GPU only)
@@ -125,6 +126,8 @@ class CaseMeasurer:
         benchmark.pedantic(one_round, rounds=plan.rounds, warmup_rounds=1, iterations=1)
         median = statistics.median(benchmark.stats.stats.data)
         benchmark.extra_info["tflops"] = case.flops / median / 1e12 if median > 0 else None
+        # Memory-bound (decode) cases are read against bandwidth: bytes of K and V per second.
+        benchmark.extra_info["kv_gbps"] = case.kv_bytes / median / 1e9 if median > 0 else None
 
     def remeasure(self, case: BenchCase, rounds: int, reps: int, wrap: RunnerWrapper = _identity) -> dict:
         """A second, independent measurement of a suspect: fresh inputs, fresh calibration,
