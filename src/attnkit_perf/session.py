@@ -221,8 +221,11 @@ class PerfSession:
 
         def decide(results: dict[str, SideResult]) -> gate.Decision:
             b, h = results["base"], results["head"]
+            limit = threshold
+            if name not in self.noise and (h.host_fraction or 0.0) >= HOST_BOUND_FRACTION:
+                limit = max(threshold, self.thresholds.host_bound_slower)
             return gate.decide_paired(
-                b.blocks, h.blocks, self.thresholds, alpha, threshold, b.peak_bytes, h.peak_bytes
+                b.blocks, h.blocks, self.thresholds, alpha, limit, b.peak_bytes, h.peak_bytes
             )
 
         results = self.paired_session().measure(case.as_dict(), settings, lambda r: decide(r).settled)

@@ -106,6 +106,11 @@ def triton_problem_support(problem: AttentionProblem) -> str | None:
     for name, dim in (("head_dim", problem.head_dim), ("value_dim", problem.value_dim)):
         if dim > MAX_HEAD_DIM:
             return f"{name} {dim} exceeds {MAX_HEAD_DIM}: its tiles would not fit in shared memory"
+        row_bytes = dim * torch.finfo(problem.dtype).bits // 8
+        if problem.device.type == "cuda" and row_bytes % 16:
+            # On the H100 (triton 3.6) D = 111 with Dv = 17 or 3 gave wrong outputs; until the
+            # kernels handle rows that are not whole 16-byte vectors, decline them clearly.
+            return f"{name} {dim} makes {row_bytes}-byte rows; on CUDA rows must be a multiple of 16 bytes"
     programs = -(-max(problem.q_len, problem.kv_len) // _MIN_BLOCK) * problem.batch * problem.q_heads
     if programs > MAX_PROGRAMS:
         return (

@@ -57,11 +57,18 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+#: Head dims the split-KV kernel is used for (D == Dv).
+_VALIDATED_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
 def use_split_kv(problem: AttentionProblem, config: DecodeConfig = DEFAULT_DECODE_CONFIG) -> bool:
     """Whether the Triton path runs ``problem``'s forward split-KV: the G x N query rows of a
     kv head fit one program, and either there are many keys per row or B x Hq programs would
-    not fill the GPU."""
+    not fill the GPU. Only for ``D == Dv`` with a power-of-two head dim: the shapes validated
+    on the H100 (with ``Dv != D`` it returned wrong rows there, and an odd D faulted)."""
     p = problem
+    if p.head_dim != p.value_dim or p.head_dim not in _VALIDATED_HEAD_DIMS:
+        return False
     if p.group_size * p.q_len > config.max_rows:
         return False
     few_programs = p.batch * p.q_heads < config.fill_fraction * sm_count(p.device)

@@ -115,6 +115,7 @@ class PairedSession:
         link_dir.mkdir()
         (link_dir / "attnkit_perf").symlink_to(Path(perf_dir).resolve(), target_is_directory=True)
         self.workers: dict[str, list[_Worker]] = {}
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self.identity: dict[str, dict] = {}
         for side, src in self.sides.items():
             env = dict(os.environ)
@@ -125,6 +126,8 @@ class PairedSession:
             # Each side compiles into a cache of its own; kept between runs (Triton keys entries by
             # source and options), so a runner compiles a side's kernels once.
             env["TRITON_CACHE_DIR"] = str(cache_root() / f"triton-{side}")
+            if len(cores) > 1:
+                env["ATTNKIT_WORKER_CPU"] = str(cores[-1])
             if commits.get(side):
                 env["ATTNKIT_COMMIT"] = commits[side]
             self.workers[side] = [_Worker(f"{side}[{i}]", env, src.parent) for i in range(PROCESSES_PER_SIDE)]
