@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from perf_synthetic import FAST_PROBES, H100_KEY, SHAPE, SYNTHETIC_SUITE, bench_entry, run_json
 
+from attnkit_perf.decide import gate
 from attnkit_perf.decide.formats import validate
 from attnkit_perf.decide.verdict import VerdictDocument
 from attnkit_perf.machine import gpu_key
@@ -148,7 +149,10 @@ def test_the_verdict_file_reads_back_into_the_model(gate_run, pytester):
     doc = VerdictDocument.read(pytester.path / "verdict.json")
     assert not doc.passed and [r.backend for r in doc.failing] == ["flash_a"], doc.failing
     assert doc.base["provenance"]["gpu_key"] == CPU_KEY and doc.head["provenance"]["torch"], doc.base
-    assert doc.thresholds["slower"] == 0.06 and doc.thresholds["per_benchmark_alpha"] > 0, doc.thresholds
+    assert (
+        doc.thresholds["slower"] == gate.Thresholds.STORED_SLOWER
+        and doc.thresholds["per_benchmark_alpha"] > 0
+    ), doc.thresholds
     assert verdict["counts"] == {"slower": 1, "same": 2}, verdict["counts"]
 
 

@@ -85,14 +85,7 @@ def test_no_package_code_names_a_file_of_the_test_tree():
     [
         "gate",
         "perf",
-        pytest.param(
-            "correctness",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="tests/correctness/test_properties.py imports fit_to_interpreter from "
-                "test_equivalence (move it to a helper module such as strategies.py)",
-            ),
-        ),
+        "correctness",
     ],
 )
 def test_no_test_module_imports_another(folder):

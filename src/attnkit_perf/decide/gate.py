@@ -74,8 +74,9 @@ class Thresholds:
     #: are held to at least this, so they guard against gross per-call regressions only.
     host_bound_slower: float = 0.25
 
-    #: Stored-mode default: two machines differ by up to ~4% on one kernel (ANCHORS.md).
-    STORED_SLOWER = 0.06
+    #: Stored-mode default: GPU-bound kernels differed by up to 6% between two fresh H100s in one
+    #: run of this grid (docs/PERF_GATE.md), and up to 14% in a wider study (ANCHORS.md).
+    STORED_SLOWER = 0.10
 
 
 def per_benchmark_alpha(t: Thresholds, benchmarks: int) -> float:
