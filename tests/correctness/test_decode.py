@@ -143,10 +143,12 @@ def test_sdpa_forward_never_builds_the_square_problem(backend, q_len, monkeypatc
     dtype = torch.float16 if DEVICE.type == "cuda" else torch.float32
     q = torch.randn(2, 4, q_len, 64, device=DEVICE, dtype=dtype)
     k, v = (torch.randn(2, 2, 300, 64, device=DEVICE, dtype=dtype) for _ in range(2))
-    with torch.no_grad():
-        checks = compare_to_reference(
-            lambda a, b, c: attention(a, b, c, causal=True, backend=backend), q, k, v, causal=True, scale=None
-        )
+    try:
+        with torch.no_grad():
+            run = lambda a, b, c: attention(a, b, c, causal=True, backend=backend)
+            checks = compare_to_reference(run, q, k, v, causal=True, scale=None)
+    except UnsupportedProblemError as err:  # e.g. sdpa-efficient takes no GQA (torch 2.11, CUDA)
+        pytest.skip(f"{backend} declines these inputs: {err}")
     assert_close_to_reference(f"{backend} N={q_len} M=300", checks)
 
 
