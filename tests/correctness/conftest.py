@@ -25,6 +25,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit
 
@@ -68,3 +69,15 @@ def backend_params() -> list:
 @pytest.fixture(scope="session")
 def device() -> torch.device:
     return DEVICE
+
+
+class RecordOps(TorchDispatchMode):
+    """Records every aten op that runs, to prove validation happens before any compute."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))

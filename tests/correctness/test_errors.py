@@ -7,21 +7,9 @@ import re
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from conftest import RecordOps
 
 from attnkit import BackendUnavailableError, MultiHeadAttention, attention
-
-
-class _RecordOps(TorchDispatchMode):
-    """Records every aten op that runs, to prove validation happens before any compute."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def _qkv(b=2, hq=4, hkv=2, n=8, m=8, d=16, dv=16, dtype=torch.float32):
@@ -112,7 +100,7 @@ BAD = list(_bad_inputs())
     ("args", "kwargs", "error", "message"), [b[1:] for b in BAD], ids=[b[0] for b in BAD]
 )
 def test_bad_input_raises_named_error_before_any_compute(args, kwargs, error, message):
-    recorder = _RecordOps()
+    recorder = RecordOps()
     with recorder, pytest.raises(error, match=message):
         attention(*args, **kwargs)
     assert recorder.ops == [], f"ops ran before the error: {recorder.ops}"

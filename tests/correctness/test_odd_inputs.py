@@ -12,23 +12,12 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from conftest import INTERPRETED, backend_params
-from torch.utils._python_dispatch import TorchDispatchMode
+from conftest import INTERPRETED, RecordOps, backend_params
 
 import attnkit
 from attnkit import MultiHeadAttention, UnsupportedProblemError, attention
 from attnkit.registry import Backend
 from attnkit.testing import assert_close_to_reference, compare_to_reference, make_tensor
-
-
-class _RecordOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def _qkv(shape_q=(1, 2, 6, 8), shape_kv=(1, 2, 7, 8), dtype=torch.float32, device="cpu", seed=0):
@@ -70,7 +59,7 @@ def test_numpy_scalars_are_accepted_as_flags_and_scales():
 )
 def test_odd_flag_and_scale_types_raise_before_compute(kwargs, error, message):
     q, k, v = _qkv()
-    recorder = _RecordOps()
+    recorder = RecordOps()
     with recorder, pytest.raises(error, match=message):
         attention(q, k, v, **kwargs)
     assert recorder.ops == [], f"ops ran before the error: {recorder.ops}"
@@ -81,7 +70,7 @@ def test_scale_that_overflows_these_scores_is_rejected_after_one_reduction():
     the score dtype. Only the reductions that measure q and k run before the error."""
     q, k, v = _qkv(dtype=torch.float64)
     q = q * 1e156
-    recorder = _RecordOps()
+    recorder = RecordOps()
     with recorder, pytest.raises(ValueError, match=r"scale: .* for these q and k; got 1e\+156"):
         attention(q, k, v, scale=1e156)
     measuring = {"aten.abs.default", "aten.amax.default", "aten._local_scalar_dense.default"}
@@ -177,7 +166,7 @@ def test_nan_in_a_query_row_propagates_to_that_row(backend, device):
 
 def test_module_with_wrong_embedding_size_names_the_argument():
     layer, x = MultiHeadAttention(64, 4), torch.randn(2, 5, 48)
-    recorder = _RecordOps()
+    recorder = RecordOps()
     with recorder, pytest.raises(ValueError, match=r"x: expected last dimension embed_dim=64, got 48"):
         layer(x)
     assert recorder.ops == [], f"ops ran before the error: {recorder.ops}"

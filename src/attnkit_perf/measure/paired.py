@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -146,6 +147,7 @@ class PairedSession:
         for workers in self.workers.values():
             for worker in workers:
                 worker.close()
+        shutil.rmtree(self._scratch, ignore_errors=True)
 
     def _prepare(self, case: dict) -> tuple[dict[str, SideResult], int | None]:
         results = {side: SideResult() for side in self.sides}
