@@ -92,6 +92,13 @@ def _options(config: pytest.Config) -> dict:
     return options
 
 
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    """Whether this pytest process is an xdist worker of *this* run. Read from the config, not
+    from ``PYTEST_XDIST_WORKER``: a pytest started inside a worker (the gate's own tests run the
+    plugin through ``pytester``) inherits that variable but is a run of its own."""
+    return hasattr(config, "workerinput")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config.option, "benchmark_json"):  # pytest-benchmark not installed
@@ -115,7 +122,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if session.mode == "paired":
         # Paired mode times in worker processes; pytest-benchmark's fixture is requested but idle.
         config.addinivalue_line("filterwarnings", "ignore:Benchmark fixture was not used at all")
-    if session.mode == "paired" and os.environ.get("PYTEST_XDIST_WORKER") is None:
+    if session.mode == "paired" and not _is_xdist_worker(config):
         config.pluginmanager.register(_PairedController(session), "attnkit-paired-controller")
 
 
@@ -220,7 +227,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus):
         # minutes after the first, so one disturbed stretch of time cannot fail the gate.
         perf.confirm_suspects()
     yield
-    if perf is None or os.environ.get("PYTEST_XDIST_WORKER") is not None:
+    if perf is None or _is_xdist_worker(session.config):
         return
     document = perf.document or perf.build_document()
     if document is None:
@@ -234,7 +241,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     perf = config.stash.get(SESSION, None)
-    if perf is None or os.environ.get("PYTEST_XDIST_WORKER") is not None:
+    if perf is None or _is_xdist_worker(config):
         return
     if perf.document is None:
         perf.build_document()  # the stored run's JSON and the paired rows are all in by now

@@ -98,6 +98,17 @@ def test_inconclusive_when_the_interval_straddles_the_threshold():
     assert "cannot tell" in d.reason and not d.settled, d.reason
 
 
+def test_same_is_one_sided_a_wide_lower_end_does_not_keep_measuring():
+    # The gate asks "slower by t?": an interval wholly below 1 + t answers it, however far its
+    # lower end reaches, as long as no speed-up was shown.
+    base = [1.0 + 0.001 * i for i in range(16)]
+    head = [b * 0.985 * (1 + 0.03 * ((-1) ** i) * (i % 4) / 4) for i, b in enumerate(base)]
+    d = gate.decide_paired(base, head, T, ALPHA, T.slower)
+    assert d.ci[0] < 1 / (1 + T.slower) < d.ci[1] < 1 + T.slower, f"the case needs such an interval: {d.ci}"
+    assert d.outcome == "same" and d.settled, f"{d.outcome}: {d.reason}"
+    assert f"below x{1 + T.slower:.3f}" in d.reason, d.reason
+
+
 # --- no evidence is never "same" ------------------------------------------------------------
 
 GOOD = [MS * (1 + 0.01 * i) for i in range(20)]

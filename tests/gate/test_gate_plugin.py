@@ -51,6 +51,9 @@ def gate_run(pytester, monkeypatch):
     pytester.makepyfile(test_synthetic=SYNTHETIC_SUITE)
     pytester.makeconftest(FAST_PROBES)
     monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
+    # The inner run is a run of its own, not a worker of the outer one (pytest -n): pytest-benchmark
+    # reads this variable and would disable itself.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     root = pytester.path / "baselines"
 
     def run(*args, **spec):

@@ -20,9 +20,11 @@ share of the run's false-alarm budget (:func:`per_benchmark_alpha`):
   chance that noise looks like a shift, and ``t`` ignores shifts too small to matter (and
   the few-tenths-of-a-percent offsets between processes that A/A runs show);
 * **faster**: the mirror image (reported, never failing);
-* **same**: a slowdown of ``t`` is excluded: the 99% interval lies inside (1/(1+t), 1+t)
-  (paired), or the ratio is below 1 + t and its interval excludes 1 + 2t (stored, where the
-  two runs' noise is wider). Calling "same" wrongly is a miss, not a false alarm, so this
+* **same**: a slowdown of ``t`` is excluded and no speed-up was shown: the 99% interval lies
+  below 1 + t (paired; one-sided, because the gate guards slowdowns: an interval such as
+  [0.97, 1.01] settles the question it asks, and measuring on to narrow its lower end only
+  costs time), or the ratio is below 1 + t and its interval excludes 1 + 2t (stored, where
+  the two runs' noise is wider). Calling "same" wrongly is a miss, not a false alarm, so this
   interval needs no share of the run's budget;
 * **inconclusive**: anything else — too few, NaN, non-positive or constant samples, or an
   interval too wide to tell. The caller measures more; still unclear, it is reported loudly,
@@ -148,8 +150,8 @@ def decide_paired(
         d = Decision("slower", p=est.p_slower, reason=f"{text}, p={est.p_slower:.1e} >= x{up:.3f}", **common)
     elif est.ratio <= down and est.high < 1.0 and est.p_faster < alpha:
         d = Decision("faster", p=est.p_faster, reason=f"{text}, p={est.p_faster:.1e}", **common)
-    elif down < est.low and est.high < up:
-        d = Decision("same", p=est.p_slower, reason=f"{text}: within x{up:.3f}", **common)
+    elif est.high < up:
+        d = Decision("same", p=est.p_slower, reason=f"{text}: below x{up:.3f}", **common)
     else:
         d = Decision("inconclusive", p=est.p_slower, reason=f"{text}: cannot tell at x{up:.3f}", **common)
     logs = [math.log(h / b) for b, h in zip(base_blocks, head_blocks, strict=True)]
