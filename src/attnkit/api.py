@@ -86,9 +86,8 @@ def _checked_problem(q, k, v, causal, scale, window) -> AttentionProblem:
         and (window is None or _exact_int_pair(window))
     ):
         return check_inputs(q, k, v, causal, scale, window)
-    key = (
-        q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, scale, window
-    )  # fmt: skip
+    shapes = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)
+    key = (*shapes, causal, scale, window)
     problem = _PROBLEMS.get(key)
     if problem is None:
         problem = check_inputs(q, k, v, causal, scale, window)

@@ -1,9 +1,10 @@
 """Attention as a ``torch.library`` op: the form torch.compile and CUDA graphs see.
 
-``attnkit::flash_forward(q, k, v, causal, scale, path, window_left=-1, window_right=-1) -> (out, lse)``
-and ``attnkit::flash_backward(grad_out, q, k, v, out, lse, causal, scale, path, window_left=-1,
-window_right=-1) -> (dq, dk, dv)`` run a FlashAttention-style path (``path``: a key of :data:`attnkit.flash_autograd.PATHS`,
-``"tiled"`` or ``"triton"``) with its default config; the window is
+``attnkit::flash_forward(q, k, v, causal, scale, path, window_left=-1, window_right=-1)
+-> (out, lse)`` and ``attnkit::flash_backward(grad_out, q, k, v, out, lse, causal, scale, path,
+window_left=-1, window_right=-1) -> (dq, dk, dv)`` run a FlashAttention-style path (``path``: a
+key of :data:`attnkit.flash_autograd.PATHS`, ``"tiled"`` or ``"triton"``) with its default
+config; the window is
 :func:`attnkit.attention`'s, as two ints (-1: unbounded side), since an op schema takes no
 optional tuples. Each has a fake implementation (shapes,
 dtypes and strides without compute), so the compiler traces through them, and the backward is
