@@ -30,7 +30,7 @@ import torch
 
 import attnkit
 from attnkit.inputs import check_inputs
-from attnkit.reference import causal_visibility
+from attnkit.reference import visibility
 from attnkit.testing import ERROR_FACTORS, compare_to_reference, make_tensor, max_abs_error, run_with_grads
 
 QUANTITIES = ("out", "dq", "dk", "dv")
@@ -56,7 +56,7 @@ def legacy_naive(q, k, v, causal, scale):
     qg = q.reshape(p.batch, p.kv_heads, p.group_size, p.q_len, p.head_dim)
     scores = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * p.scale
     if p.causal:
-        scores = scores.masked_fill(~causal_visibility(p.q_len, p.kv_len, q.device), float("-inf"))
+        scores = scores.masked_fill(~visibility(p, q.device), float("-inf"))
     row_max = scores.amax(-1, keepdim=True).detach()
     weights = torch.exp(scores - torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)))
     denom = weights.sum(-1, keepdim=True)

@@ -21,6 +21,7 @@ def attention(
     *,
     causal: bool = False,
     scale: float | None = None,
+    window: tuple[int, int] | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Scaled dot-product attention, ``softmax(scale * q @ k^T) @ v``, with autograd.
@@ -33,6 +34,10 @@ def attention(
             ``j <= i + M - N``. A row that sees no key outputs zeros and gets zero gradient.
         scale: multiplies the scores; default ``1 / sqrt(D)``. Any finite real, 0 included, whose
             scores fit float32 (float64 for float64 inputs); see README "Input rules".
+        window: sliding (local) attention, ``(left, right)`` with -1 for an unbounded side;
+            None (default): no window. Query i sees key j only if
+            ``i + (M - N) - left <= j <= i + (M - N) + right`` (and, with causal, also
+            ``j <= i + M - N``). A row that sees no key outputs zeros with zero gradient.
         backend: ``"auto"`` or a name from :func:`attnkit.available_backends`.
 
     Returns:
@@ -44,9 +49,9 @@ def attention(
         UnsupportedProblemError (a NotImplementedError): the backend cannot take these inputs.
     """
     if torch.compiler.is_compiling():  # traced once: the plain checks, no host-side caches
-        problem = check_inputs(q, k, v, causal, scale)
+        problem = check_inputs(q, k, v, causal, scale, window)
         return _plan(backend, problem)(q, k, v, problem)
-    problem = _checked_problem(q, k, v, causal, scale)
+    problem = _checked_problem(q, k, v, causal, scale, window)
     key = (backend, problem)
     run = _PLANS.get(key)
     if run is None:
@@ -66,10 +71,11 @@ _PROBLEMS: dict[tuple, AttentionProblem] = {}
 _PLANS: dict[tuple, object] = {}
 
 
-def _checked_problem(q, k, v, causal, scale) -> AttentionProblem:
-    """:func:`check_inputs`, memoised on everything it reads. Only tensors and a bool causal
-    with a None/float scale are looked up; anything else goes straight to the checks, which
-    raise the right error."""
+def _checked_problem(q, k, v, causal, scale, window) -> AttentionProblem:
+    """:func:`check_inputs`, memoised on everything it reads. Only tensors, a bool causal, a
+    None/float scale and a None/(int, int) tuple window are looked up; anything else goes
+    straight to the checks, which raise the right error (``(True, 1)`` equals ``(1, 1)`` as a
+    key, so a window is looked up only when both sides are exactly ints)."""
     if not (
         isinstance(q, torch.Tensor)
         and isinstance(k, torch.Tensor)
@@ -77,16 +83,22 @@ def _checked_problem(q, k, v, causal, scale) -> AttentionProblem:
         and type(causal) is bool
         # |scale| > 1 is checked against the data (overflowing scores), so never memoised.
         and (scale is None or (type(scale) is float and abs(scale) <= 1.0))
+        and (window is None or _exact_int_pair(window))
     ):
-        return check_inputs(q, k, v, causal, scale)
-    key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, scale)
+        return check_inputs(q, k, v, causal, scale, window)
+    shapes = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)
+    key = (*shapes, causal, scale, window)
     problem = _PROBLEMS.get(key)
     if problem is None:
-        problem = check_inputs(q, k, v, causal, scale)
+        problem = check_inputs(q, k, v, causal, scale, window)
         if len(_PROBLEMS) >= _CACHE_SIZE:
             _PROBLEMS.clear()
         _PROBLEMS[key] = problem
     return problem
+
+
+def _exact_int_pair(window) -> bool:
+    return type(window) is tuple and len(window) == 2 and type(window[0]) is int and type(window[1]) is int
 
 
 @torch.compiler.assume_constant_result

@@ -85,7 +85,10 @@ def flash_attention(
 ) -> torch.Tensor:
     """Run ``impl`` with autograd support; returns (B, Hq, N, Dv) in q's dtype."""
     if torch.compiler.is_compiling() and impl.op_name is not None:
-        return torch.ops.attnkit.flash_forward(q, k, v, problem.causal, problem.scale, impl.op_name)[0]
+        window_left, window_right = problem.window or (-1, -1)
+        return torch.ops.attnkit.flash_forward(
+            q, k, v, problem.causal, problem.scale, impl.op_name, window_left, window_right
+        )[0]
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _FlashAttentionFunction.apply(q, k, v, problem, impl)
     return impl.forward(q, k, v, problem)[0]

@@ -40,6 +40,13 @@ class AttentionProblem:
     scale: float
     dtype: torch.dtype
     device: torch.device
+    #: Sliding window, normalised by :func:`check_inputs`: query i sees key j only if
+    #: ``i + (M - N) - window_left <= j <= i + (M - N) + window_right``. None: that side is
+    #: unbounded, either because it was given as -1 or because it hides no key of this problem
+    #: (``left >= M - 1``; ``right >= N - 1``, or any right with causal, which is tighter). So a
+    #: problem whose window covers everything equals, and hashes like, the same problem without one.
+    window_left: int | None = None
+    window_right: int | None = None
 
     @property
     def group_size(self) -> int:
@@ -50,6 +57,32 @@ class AttentionProblem:
     def causal_offset(self) -> int:
         """Bottom-right alignment: query row i sees key j iff ``j <= i + causal_offset``."""
         return self.kv_len - self.q_len
+
+    @property
+    def has_window(self) -> bool:
+        """Whether a sliding window hides some key (after normalisation)."""
+        return self.window_left is not None or self.window_right is not None
+
+    @property
+    def window(self) -> tuple[int, int] | None:
+        """The normalised window in the API's form, (left, right) with -1 for an unbounded
+        side, or None when it hides nothing: ``check_inputs(..., window=p.window)`` gives ``p``."""
+        if not self.has_window:
+            return None
+        return tuple(-1 if side is None else side for side in (self.window_left, self.window_right))
+
+    @property
+    def key_band(self) -> tuple[int | None, int | None]:
+        """(lower, upper): query row i sees key j (0 <= j < M) iff ``i + lower <= j <= i + upper``;
+        None is an unbounded side. The one statement of the masking rule (causal and window);
+        :func:`attnkit.reference.visibility` materialises it and every path bounds its loops by it."""
+        offset = self.kv_len - self.q_len
+        lower = None if self.window_left is None else offset - self.window_left
+        if self.window_right is not None:
+            upper = offset + self.window_right
+        else:
+            upper = offset if self.causal else None
+        return lower, upper
 
     @property
     def is_degenerate(self) -> bool:
@@ -63,6 +96,7 @@ class AttentionProblem:
             f"B={self.batch} Hq={self.q_heads} Hkv={self.kv_heads} N={self.q_len} "
             f"M={self.kv_len} D={self.head_dim} Dv={self.value_dim} causal={self.causal} "
             f"dtype={str(self.dtype).removeprefix('torch.')}"
+            + (f" window={self.window}" if self.has_window else "")
         )
 
 
@@ -80,8 +114,28 @@ def _check_tensor(name: str, x: object) -> torch.Tensor:
     return x
 
 
+def _check_window(window: object) -> tuple[int, int] | None:
+    """``window`` as a (left, right) pair of Python ints, each >= -1, or None."""
+    if window is None:
+        return None
+    expected = "None or a (left, right) pair of ints, each >= -1 (-1: unbounded on that side)"
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window: expected {expected}, got {type(window).__name__} {window!r}")
+    for side, value in zip(("left", "right"), window, strict=True):
+        if isinstance(value, (bool, _numpy_bool)) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"window: expected {expected}, got {side} = {value!r} ({type(value).__name__})")
+        if value < -1:
+            raise ValueError(f"window: expected {expected}, got {side} = {value}")
+    return int(window[0]), int(window[1])
+
+
 def check_inputs(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float | None,
+    window: tuple[int, int] | None = None,
 ) -> AttentionProblem:
     """Check every argument and return the problem; raise before any compute on bad input."""
     q, k, v = (_check_tensor(n, x) for n, x in (("q", q), ("k", k), ("v", v)))
@@ -108,6 +162,12 @@ def check_inputs(
         )
     if not isinstance(causal, (bool, _numpy_bool)):
         raise TypeError(f"causal: expected a bool (Python or NumPy), got {type(causal).__name__}")
+    window_left, window_right = _check_window(window) or (-1, -1)
+    # Normalise: a side that hides no key of this problem is no bound (see AttentionProblem).
+    if window_left == -1 or window_left >= kv_len - 1:
+        window_left = None
+    if window_right == -1 or causal or window_right >= q_len - 1:
+        window_right = None
     if scale is None:
         # D = 0: every score is 0 whatever the scale; 1.0 avoids dividing by zero.
         scale = 1.0 / math.sqrt(head_dim) if head_dim else 1.0
@@ -131,6 +191,8 @@ def check_inputs(
         scale=float(scale),
         dtype=q.dtype,
         device=q.device,
+        window_left=window_left,
+        window_right=window_right,
     )
 
 

@@ -37,6 +37,7 @@ def attention_with_kvcache(
     block_table: torch.Tensor | None = None,
     causal: bool = False,
     scale: float | None = None,
+    window: None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Attention of new queries over a KV cache, optionally appending new keys/values first.
@@ -55,6 +56,9 @@ def attention_with_kvcache(
             sees key j iff ``j <= i + L_b - N``. A row that sees no key (e.g. ``L_b = 0``)
             outputs zeros.
         scale: default ``1 / sqrt(D)``.
+        window: must be None: a sliding window over a KV cache (per-sequence lengths, paged
+            blocks) is not supported; anything else raises UnsupportedProblemError before any
+            compute. :func:`attnkit.attention` takes windows on contiguous keys.
         backend: ``"auto"`` (:data:`attnkit.AUTO_ORDER`'s first usable path) or a name of
             :func:`attnkit.available_backends`.
 
@@ -67,6 +71,11 @@ def attention_with_kvcache(
         mismatches); BackendUnavailableError / UnsupportedProblemError as
         :func:`attnkit.attention` does.
     """
+    if window is not None:
+        raise UnsupportedProblemError(
+            f"window: attention_with_kvcache takes no sliding window (expected None, got {window!r}); "
+            "attnkit.attention(q, k, v, window=...) takes one on contiguous keys"
+        )
     cache = check_cache_inputs(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale)
     name = _pick_backend(backend, cache.problem)
     if k is not None:

@@ -16,6 +16,8 @@ class MultiHeadAttention(nn.Module):
         num_heads: query heads; head_dim = E // num_heads.
         num_kv_heads: key/value heads (GQA); default ``num_heads``; must divide ``num_heads``.
         causal: apply the causal mask.
+        window: sliding window ``(left, right)`` (-1: unbounded side) or None, as in
+            :func:`attnkit.attention`; validated at the first forward, with the inputs.
         bias: add a bias to every projection.
         backend: attention backend name, as in :func:`attnkit.attention`.
     """
@@ -26,6 +28,7 @@ class MultiHeadAttention(nn.Module):
         num_heads: int,
         num_kv_heads: int | None = None,
         causal: bool = False,
+        window: tuple[int, int] | None = None,
         bias: bool = True,
         backend: str = "auto",
         device=None,
@@ -39,7 +42,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
-        self.causal, self.backend = causal, backend
+        self.causal, self.window, self.backend = causal, window, backend
         kv_dim = num_kv_heads * self.head_dim
         factory = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
@@ -64,5 +67,5 @@ class MultiHeadAttention(nn.Module):
         q = heads(self.q_proj(x), self.num_heads)
         k = heads(self.k_proj(x), self.num_kv_heads)
         v = heads(self.v_proj(x), self.num_kv_heads)
-        out = attention(q, k, v, causal=self.causal, backend=self.backend)
+        out = attention(q, k, v, causal=self.causal, window=self.window, backend=self.backend)
         return self.out_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))

@@ -1,9 +1,12 @@
 """Attention as a ``torch.library`` op: the form torch.compile and CUDA graphs see.
 
-``attnkit::flash_forward(q, k, v, causal, scale, path) -> (out, lse)`` and
-``attnkit::flash_backward(grad_out, q, k, v, out, lse, causal, scale, path) -> (dq, dk, dv)``
-run a FlashAttention-style path (``path``: a key of :data:`attnkit.flash_autograd.PATHS`,
-``"tiled"`` or ``"triton"``) with its default config. Each has a fake implementation (shapes,
+``attnkit::flash_forward(q, k, v, causal, scale, path, window_left=-1, window_right=-1)
+-> (out, lse)`` and ``attnkit::flash_backward(grad_out, q, k, v, out, lse, causal, scale, path,
+window_left=-1, window_right=-1) -> (dq, dk, dv)`` run a FlashAttention-style path (``path``: a
+key of :data:`attnkit.flash_autograd.PATHS`, ``"tiled"`` or ``"triton"``) with its default
+config; the window is
+:func:`attnkit.attention`'s, as two ints (-1: unbounded side), since an op schema takes no
+optional tuples. Each has a fake implementation (shapes,
 dtypes and strides without compute), so the compiler traces through them, and the backward is
 registered as the forward's autograd formula, so a compiled training step keeps the paths'
 O(N)-memory recomputing backward.
@@ -41,18 +44,29 @@ def _path(name: str):
     return PATHS[name]
 
 
+def _window(window_left: int, window_right: int) -> tuple[int, int] | None:
+    return None if window_left == -1 and window_right == -1 else (window_left, window_right)
+
+
 @torch.library.custom_op("attnkit::flash_forward", mutates_args=())
 def flash_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, path: str
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    path: str,
+    window_left: int = -1,
+    window_right: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: (B, Hq, N, D), k: (B, Hkv, M, D), v: (B, Hkv, M, Dv). Returns out (B, Hq, N, Dv) in q's
     dtype and lse (B, Hq, N) in the path's accumulator dtype, both contiguous."""
-    problem = check_inputs(q, k, v, causal, scale)
+    problem = check_inputs(q, k, v, causal, scale, _window(window_left, window_right))
     return _path(path)().forward(q, k, v, problem)
 
 
 @flash_forward.register_fake
-def _(q, k, v, causal, scale, path):
+def _(q, k, v, causal, scale, path, window_left=-1, window_right=-1):
     batch, q_heads, q_len, _ = q.shape
     out = q.new_empty(batch, q_heads, q_len, v.shape[-1])
     lse = q.new_empty(batch, q_heads, q_len, dtype=_path(path).lse_dtype(q.dtype))
@@ -70,30 +84,32 @@ def flash_backward(
     causal: bool,
     scale: float,
     path: str,
+    window_left: int = -1,
+    window_right: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """grad_out, out: (B, Hq, N, Dv); lse from :func:`flash_forward`. Returns dq, dk, dv shaped
     like q, k, v, contiguous."""
-    problem = check_inputs(q, k, v, causal, scale)
+    problem = check_inputs(q, k, v, causal, scale, _window(window_left, window_right))
     return _path(path)().backward(grad_out, q, k, v, out, lse, problem)
 
 
 @flash_backward.register_fake
-def _(grad_out, q, k, v, out, lse, causal, scale, path):
+def _(grad_out, q, k, v, out, lse, causal, scale, path, window_left=-1, window_right=-1):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, path = inputs
+    q, k, v, *args = inputs  # causal, scale, path, window_left, window_right
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.mark_non_differentiable(lse)
-    ctx.args = (causal, scale, path)
+    ctx.args = tuple(args)
 
 
 def _backward(ctx, grad_out, _grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = flash_backward(grad_out, q, k, v, out, lse, *ctx.args)
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, *(None for _ in ctx.args)
 
 
 flash_forward.register_autograd(_backward, setup_context=_setup_context)

@@ -19,11 +19,20 @@ import torch
 from attnkit.inputs import AttentionProblem, check_inputs
 
 
-def causal_visibility(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
-    """Boolean (q_len, kv_len) matrix, True where query i sees key j (bottom-right aligned)."""
-    rows = torch.arange(q_len, device=device)[:, None]
-    cols = torch.arange(kv_len, device=device)[None, :]
-    return cols <= rows + (kv_len - q_len)
+def visibility(problem: AttentionProblem, device: torch.device) -> torch.Tensor:
+    """Boolean (N, M) matrix, True where query i sees key j: the rule of
+    :attr:`AttentionProblem.key_band` (bottom-right causal and the sliding window) made explicit.
+    The one visibility matrix: the oracle masks with it, the SDPA paths pass it as their mask,
+    and the tests check the other paths' loop bounds against it."""
+    rows = torch.arange(problem.q_len, device=device)[:, None]
+    cols = torch.arange(problem.kv_len, device=device)[None, :]
+    visible = torch.ones(problem.q_len, problem.kv_len, dtype=torch.bool, device=device)
+    lower, upper = problem.key_band
+    if upper is not None:
+        visible &= cols <= rows + upper
+    if lower is not None:
+        visible &= cols >= rows + lower
+    return visible
 
 
 def score_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -32,7 +41,7 @@ def score_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def attention_scores(q: torch.Tensor, k: torch.Tensor, problem: AttentionProblem) -> torch.Tensor:
-    """scale * q k^T with -inf where the causal mask hides a key: (B, Hkv, G, N, M), in
+    """scale * q k^T with -inf where the causal mask or the window hides a key: (B, Hkv, G, N, M), in
     :func:`score_dtype` (q and k are upcast exactly, so the only roundings are float32's).
 
     GQA is handled by viewing q as (B, Hkv, G, N, D) so K broadcasts over the group instead of
@@ -42,9 +51,8 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor, problem: AttentionProblem
     acc = score_dtype(q.dtype)
     qg = q.reshape(p.batch, p.kv_heads, p.group_size, p.q_len, p.head_dim).to(acc)
     scores = torch.matmul(qg, k.to(acc).unsqueeze(2).transpose(-1, -2)) * p.scale
-    if p.causal:
-        visible = causal_visibility(p.q_len, p.kv_len, q.device)
-        scores = scores.masked_fill(~visible, float("-inf"))
+    if p.causal or p.has_window:
+        scores = scores.masked_fill(~visibility(p, q.device), float("-inf"))
     return scores
 
 
@@ -79,12 +87,13 @@ def reference_attention(
     *,
     causal: bool = False,
     scale: float | None = None,
+    window: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """The float64 oracle: upcasts q, k, v to float64 and returns a float64 result.
 
     Gradients flow back to the original tensors (in their own dtype).
     """
-    problem = check_inputs(q, k, v, causal, scale)
+    problem = check_inputs(q, k, v, causal, scale, window)
     return naive_attention(q.double(), k.double(), v.double(), problem)
 
 

@@ -12,6 +12,12 @@ Two translations are needed:
   making a square problem whose last N rows are exactly the bottom-right rows.
   (``torch.nn.attention.bias.causal_lower_right`` is not used: it picks its kernel itself,
   ignoring a forced backend, and drops GQA on its flash branch.)
+* Sliding windows. SDPA has no window argument: the window goes in as an explicit boolean
+  ``attn_mask``, :func:`attnkit.reference.visibility` (N x M, broadcast over batch and heads),
+  on the kernels that take a mask (:data:`WINDOW_MASK_KERNELS`); flash takes none and declines
+  in :func:`sdpa_problem_support`. SDPA's softmax over a fully masked row is NaN, so the rows
+  that see no key (always the first ones: the band's upper edge is below key 0 there) are cut
+  off before the call and returned as zeros, as for causal N > M.
 * Non-positive and tiny scales. PyTorch's CPU flash kernel returns NaN for causal inputs when
   the scale is 0, negative, or below float32's smallest normal (torch 2.13). Both are
   translated exactly: ``softmax(s * q k^T) == softmax(|s| * q (-k)^T)`` for s < 0 (negation is
@@ -41,6 +47,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from attnkit import sdpa_lower_right as lower_right
 from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
+from attnkit.reference import visibility
 
 #: attnkit backend name -> the SDPA backend it forces (None: PyTorch chooses).
 SDPA_BACKENDS: dict[str, SDPBackend | None] = {
@@ -50,6 +57,13 @@ SDPA_BACKENDS: dict[str, SDPBackend | None] = {
     "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
     "sdpa-math": SDPBackend.MATH,
 }
+
+#: Kernels that take a sliding window as an ``attn_mask``: PyTorch's choice, efficient, math, and
+#: cuDNN, whose SDPA accepts a mask (PyTorch's ``can_use_cudnn_attention`` checks the mask's
+#: shape, ``check_attn_mask_shape``, where ``can_use_flash_attention`` rejects any mask,
+#: ``check_for_attn_mask``). A kernel that declines a particular masked call still says why at
+#: call time.
+WINDOW_MASK_KERNELS = (None, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH, SDPBackend.CUDNN_ATTENTION)
 
 #: Backends that exist only as CUDA kernels (on CPU PyTorch has flash and math).
 _CUDA_ONLY = {SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION}
@@ -70,6 +84,11 @@ def sdpa_problem_support(name: str, problem: AttentionProblem) -> str | None:
     backend = SDPA_BACKENDS[name]
     if problem.dtype == torch.float64 and backend not in (None, SDPBackend.MATH):
         return f"{name} does not support float64 on {problem.device.type} (use sdpa-math)"
+    if problem.has_window and backend not in WINDOW_MASK_KERNELS:
+        return (
+            f"{name} takes no attn_mask, and a sliding window reaches SDPA only as a mask "
+            "(use sdpa-efficient, sdpa-cudnn, sdpa-math or sdpa)"
+        )
     return None
 
 
@@ -128,17 +147,22 @@ def _backend_flags():
 _FLAGS = _backend_flags()
 
 
-def _sdpa(q, k, v, scale, is_causal, backend):
+def _sdpa(q, k, v, scale, is_causal, backend, mask=None):
+    def call():
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
+        )
+
     if backend is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+        return call()
     if _FLAGS is None or torch.compiler.is_compiling():  # dynamo traces sdpa_kernel, not the flags
         with sdpa_kernel([backend]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+            return call()
     previous = [get() for get, _, _ in _FLAGS]
     try:
         for _, set_enabled, flag_backend in _FLAGS:
             set_enabled(flag_backend == backend)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=True)
+        return call()
     finally:
         for (_, set_enabled, _), was in zip(_FLAGS, previous, strict=True):
             set_enabled(was)
@@ -157,26 +181,27 @@ def _declined(name, problem, err, caught) -> UnsupportedProblemError:
     )
 
 
-def _call_sdpa(name, q, k, v, problem, is_causal):
+def _call_sdpa(name, q, k, v, problem, is_causal, mask=None):
     backend = SDPA_BACKENDS[name]
     q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
     if torch.compiler.is_compiling():  # a traced graph has no warnings to record
-        return _sdpa(q, k, v, problem.scale, is_causal, backend)
+        return _sdpa(q, k, v, problem.scale, is_causal, backend, mask)
+    # The mask, if any, follows from the problem (its window), so it needs no place in the key.
     key = (name, problem, is_causal)
     if key in _ACCEPTED:
         try:
-            return _sdpa(q, k, v, problem.scale, is_causal, backend)
+            return _sdpa(q, k, v, problem.scale, is_causal, backend, mask)
         except RuntimeError as err:  # the same shapes in another layout: gather the reasons
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 with contextlib.suppress(RuntimeError):
-                    _sdpa(q, k, v, problem.scale, is_causal, backend)
+                    _sdpa(q, k, v, problem.scale, is_causal, backend, mask)
             raise _declined(name, problem, err, caught) from err
     # PyTorch gives its reasons for declining only as warnings.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            out = _sdpa(q, k, v, problem.scale, is_causal, backend)
+            out = _sdpa(q, k, v, problem.scale, is_causal, backend, mask)
         except RuntimeError as err:
             raise _declined(name, problem, err, caught) from err
     if len(_ACCEPTED) >= 4096:
@@ -194,6 +219,8 @@ def sdpa_attention(
         q, problem = q * 0.0, dataclasses.replace(problem, scale=1.0)
     elif problem.scale < 0:
         k, problem = -k, dataclasses.replace(problem, scale=-problem.scale)
+    if problem.has_window:
+        return _windowed_attention(name, q, k, v, problem)
     if not problem.causal or problem.causal_offset == 0:
         return _call_sdpa(name, q, k, v, problem, problem.causal)
     if problem.causal_offset > 0:  # N < M: see attnkit.sdpa_lower_right
@@ -213,3 +240,17 @@ def sdpa_attention(
     # N > M: the first N - M rows see no key and are zero.
     hidden = out.new_zeros(problem.batch, problem.q_heads, -problem.causal_offset, problem.value_dim)
     return torch.cat([hidden, out], dim=2)
+
+
+def _windowed_attention(name, q, k, v, problem: AttentionProblem) -> torch.Tensor:
+    """A sliding window (and causal, if set) as a boolean mask; shapes as in
+    :func:`attnkit.attention`. Only rows that see a key go to SDPA (module docstring): row i sees
+    none iff ``i + upper < 0``, and the last row always sees one when M >= 1."""
+    upper = problem.key_band[1]
+    hidden = 0 if upper is None else min(problem.q_len, max(0, -upper))
+    mask = visibility(problem, q.device)[hidden:]
+    out = _call_sdpa(name, q[:, :, hidden:], k, v, problem, False, mask)
+    if not hidden:
+        return out
+    zeros = out.new_zeros(problem.batch, problem.q_heads, hidden, problem.value_dim)
+    return torch.cat([zeros, out], dim=2)

@@ -176,15 +176,16 @@ def compare_to_reference(
     causal: bool,
     scale: float | None,
     grad_out: torch.Tensor | None = None,
+    window: tuple[int, int] | None = None,
 ) -> list[QuantityCheck]:
     """Run ``fn`` and the naive path in q's dtype, both against the float64 oracle."""
     from attnkit.inputs import check_inputs
 
-    problem = check_inputs(q, k, v, causal, scale)
+    problem = check_inputs(q, k, v, causal, scale, window)
     actual = run_with_grads(fn, q, k, v, grad_out)
     baseline = run_with_grads(lambda a, b, c: naive_attention(a, b, c, problem), q, k, v, grad_out)
     reference = run_with_grads(
-        lambda a, b, c: reference_attention(a, b, c, causal=causal, scale=scale),
+        lambda a, b, c: reference_attention(a, b, c, causal=causal, scale=scale, window=window),
         q.double(),
         k.double(),
         v.double(),

@@ -1,7 +1,8 @@
 """The tiled path: FlashAttention-2 in plain PyTorch.
 
 This is the readable twin of the Triton kernels: the same loops, the same online softmax, the
-same causal block bounds and the same two-pass backward (a dK/dV pass over key blocks, a dQ
+same causal and sliding-window block bounds (key blocks wholly outside the band are skipped,
+blocks crossing its edges are masked) and the same two-pass backward (a dK/dV pass over key blocks, a dQ
 pass over query blocks). Each loop iteration is vectorised over batch and heads.
 
 Tile sizes come from a memory budget (:func:`tile_shape`), not a fixed block: a tile holds at
@@ -74,28 +75,43 @@ def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def kv_end_for_rows(problem: AttentionProblem, row_end: int) -> int:
-    """One past the last key any query row < row_end can see (the causal loop bound)."""
-    if not problem.causal:
-        return problem.kv_len
-    return max(0, min(problem.kv_len, row_end + problem.causal_offset))
+def key_range_for_rows(problem: AttentionProblem, row_start: int, row_end: int) -> tuple[int, int]:
+    """[start, end): the keys some query row in [row_start, row_end) sees (the forward's and the
+    dQ pass's loop bounds). Keys outside the band are never touched; an empty range is a block
+    of rows that sees no key."""
+    lower, upper = problem.key_band
+    start = 0 if lower is None else min(problem.kv_len, max(0, row_start + lower))
+    end = problem.kv_len if upper is None else min(problem.kv_len, max(0, row_end - 1 + upper + 1))
+    return start, max(start, end)
 
 
-def first_row_seeing(problem: AttentionProblem, key_start: int) -> int:
-    """The first query row that sees key ``key_start`` (rows before it see none of its block)."""
-    if not problem.causal:
-        return 0
-    return max(0, key_start - problem.causal_offset)
+def row_range_for_keys(problem: AttentionProblem, key_start: int, key_end: int) -> tuple[int, int]:
+    """[start, end): the query rows that see some key in [key_start, key_end) (the dK/dV pass's
+    loop bounds), the mirror of :func:`key_range_for_rows`."""
+    lower, upper = problem.key_band
+    start = 0 if upper is None else min(problem.q_len, max(0, key_start - upper))
+    end = problem.q_len if lower is None else min(problem.q_len, max(0, key_end - 1 - lower + 1))
+    return start, max(start, end)
 
 
 def _mask_tile(scores: torch.Tensor, problem: AttentionProblem, row0: int, col0: int) -> torch.Tensor:
-    """Set scores of keys a row must not see to -inf. Only tiles crossing the diagonal need it."""
+    """Set scores of keys a row must not see to -inf. Only tiles crossing an edge of the band
+    need it: the causal diagonal (or the window's right edge), the window's left edge."""
     rows, cols = scores.shape[-2], scores.shape[-1]
-    if not problem.causal or col0 + cols - 1 <= row0 + problem.causal_offset:
+    lower, upper = problem.key_band
+    # The tile's top-right corner is the first to cross the upper edge, its bottom-left corner
+    # the first to cross the lower edge.
+    crosses_upper = upper is not None and col0 + cols - 1 > row0 + upper
+    crosses_lower = lower is not None and col0 < row0 + rows - 1 + lower
+    if not (crosses_upper or crosses_lower):
         return scores
     r = torch.arange(row0, row0 + rows, device=scores.device)[:, None]
     c = torch.arange(col0, col0 + cols, device=scores.device)[None, :]
-    return scores.masked_fill_(c > r + problem.causal_offset, float("-inf"))
+    if crosses_upper:
+        scores = scores.masked_fill_(c > r + upper, float("-inf"))
+    if crosses_lower:
+        scores = scores.masked_fill_(c < r + lower, float("-inf"))
+    return scores
 
 
 class TiledImplementation:
@@ -127,7 +143,10 @@ class TiledImplementation:
             row_max = torch.full(q_tile.shape[:-1], float("-inf"), dtype=acc, device=q.device)
             row_sum = torch.zeros_like(row_max)
             acc_tile = torch.zeros(*q_tile.shape[:-1], p.value_dim, dtype=acc, device=q.device)
-            for n0 in range(0, kv_end_for_rows(p, m1), cfg.block_n):
+            kv_start, kv_end = key_range_for_rows(p, m0, m1)
+            # Key blocks start on the block grid, as in the kernels: the window's left edge
+            # falls inside the first block and is masked there.
+            for n0 in range((kv_start // cfg.block_n) * cfg.block_n, kv_end, cfg.block_n):
                 n1 = min(n0 + cfg.block_n, p.kv_len)
                 k_tile = k[:, :, None, n0:n1, :].to(acc)
                 v_tile = v[:, :, None, n0:n1, :].to(acc)
@@ -176,8 +195,8 @@ class TiledImplementation:
             n1 = min(n0 + cfg.block_n, p.kv_len)
             dk_tile = torch.zeros(p.batch, p.kv_heads, n1 - n0, p.head_dim, dtype=acc, device=q.device)
             dv_tile = torch.zeros(p.batch, p.kv_heads, n1 - n0, p.value_dim, dtype=acc, device=q.device)
-            start = (first_row_seeing(p, n0) // cfg.block_m) * cfg.block_m
-            for m0 in range(start, p.q_len, cfg.block_m):
+            row_start, row_end = row_range_for_keys(p, n0, n1)
+            for m0 in range((row_start // cfg.block_m) * cfg.block_m, row_end, cfg.block_m):
                 m1 = min(m0 + cfg.block_m, p.q_len)
                 q_tile, _, probs, do_tile, dscores = tile(m0, m1, n0, n1)
                 dv_tile += (probs.transpose(-1, -2) @ do_tile).sum(dim=2)
@@ -191,7 +210,8 @@ class TiledImplementation:
         for m0 in range(0, p.q_len, cfg.block_m):
             m1 = min(m0 + cfg.block_m, p.q_len)
             dq_tile = torch.zeros(*qg[..., m0:m1, :].shape, dtype=acc, device=q.device)
-            for n0 in range(0, kv_end_for_rows(p, m1), cfg.block_n):
+            kv_start, kv_end = key_range_for_rows(p, m0, m1)
+            for n0 in range((kv_start // cfg.block_n) * cfg.block_n, kv_end, cfg.block_n):
                 n1 = min(n0 + cfg.block_n, p.kv_len)
                 _, k_tile, _, _, dscores = tile(m0, m1, n0, n1)
                 dq_tile += dscores @ k_tile

@@ -37,6 +37,8 @@ class Problem:
     kv_layout: str
     magnitude: str
     seed: int
+    #: Sliding window (left, right), -1 for an unbounded side, or None.
+    window: tuple[int, int] | None = None
 
     @property
     def group_size(self) -> int:
@@ -118,3 +120,22 @@ def fit_to_interpreter(problem: Problem) -> Problem:
         head_dim=dim(problem.head_dim),
         value_dim=dim(problem.value_dim),
     )
+
+
+@st.composite
+def windows(draw, q_len: int, kv_len: int):
+    """A (left, right) window for an N x M problem: sides of 0, 1, in range, or past every key
+    (>= max(N, M)); symmetric or not; left-only or right-only (the other side -1)."""
+    span = max(q_len, kv_len)
+    side = st.one_of(st.just(0), st.just(1), st.integers(0, span), st.integers(span, span + 8))
+    kind = draw(st.sampled_from(("both", "both", "left-only", "right-only")))
+    left = -1 if kind == "right-only" else draw(side)
+    right = -1 if kind == "left-only" else draw(side)
+    return left, right
+
+
+@st.composite
+def windowed_problems(draw, **kwargs):
+    """:func:`problems` with a window drawn by :func:`windows` (causal or not, N != M, GQA)."""
+    problem = draw(problems(**kwargs))
+    return dataclasses.replace(problem, window=draw(windows(problem.q_len, problem.kv_len)))

@@ -39,29 +39,34 @@ def _problem(dtype=None, n=24, m=24, d=16, kv_heads=2):
     return q, k, v, grad_out
 
 
-def _skip_if_eager_declines(backend, q, k, v):
+def _skip_if_eager_declines(backend, q, k, v, window=None):
     """A forced SDPA kernel may decline a problem (e.g. GQA) in eager mode too: not a compile
     matter. Compiled, the refusal would surface as PyTorch's own error, so it is checked here."""
     try:
-        attention(q, k, v, causal=True, backend=backend)
+        attention(q, k, v, causal=True, window=window, backend=backend)
     except attnkit.UnsupportedProblemError as err:
         pytest.skip(f"{backend} declines the problem in eager mode: {err}")
 
 
-def _fn(backend, causal=True):
-    return lambda q, k, v: attention(q, k, v, causal=causal, backend=backend)
+def _fn(backend, causal=True, window=None):
+    return lambda q, k, v: attention(q, k, v, causal=causal, window=window, backend=backend)
 
 
+@pytest.mark.parametrize("window", [None, (6, -1)], ids=["no-window", "window"])
 @pytest.mark.parametrize("backend", backend_params())
-def test_fullgraph_compile_forward_and_backward(backend):
+def test_fullgraph_compile_forward_and_backward(backend, window):
     torch._dynamo.reset()
     q, k, v, grad_out = _problem(n=24, m=40)
-    _skip_if_eager_declines(backend, q, k, v)
-    compiled = torch.compile(_fn(backend), fullgraph=True, backend=_COMPILER)
-    checks = compare_to_reference(compiled, q, k, v, causal=True, scale=None, grad_out=grad_out)
-    assert_close_to_reference(f"{backend} under torch.compile({_COMPILER}, fullgraph=True)", checks)
+    _skip_if_eager_declines(backend, q, k, v, window)
+    compiled = torch.compile(_fn(backend, window=window), fullgraph=True, backend=_COMPILER)
+    checks = compare_to_reference(
+        compiled, q, k, v, causal=True, scale=None, grad_out=grad_out, window=window
+    )
+    assert_close_to_reference(
+        f"{backend} under torch.compile({_COMPILER}, fullgraph=True), window {window}", checks
+    )
     if backend in _OP_PATHS:
-        eager = run_with_grads(_fn(backend), q, k, v, grad_out)
+        eager = run_with_grads(_fn(backend, window=window), q, k, v, grad_out)
         traced = run_with_grads(compiled, q, k, v, grad_out)
         for name, expected in eager.items():
             diff = (traced[name].float() - expected.float()).abs().max().item()
@@ -98,6 +103,8 @@ def test_opcheck(path):
     for x in (q, k, v):
         x.requires_grad_(True)
     torch.library.opcheck(torch.ops.attnkit.flash_forward.default, (q, k, v, True, 0.25, path))
+    # With a window: (left, right) as two ints, -1 for an unbounded side.
+    torch.library.opcheck(torch.ops.attnkit.flash_forward.default, (q, k, v, False, 0.25, path, 5, 2))
 
 
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a CUDA device")

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import INTERPRETED, backend_params
 from hypothesis import given
-from strategies import Problem, fit_to_interpreter, problems
+from strategies import Problem, fit_to_interpreter, problems, windowed_problems
 
 from attnkit import UnsupportedProblemError, attention
 from attnkit.testing import assert_close_to_reference, compare_to_reference
@@ -93,6 +93,13 @@ EDGE_CASES = {
         magnitude="outliers",
         seed=9191,
     ),
+    # Sliding windows: each edge of the band inside a block, N != M offsets, rows that see no key.
+    "window-causal-left": _edge(q_len=45, kv_len=45, window=(6, -1), dtype=torch.bfloat16),
+    "window-zero-n-gt-m": _edge(q_len=40, kv_len=23, causal=False, window=(0, 0)),
+    "window-right-only-n-lt-m": _edge(q_len=19, kv_len=44, causal=False, window=(-1, 3), dtype=torch.float16),
+    "window-asymmetric-gqa": _edge(
+        q_heads=4, kv_heads=2, q_len=37, kv_len=41, causal=False, window=(9, 2), head_dim=40, value_dim=24
+    ),
 }
 
 
@@ -103,11 +110,13 @@ def check_backend(backend: str, problem: Problem, device: torch.device) -> bool:
     q, k, v, grad_out = problem.tensors(device)
 
     def run(a, b, c):
-        return attention(a, b, c, causal=problem.causal, scale=problem.scale, backend=backend)
+        return attention(
+            a, b, c, causal=problem.causal, scale=problem.scale, window=problem.window, backend=backend
+        )
 
     try:
         checks = compare_to_reference(
-            run, q, k, v, causal=problem.causal, scale=problem.scale, grad_out=grad_out
+            run, q, k, v, causal=problem.causal, scale=problem.scale, grad_out=grad_out, window=problem.window
         )
     except UnsupportedProblemError as err:
         # A path may decline inputs it cannot take (e.g. SDPA-flash and float32 on CUDA), but
@@ -121,6 +130,13 @@ def check_backend(backend: str, problem: Problem, device: torch.device) -> bool:
 @pytest.mark.parametrize("backend", backend_params())
 @given(problem=problems())
 def test_backend_matches_reference(backend, problem, device):
+    check_backend(backend, problem, device)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@given(problem=windowed_problems(max_len=96))
+def test_windowed_backend_matches_reference(backend, problem, device):
+    """Sliding windows, with and without causal, N != M, GQA, against the oracle's visibility."""
     check_backend(backend, problem, device)
 
 

@@ -84,6 +84,12 @@ def _bad_inputs():
         TypeError,
         r"causal: expected a bool \(Python or NumPy\), got int",
     )
+    window_expected = r"window: expected None or a \(left, right\) pair of ints, each >= -1"
+    yield "window-int", (q, k, v), {"window": 4}, TypeError, window_expected + r".*got int 4"
+    yield "window-triple", (q, k, v), {"window": (1, 2, 3)}, TypeError, window_expected + r".*got tuple"
+    yield "window-bool", (q, k, v), {"window": (True, 1)}, TypeError, window_expected + r".*left = True"
+    yield "window-float", (q, k, v), {"window": (1, 2.0)}, TypeError, window_expected + r".*right = 2.0"
+    yield "window-below", (q, k, v), {"window": (-2, 0)}, ValueError, window_expected + r".*left = -2"
     yield (
         "unknown-backend",
         (q, k, v),
@@ -118,6 +124,12 @@ def test_forced_backend_that_declines_names_itself_and_the_reason():
     q, k, v = _qkv(dtype=torch.float64)
     with pytest.raises(NotImplementedError, match=r"'sdpa-flash'.*float64"):
         attention(q, k, v, backend="sdpa-flash")
+
+
+def test_forced_backend_without_masks_declines_windows_by_name():
+    q, k, v = _qkv()
+    with pytest.raises(NotImplementedError, match=r"'sdpa-flash'.*window=\(2, -1\).*takes no attn_mask"):
+        attention(q, k, v, window=(2, -1), backend="sdpa-flash")
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ class Case:
     dtype: torch.dtype = torch.float32
     scale: float | None = None
     layout: str = "contiguous"
+    window: tuple[int, int] | None = None
 
     def tensors(self, seed: int = 0):
         gen = torch.Generator().manual_seed(seed)
@@ -72,14 +73,23 @@ CASES = {
     "expanded": Case(layout="expanded", batch=2, q_len=23, kv_len=23),
     "scale-zero": Case(scale=0.0, q_len=7, kv_len=19),
     "negative-scale": Case(scale=-0.3, q_len=18, kv_len=18, dtype=torch.bfloat16),
+    # Windows (the interpreter's tiles are 32 x 16, 16 x 32): band edges inside blocks, a band
+    # narrower than a block, left-only, right-only, N != M, rows that see no key.
+    "window-causal": Case(q_len=47, kv_len=47, window=(9, -1), dtype=torch.bfloat16),
+    "window-narrow": Case(q_len=40, kv_len=40, causal=False, window=(1, 2)),
+    "window-left-only-n-lt-m": Case(q_len=21, kv_len=46, causal=False, window=(5, -1), dtype=torch.float16),
+    "window-right-only-n-gt-m": Case(q_len=46, kv_len=21, causal=False, window=(-1, 0)),
+    "window-gqa-causal-n-lt-m": Case(q_heads=4, kv_heads=1, q_len=19, kv_len=44, window=(20, 0)),
 }
 
 
 def _run(case: Case, config: AttentionConfig | None = None):
     def fn(q, k, v):
         if config is None:
-            return attention(q, k, v, causal=case.causal, scale=case.scale, backend="triton")
-        problem = check_inputs(q, k, v, case.causal, case.scale)
+            return attention(
+                q, k, v, causal=case.causal, scale=case.scale, window=case.window, backend="triton"
+            )
+        problem = check_inputs(q, k, v, case.causal, case.scale, case.window)
         return triton_attention(q, k, v, problem, config)
 
     return fn
@@ -90,14 +100,24 @@ def test_matches_reference(name):
     case = CASES[name]
     q, k, v, grad_out = case.tensors()
     checks = compare_to_reference(
-        _run(case), q, k, v, causal=case.causal, scale=case.scale, grad_out=grad_out
+        _run(case), q, k, v, causal=case.causal, scale=case.scale, grad_out=grad_out, window=case.window
     )
     assert_close_to_reference(f"triton {name}: {case}", checks)
 
 
 @pytest.mark.skipif(_TMA_UNAVAILABLE, reason="TMA descriptors need a Hopper GPU or the interpreter")
 @pytest.mark.parametrize(
-    "name", ["n-gt-m-causal", "n-lt-m-causal", "gqa", "d40-dv24", "bnhd", "negative-scale"]
+    "name",
+    [
+        "n-gt-m-causal",
+        "n-lt-m-causal",
+        "gqa",
+        "d40-dv24",
+        "bnhd",
+        "negative-scale",
+        "window-causal",
+        "window-narrow",
+    ],
 )
 def test_tma_forward_matches_reference(name):
     """The forward with K and V through TMA descriptors: keys and head dims that end inside a
@@ -105,7 +125,7 @@ def test_tma_forward_matches_reference(name):
     lse = +inf."""
     case = CASES[name]
     q, k, v, _ = case.tensors()
-    setup = LaunchSetup.build(check_inputs(q, k, v, case.causal, case.scale))
+    setup = LaunchSetup.build(check_inputs(q, k, v, case.causal, case.scale, case.window))
     checks = compare_to_reference(
         lambda a, b, c: attention_forward(a, b, c, setup, tma=True)[0],
         q,
@@ -113,6 +133,7 @@ def test_tma_forward_matches_reference(name):
         v,
         causal=case.causal,
         scale=case.scale,
+        window=case.window,
     )
     assert_close_to_reference(f"triton forward via TMA {name}: {case}", checks)
     unseen = torch.isinf(attention_forward(q, k, v, setup, tma=True)[1])
@@ -130,24 +151,28 @@ def test_tma_forward_matches_reference(name):
     ],
     ids=["bm16-bn32", "bm64-bn16"],
 )
-def test_explicit_config_matches_reference(config):
-    """Other tile shapes move the causal diagonal and the ragged ends to other loop phases."""
-    case = Case(q_heads=4, kv_heads=2, q_len=37, kv_len=45, head_dim=40, value_dim=24)
+@pytest.mark.parametrize("window", [None, (13, -1), (3, 20)], ids=["no-window", "window-left", "window-both"])
+def test_explicit_config_matches_reference(config, window):
+    """Other tile shapes move the causal diagonal, the window's edges and the ragged ends to
+    other loop phases."""
+    case = Case(q_heads=4, kv_heads=2, q_len=37, kv_len=45, head_dim=40, value_dim=24, window=window)
     q, k, v, grad_out = case.tensors(seed=1)
     checks = compare_to_reference(
-        _run(case, config), q, k, v, causal=case.causal, scale=case.scale, grad_out=grad_out
+        _run(case, config), q, k, v, causal=case.causal, scale=case.scale, grad_out=grad_out, window=window
     )
     assert_close_to_reference(f"triton with {config}", checks)
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_backward_is_bitwise_deterministic(causal):
+@pytest.mark.parametrize(
+    ("causal", "window"), [(True, None), (False, None), (False, (7, 5))], ids=["causal", "full", "window"]
+)
+def test_backward_is_bitwise_deterministic(causal, window):
     case = Case(q_heads=4, kv_heads=2, q_len=47, kv_len=41, causal=causal, dtype=torch.bfloat16)
     q, k, v, grad_out = case.tensors(seed=2)
     runs = []
     for _ in range(2):
         leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-        out = attention(*leaves, causal=causal, backend="triton")
+        out = attention(*leaves, causal=causal, window=window, backend="triton")
         runs.append([out, *torch.autograd.grad(out, leaves, grad_out)])
     for name, first, second in zip(("out", "dq", "dk", "dv"), *runs, strict=True):
         differing = (first != second).sum().item()
@@ -212,3 +237,18 @@ def test_aligned_copy_pads_rows_to_16_bytes(dtype, dim):
     assert torch.equal(y, x), "aligned_copy changed values"
     strides = [s * y.element_size() for s in y.stride()[:-1]]
     assert y.stride(-1) == 1 and all(s % 16 == 0 for s in strides), f"byte strides {strides} for D={dim}"
+
+
+def test_window_bounds_are_runtime_ints_and_the_flag_a_constexpr():
+    """A new window value must not compile new kernels (its offsets are never specialised),
+    and no window compiles the kernels without any lower-edge code (WINDOW=False)."""
+    from attnkit.triton.forward_kernels import DYNAMIC_INTS
+
+    assert {"causal_offset", "lower_offset"} <= set(DYNAMIC_INTS)
+    q = torch.empty(1, 2, 64, 32, device="meta", dtype=torch.float16)
+    plain = LaunchSetup.build(dataclasses.replace(check_inputs(q, q, q, True, None), device=DEVICE))
+    windowed = LaunchSetup.build(
+        dataclasses.replace(check_inputs(q, q, q, True, None, (16, 0)), device=DEVICE)
+    )
+    assert plain.kernel_kwargs["fwd"]["WINDOW"] is False and windowed.kernel_kwargs["fwd"]["WINDOW"] is True
+    assert windowed.sizes[-1] == -16, f"lower offset of window (16, 0) is {windowed.sizes[-1]}, not -16"

@@ -14,10 +14,14 @@ Both recompute P = exp2(s * log2(e) - lse * log2(e)) from the saved log-sum-exp;
 no key have lse = +inf and so P = 0 and zero gradient. The scores are recomputed twice (once per
 pass): 7 matmuls instead of 5, the price of determinism without a dQ reduction buffer.
 
-Row phases of the dK/dV pass (for key block [n0, n0 + BLOCK_N)): query blocks from the first
-row that sees key n0 up to the first row that sees the whole block are masked (the causal
-diagonal); whole blocks after that run bare; the ragged end of the queries is masked again.
-Rows past N load lse = +inf, dO = 0 and so contribute nothing.
+Row phases of the dK/dV pass (for key block [n0, n0 + BLOCK_N)), the mirror of the forward's
+key phases: query blocks from the first row that sees key n0 up to the first row that sees the
+whole block are masked (the causal diagonal, or the window's right edge); whole blocks after
+that run bare; the blocks crossing the window's left edge (rows that no longer see key n0) and
+the ragged end of the queries are masked again; rows past the last one that sees the block's
+last key are never loaded. Rows past N load lse = +inf, dO = 0 and so contribute nothing.
+The dQ pass uses the forward's key phases. The band and its offsets are the forward's
+(:mod:`attnkit.triton.forward_kernels`).
 """
 
 from __future__ import annotations
@@ -65,9 +69,10 @@ def _attn_bwd_preprocess(
 @triton.jit
 def _dkdv_inner(
     dk, dv, k, v, q_head, q_offs, do_head, do_offs, lse_head, delta_head, stride_qm, stride_dom,
-    start_m, end_m, offs_m, keys, offs_d, offs_dv, q_len, causal_offset, qk_scale,
+    start_m, end_m, offs_m, keys, offs_d, offs_dv, q_len, causal_offset, lower_offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Accumulate query rows [start_m, end_m) into dK, dV. ``*_head`` point at row 0 of the
     query head; pointer tiles are rebuilt from int32 tile offsets every iteration (see the
@@ -91,6 +96,8 @@ def _dkdv_inner(
         if MASKED and CAUSAL:
             # Hidden keys may score above the row's lse (they are not in its sum): zero them.
             p_t = tl.where(keys[:, None] <= rows[None, :] + causal_offset, p_t, 0.0)
+        if MASKED and WINDOW:
+            p_t = tl.where(keys[:, None] >= rows[None, :] + lower_offset, p_t, 0.0)
         dv = _dot(p_t.to(do.dtype), do, dv, DOT_PRECISION)
         dp_t = _dot(v, tl.trans(do), None, DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
@@ -107,9 +114,10 @@ def _attn_bwd_dkdv_kernel(
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-    q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, qk_scale, scale,
+    q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, lower_offset, qk_scale, scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(M, BLOCK_N) * B * Hkv,). DK like K, DV like V; LSE, DELTA: (B, Hq, N) float32."""
     pid_n, pid_bh = _program_coords(kv_len, BLOCK_N, False)
@@ -131,6 +139,7 @@ def _attn_bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, HEAD_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, VALUE_PAD], dtype=tl.float32)
 
+    # Row phases [lo, top_end) masked, [mid, full_end) bare, [tail, row_end) masked.
     if CAUSAL:
         # First row that sees key n0, rounded down to the block grid ...
         lo = (tl.maximum(n0 - causal_offset, 0) // BLOCK_M) * BLOCK_M
@@ -139,10 +148,25 @@ def _attn_bwd_dkdv_kernel(
         mid = lo + tl.cdiv(tl.maximum(all_visible - lo, 0), BLOCK_M) * BLOCK_M
         full_end = (q_len // BLOCK_M) * BLOCK_M
         tail = tl.maximum(mid, full_end)
+        top_end = tl.minimum(mid, q_len)
     else:
         lo = 0
         mid = 0
         full_end = (q_len // BLOCK_M) * BLOCK_M
+        tail = full_end
+        top_end = 0
+    row_end = q_len
+    if WINDOW:
+        # Row i sees key j only if j >= i + lower_offset: rows after n0 + BLOCK_N - 1 - lower_offset
+        # see none of the block and are never loaded ...
+        row_end = tl.minimum(q_len, tl.maximum(n0 + BLOCK_N - lower_offset, 0))
+        if CAUSAL:
+            top_end = tl.minimum(top_end, row_end)
+            mid = top_end
+        # ... and rows up to n0 - lower_offset see all of it: bare up to that row's block. A band
+        # narrower than a block leaves no bare rows between the two masked phases.
+        full_end = tl.minimum(full_end, (tl.maximum(n0 - lower_offset + 1, 0) // BLOCK_M) * BLOCK_M)
+        full_end = tl.maximum(full_end, mid)
         tail = full_end
 
     q_offs = offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
@@ -154,23 +178,25 @@ def _attn_bwd_dkdv_kernel(
         do_head = DO + batch * stride_dob + head * stride_doh
         lse_head = LSE + (batch * q_heads + head) * q_len
         delta_head = DELTA + (batch * q_heads + head) * q_len
-        # Phases: 0 = causal diagonal (masked), 1 = whole blocks (bare), 2 = ragged end (masked).
+        # Phases: 0 = causal diagonal / right edge (masked), 1 = whole blocks (bare), 2 = the
+        # window's left edge and the ragged end (masked).
         for phase in tl.static_range(3):
             if phase == 0:
                 start_m = lo
-                end_m = tl.minimum(mid, q_len)
+                end_m = top_end
             elif phase == 1:
                 start_m = mid
                 end_m = full_end
             else:
                 start_m = tail
-                end_m = q_len
+                end_m = row_end
             if CAUSAL or phase != 0:
                 dk, dv = _dkdv_inner(
                     dk, dv, k, v, q_head, q_offs, do_head, do_offs, lse_head, delta_head,
                     stride_qm, stride_dom, start_m, end_m, offs_m, keys, offs_d, offs_dv,
-                    q_len, causal_offset, qk_scale,
-                    HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_M, phase != 1, CAUSAL, DOT_PRECISION,
+                    q_len, causal_offset, lower_offset, qk_scale,
+                    HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_M, phase != 1, CAUSAL, WINDOW,
+                    DOT_PRECISION,
                 )  # fmt: skip
 
     dk_ptrs = DK + batch * stride_dkb + kv_head.to(tl.int64) * stride_dkh + n0.to(tl.int64) * stride_dkn
@@ -184,9 +210,10 @@ def _attn_bwd_dkdv_kernel(
 @triton.jit
 def _dq_inner(
     dq, q, do, lse2, delta, k_head, k_offs, v_head, v_offs, stride_kn, stride_vn, start_n, end_n,
-    rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
+    rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, lower_offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Accumulate keys [start_n, end_n) into dQ (pointer tiles rebuilt per iteration)."""
     for start in range(start_n, end_n, BLOCK_N):
@@ -215,6 +242,8 @@ def _dq_inner(
             visible = cols[None, :] < kv_len
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
+            if WINDOW:
+                visible = visible & (cols[None, :] >= rows[:, None] + lower_offset)
             p = tl.where(visible, p, 0.0)
         dp = _dot(do, tl.trans(v), None, DOT_PRECISION)
         ds = p * (dp - delta[:, None])
@@ -230,9 +259,10 @@ def _attn_bwd_dq_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-    q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, qk_scale, scale,
+    q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, lower_offset, qk_scale, scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(N, BLOCK_M) * B * Hq,). DQ like Q; LSE, DELTA: (B, Hq, N) float32."""
     pid_m, pid_bh = _program_coords(q_len, BLOCK_M, CAUSAL)
@@ -262,14 +292,27 @@ def _attn_bwd_dq_kernel(
     v_head = V + batch * stride_vb + kv_head * stride_vh
     v_offs = offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
     dq = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
-    free_end, kv_end = _key_phases(m0, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
-    for masked in tl.static_range(2):
-        dq = _dq_inner(
-            dq, q, do, lse2, delta, k_head, k_offs, v_head, v_offs, stride_kn, stride_vn,
-            free_end if masked else 0, kv_end if masked else free_end,
-            rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
-            HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, masked == 1, CAUSAL, DOT_PRECISION,
-        )  # fmt: skip
+    start, left_end, free_end, kv_end = _key_phases(
+        m0, kv_len, causal_offset, lower_offset, BLOCK_M, BLOCK_N, CAUSAL, WINDOW
+    )
+    # The forward's phases: left edge (masked, only with a window), bare, upper edge (masked).
+    for phase in tl.static_range(3):
+        if phase == 0:
+            start_n = start
+            end_n = left_end
+        elif phase == 1:
+            start_n = left_end
+            end_n = free_end
+        else:
+            start_n = free_end
+            end_n = kv_end
+        if WINDOW or phase != 0:
+            dq = _dq_inner(
+                dq, q, do, lse2, delta, k_head, k_offs, v_head, v_offs, stride_kn, stride_vn,
+                start_n, end_n, rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, lower_offset,
+                qk_scale, HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, phase != 1, CAUSAL, WINDOW,
+                DOT_PRECISION,
+            )  # fmt: skip
 
     dq_ptrs = DQ + batch * stride_dqb + head * stride_dqh + m0.to(tl.int64) * stride_dqm
     _store_tile(dq_ptrs + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,

@@ -64,9 +64,14 @@ _VALIDATED_HEAD_DIMS = (16, 32, 64, 128, 256)
 def use_split_kv(problem: AttentionProblem, config: DecodeConfig = DEFAULT_DECODE_CONFIG) -> bool:
     """Whether the Triton path runs ``problem``'s forward split-KV: the G x N query rows of a
     kv head fit one program, and either there are many keys per row or B x Hq programs would
-    not fill the GPU. Only for ``D == Dv`` with a power-of-two head dim: the shapes validated
-    on the H100 (with ``Dv != D`` it returned wrong rows there, and an odd D faulted)."""
+    not fill the GPU; never with a sliding window. Only for ``D == Dv`` with a power-of-two head
+    dim: the shapes validated on the H100 (with ``Dv != D`` it returned wrong rows there, and an
+    odd D faulted)."""
     p = problem
+    if p.has_window:
+        # The split kernel has no window bounds; the regular forward skips the key blocks
+        # outside the band, so a windowed decode reads about ``left`` keys per row anyway.
+        return False
     if p.head_dim != p.value_dim or p.head_dim not in _VALIDATED_HEAD_DIMS:
         return False
     if p.group_size * p.q_len > config.max_rows:

@@ -8,13 +8,24 @@ Numerics:
 * Scores live in the log2 domain: ``qk_scale = scale * log2(e)`` is folded into one multiply so
   the softmax uses ``exp2`` (one MUFU instruction) instead of ``exp``. The stored log-sum-exp
   is converted back to natural log, as the shared autograd contract requires.
-* Rows that see no key (bottom-right causal with N > M) keep max = -inf and sum = 0; every
-  ``exp2`` is then taken against 0 instead of -inf so no ``-inf - -inf = NaN`` appears; they
-  output 0 and store lse = +inf so the backward's ``exp2(s - lse)`` is exactly 0.
+* Rows that see no key (bottom-right causal with N > M, or a window) keep max = -inf and
+  sum = 0; every ``exp2`` is then taken against 0 instead of -inf so no ``-inf - -inf = NaN``
+  appears; they output 0 and store lse = +inf so the backward's ``exp2(s - lse)`` is exactly 0.
+  The max itself stays -inf until a key is seen: a row may see its first key only in a later
+  block of a masked phase (the window's left edge), and a max of 0 kept from an empty block
+  would underflow its exp2 terms.
 
-Loop phases: keys every row of the block sees, in whole blocks, run with no masks at all
-(``MASKED=False``); the remaining blocks (the causal diagonal, and the ragged end of the keys)
-run with masks. With bottom-right alignment row i sees key j iff ``j <= i + causal_offset``.
+The band: row i sees key j iff ``i + lower_offset <= j <= i + causal_offset`` (and j < M).
+``CAUSAL`` says the upper edge exists (bottom-right causal, ``causal_offset = M - N``, or a
+window's right edge, ``M - N + right``); ``WINDOW`` says the lower edge exists (a window's left
+edge, ``lower_offset = M - N - left``). Both offsets are runtime ints (``DYNAMIC_INTS``): a new
+window never recompiles, and without a window the kernels compile to the code they had before
+windows existed (WINDOW=False removes every lower-edge instruction).
+
+Loop phases (:func:`_key_phases`): key blocks wholly outside the band are never loaded; blocks
+crossing the window's left edge run masked; whole blocks every row of the block sees run with
+no masks at all (``MASKED=False``); the blocks crossing the causal diagonal or the window's
+right edge, and the ragged end of the keys, run masked again.
 
 Scaling: in the unmasked phase the row max is taken over the raw scores and scaled once, and
 ``s * qk_scale - m`` is one FMA per score (the tutorial's form). That needs ``qk_scale >= 0``:
@@ -44,7 +55,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 #: Integer arguments that must stay runtime values: Triton would otherwise turn a value of 1
 #: into a compile-time constant, and the kernels call ``.to(tl.int64)`` on some of them.
-DYNAMIC_INTS = ["q_len", "kv_len", "q_heads", "kv_heads", "group_size", "causal_offset"]
+DYNAMIC_INTS = ["q_len", "kv_len", "q_heads", "kv_heads", "group_size", "causal_offset", "lower_offset"]
 
 
 @triton.jit
@@ -82,10 +93,14 @@ def _store_tile(ptrs, x, rows, n_rows, cols, DIM: tl.constexpr):
 
 @triton.jit
 def _key_phases(
-    m0, kv_len, causal_offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr
-):
-    """For query rows [m0, m0 + BLOCK_M): (free_end, kv_end). Keys [0, free_end) are whole
-    blocks every row sees (no mask); [free_end, kv_end) need masks; keys >= kv_end are unseen."""
+    m0, kv_len, causal_offset, lower_offset,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+):  # fmt: skip
+    """For query rows [m0, m0 + BLOCK_M): (start, left_end, free_end, kv_end), with
+    start <= left_end <= free_end <= kv_end. Keys [start, left_end) cross the window's left
+    edge (masked); [left_end, free_end) are whole blocks every row sees (no mask);
+    [free_end, kv_end) cross the upper edge or the end of the keys (masked); keys outside
+    [start, kv_end) are unseen and never loaded. Without WINDOW, start = left_end = 0."""
     if CAUSAL:
         kv_end = tl.minimum(kv_len, tl.maximum(m0 + BLOCK_M + causal_offset, 0))
         # Row m0 sees keys j <= m0 + causal_offset, and every later row sees at least those.
@@ -94,7 +109,18 @@ def _key_phases(
         kv_end = kv_len
         free_end = kv_len
     free_end = (free_end // BLOCK_N) * BLOCK_N
-    return free_end, kv_end
+    if WINDOW:
+        # Row m0 has the lowest left edge of the block: key blocks before its own are unseen.
+        start = (tl.maximum(m0 + lower_offset, 0) // BLOCK_N) * BLOCK_N
+        # From the last row's left edge on, every row sees the keys (the block grid rounds up).
+        left_end = tl.cdiv(tl.maximum(m0 + BLOCK_M - 1 + lower_offset, 0), BLOCK_N) * BLOCK_N
+        # A band narrower than a block: the edges' masked blocks meet and the middle is empty.
+        left_end = tl.minimum(left_end, kv_end)
+        free_end = tl.maximum(free_end, left_end)
+    else:
+        start = 0
+        left_end = 0
+    return start, left_end, free_end, kv_end
 
 
 @triton.jit
@@ -137,10 +163,10 @@ def _program_coords(rows, BLOCK: tl.constexpr, HEAVIEST_FIRST: tl.constexpr):
 @triton.jit
 def _attn_fwd_inner(
     acc, l_i, m_i, q, K, V, k_offs, v_offs, stride_kn, stride_vn, batch, kv_head, start_n, end_n,
-    rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
+    rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, lower_offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    TMA: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     """Online softmax over keys [start_n, end_n); ``qk_scale >= 0`` (see the kernel)."""
     for start in range(start_n, end_n, BLOCK_N):
@@ -155,17 +181,20 @@ def _attn_fwd_inner(
             visible = cols[None, :] < kv_len
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
+            if WINDOW:
+                visible = visible & (cols[None, :] >= rows[:, None] + lower_offset)
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # A row with nothing visible so far keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_new[:, None])
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - shift[:, None])
+            alpha = tl.exp2(m_i - shift)
         else:
             # qk_scale >= 0, so the row max of the scaled scores is the scaled row max, and
             # scaling and shifting a score is one FMA.
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             p = tl.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+            alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _kv_tile(
             V, v_offs, stride_vn, batch, kv_head, start, cols, kv_len, offs_dv,
@@ -185,10 +214,10 @@ def _attn_fwd_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
-    q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, qk_scale,
+    q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, lower_offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    TMA: tl.constexpr, NEGATE_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, NEGATE_Q: tl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(N, BLOCK_M) * B * Hq,), see :func:`_program_coords`. Q: (B, Hq, N, D),
     K: (B, Hkv, M, D), V: (B, Hkv, M, Dv), O: (B, Hq, N, Dv), LSE: (B, Hq, N) float32
@@ -227,14 +256,28 @@ def _attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, VALUE_PAD], dtype=tl.float32)
-    free_end, kv_end = _key_phases(m0, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL)
-    for masked in tl.static_range(2):
-        acc, l_i, m_i = _attn_fwd_inner(
-            acc, l_i, m_i, q, k_src, v_src, k_offs, v_offs, stride_kn, stride_vn, batch, kv_head,
-            free_end if masked else 0, kv_end if masked else free_end,
-            rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, qk_scale,
-            HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, masked == 1, CAUSAL, DOT_PRECISION, TMA,
-        )  # fmt: skip
+    start, left_end, free_end, kv_end = _key_phases(
+        m0, kv_len, causal_offset, lower_offset, BLOCK_M, BLOCK_N, CAUSAL, WINDOW
+    )
+    # Phases: 0 = the window's left edge (masked), 1 = whole blocks (bare), 2 = the upper edge
+    # and the ragged end (masked). Without a window phase 0 is compiled out.
+    for phase in tl.static_range(3):
+        if phase == 0:
+            start_n = start
+            end_n = left_end
+        elif phase == 1:
+            start_n = left_end
+            end_n = free_end
+        else:
+            start_n = free_end
+            end_n = kv_end
+        if WINDOW or phase != 0:
+            acc, l_i, m_i = _attn_fwd_inner(
+                acc, l_i, m_i, q, k_src, v_src, k_offs, v_offs, stride_kn, stride_vn, batch, kv_head,
+                start_n, end_n, rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, lower_offset, qk_scale,
+                HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, phase != 1, CAUSAL, WINDOW,
+                DOT_PRECISION, TMA,
+            )  # fmt: skip
 
     # Every row that saw a key has l_i >= 1 (its max term is exp2(0)); l_i == 0 means none.
     seen = l_i > 0.0

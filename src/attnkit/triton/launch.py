@@ -92,7 +92,7 @@ class LaunchSetup:
             fwd_grid=launch_grid(p.q_len, config.fwd.block_m, p.batch * p.q_heads),
             dkdv_grid=launch_grid(p.kv_len, config.dkdv.block_n, p.batch * p.kv_heads),
             dq_grid=launch_grid(p.q_len, config.dq.block_m, p.batch * p.q_heads),
-            sizes=(p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.group_size, p.causal_offset),
+            sizes=(p.q_len, p.kv_len, p.q_heads, p.kv_heads, p.group_size, *_band_offsets(p)),
             stride_limit=-(-_INT32_LIMIT // largest_block),
             tma_possible=(
                 p.device.type == "cuda"
@@ -119,7 +119,9 @@ class LaunchSetup:
             VALUE_PAD=self.value_pad,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
-            CAUSAL=p.causal,
+            # The kernels' CAUSAL is "the band has an upper edge", WINDOW "a lower edge".
+            CAUSAL=p.key_band[1] is not None,
+            WINDOW=p.key_band[0] is not None,
             DOT_PRECISION=self.dot_precision,
         )
 
@@ -150,6 +152,15 @@ class LaunchSetup:
         if x.is_cuda and not _aligned_rows(x):
             return aligned_copy(x)
         return x
+
+
+def _band_offsets(problem: AttentionProblem) -> tuple[int, int]:
+    """(causal_offset, lower_offset) of the kernels: row i sees key j iff
+    ``i + lower_offset <= j <= i + causal_offset`` (see forward_kernels). An unbounded side
+    passes a value the kernels ignore (their CAUSAL / WINDOW flag is off): the bottom-right
+    offset, as before windows, and 0."""
+    lower, upper = problem.key_band
+    return (problem.causal_offset if upper is None else upper), (0 if lower is None else lower)
 
 
 def aligned_copy(x: torch.Tensor) -> torch.Tensor:

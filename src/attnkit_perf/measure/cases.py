@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 import attnkit
+from attnkit.inputs import check_inputs
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -29,7 +30,8 @@ _PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 class BenchCase:
     """One timed configuration: ``seq_len`` query rows against ``kv_len`` keys (``None``: as many
     keys as queries). Decode and prefill-with-cache shapes have ``kv_len > seq_len``; causal is
-    bottom-right aligned, as in :func:`attnkit.attention`."""
+    bottom-right aligned, as in :func:`attnkit.attention`. ``window``: a sliding window
+    ``(left, right)`` (-1: unbounded side), as in :func:`attnkit.attention`, or None."""
 
     backend: str
     pass_name: str
@@ -41,6 +43,7 @@ class BenchCase:
     causal: bool
     dtype: str = "bf16"
     kv_len: int | None = None
+    window: tuple[int, int] | None = None
 
     @property
     def keys(self) -> int:
@@ -51,14 +54,21 @@ class BenchCase:
             raise ValueError(f"pass_name: expected one of {PASSES}, got {self.pass_name!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.window is not None:  # JSON gives a list back: keep the case hashable
+            object.__setattr__(self, "window", tuple(self.window))
 
     @property
     def shape_label(self) -> str:
-        """Shape without the backend, e.g. ``bf16-B4-H16-N4096-D128-causal``."""
+        """Shape without the backend, e.g. ``bf16-B4-H16-N4096-D128-causal``; a window adds
+        ``-W1024`` (left only, as with causal) or ``-W1024,16`` (both sides)."""
         heads = f"H{self.q_heads}" if self.kv_heads == self.q_heads else f"H{self.q_heads}kv{self.kv_heads}"
         mask = "-causal" if self.causal else ""
         keys = "" if self.kv_len is None else f"-M{self.kv_len}"
-        return f"{self.dtype}-B{self.batch}-{heads}-N{self.seq_len}{keys}-D{self.head_dim}{mask}"
+        window = ""
+        if self.window is not None:
+            left, right = self.window
+            window = f"-W{left}" if right == -1 or (self.causal and right >= 0) else f"-W{left},{right}"
+        return f"{self.dtype}-B{self.batch}-{heads}-N{self.seq_len}{keys}-D{self.head_dim}{mask}{window}"
 
     @property
     def name(self) -> str:
@@ -71,13 +81,22 @@ class BenchCase:
         return f"{self.pass_name} {self.shape_label}"
 
     @property
-    def flops(self) -> float:
-        """4*B*H*(visible query-key pairs)*D for the forward, scaled per pass: N*M pairs, or
-        N*M - N*(N-1)/2 when causal (bottom-right: N^2/2 + ... for N = M, all for N = 1)."""
+    def visible_pairs(self) -> float:
+        """Query-key pairs the mask leaves: N*M, or N*M - N*(N-1)/2 when causal (bottom-right:
+        N^2/2 by the usual accounting for N = M, all for N = 1); with a window, the pairs
+        counted exactly from the band (:attr:`attnkit.inputs.AttentionProblem.key_band`)."""
         n, m = self.seq_len, self.keys
+        if self.window is not None:
+            return float(_band_pairs(n, m, self.causal, self.window))
         pairs = n * m - (min(n, m) * (min(n, m) - 1) / 2 if self.causal else 0)
         if self.causal and n == m:
             pairs = n * n / 2  # the usual accounting of square causal attention
+        return pairs
+
+    @property
+    def flops(self) -> float:
+        """4*B*H*(:attr:`visible_pairs`)*D for the forward, scaled per pass."""
+        pairs = self.visible_pairs
         forward = 4.0 * self.batch * self.q_heads * pairs * self.head_dim
         return forward * _PASS_FLOP_FACTOR[self.pass_name]
 
@@ -106,7 +125,28 @@ class BenchCase:
         return {"fwd": out + lse, "bwd": grads, "fwd+bwd": out + lse + grads}[self.pass_name]
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Plain data; ``window`` only when set, so the shapes of stored baselines (recorded
+        before windows existed) keep their exact form."""
+        data = asdict(self)
+        if data["window"] is None:
+            del data["window"]
+        else:
+            data["window"] = list(data["window"])
+        return data
+
+
+def _band_pairs(q_len: int, kv_len: int, causal: bool, window: tuple[int, int]) -> int:
+    """Visible (query, key) pairs under a window: per row, the keys of its band inside [0, M),
+    summed in closed form over rows (no N-long loop)."""
+    q = torch.empty(1, 1, q_len, 1, device="meta")
+    k = torch.empty(1, 1, kv_len, 1, device="meta")
+    lower, upper = check_inputs(q, k, k, causal, None, window).key_band
+    lower = -q_len if lower is None else lower  # row i + lower <= 0 for every row
+    upper = kv_len if upper is None else upper  # row i + upper >= M - 1 for every row
+    rows = torch.arange(q_len, dtype=torch.int64)
+    first = (rows + lower).clamp(0, kv_len)
+    last = (rows + upper + 1).clamp(0, kv_len)
+    return int((last - first).clamp_min(0).sum())
 
 
 def make_inputs(case: BenchCase, device: torch.device | str, seed: int = 0):
@@ -133,7 +173,7 @@ def build_runner(case: BenchCase, device: torch.device | str, seed: int = 0) -> 
     q, k, v, grad_out = make_inputs(case, device, seed)
 
     def forward():
-        return attnkit.attention(q, k, v, causal=case.causal, backend=case.backend)
+        return attnkit.attention(q, k, v, causal=case.causal, window=case.window, backend=case.backend)
 
     if case.pass_name == "fwd":
         return forward
@@ -184,6 +224,11 @@ DECODE_SHAPES = (
 )
 PREFILL_SHAPES = ((2, 32, 8, 2048, 128, True, "bf16", 8192),)
 INFERENCE_BACKENDS = ("triton", "sdpa-flash", "sdpa-cudnn")
+#: Sliding-window (local) attention, causal with window (1024, 0) at 16K tokens, on the paths
+#: that take a window: triton skips the key blocks outside the band, the SDPA paths get a mask.
+#: (batch, q_heads, kv_heads, seq_len, head_dim, causal, dtype, kv_len, window)
+WINDOW_SHAPES = ((1, 16, 16, 16384, 128, True, "bf16", None, (1024, 0)),)
+WINDOW_BACKENDS = ("triton", "sdpa-efficient", "sdpa")
 #: Shapes short enough for the pure-PyTorch paths.
 SLOW_BACKEND_SHAPES = (GPU_SHAPES[0], GPU_SHAPES[4])
 
@@ -208,6 +253,7 @@ def gpu_suite_cases() -> list[BenchCase]:
     cases += _cases(HOST_BACKENDS, HOST_SHAPES, ("fwd", "fwd+bwd"))
     cases += _cases(INFERENCE_BACKENDS, DECODE_SHAPES, ("fwd",))
     cases += _cases(INFERENCE_BACKENDS, PREFILL_SHAPES, ("fwd", "bwd"))
+    cases += _cases(WINDOW_BACKENDS, WINDOW_SHAPES, ("fwd", "bwd"))
     slow = _cases(SLOW_BACKENDS, SLOW_BACKEND_SHAPES, ("fwd", "bwd"))
     cases += [c for c in slow if c.backend != "naive" or _naive_fits(c)]
     return cases
