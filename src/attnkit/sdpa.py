@@ -110,20 +110,26 @@ def _aligned_for_fused_kernels(x: torch.Tensor) -> torch.Tensor:
     if not x.is_cuda or torch.compiler.is_compiling():
         return x
     if x.data_ptr() % 16:
-        return x.contiguous()
-    if x.is_contiguous():  # the everyday case: one C++ call instead of the stride walk below
-        return (
-            x if (x.shape[-1] * x.element_size()) % 16 == 0 or x.shape[:-1].numel() == 1 else x.contiguous()
-        )
+        return _packed(x)
     item = x.element_size()
-    # A zero stride (an expanded tensor) is materialised too: on the H100, cuDNN (torch 2.11)
-    # crashed the process with a segmentation fault on operands expanded along the batch.
+    if (x.shape[-1] * item) % 16:
+        # Rows no layout can align: PyTorch pads the head dim itself; a copy only makes them dense.
+        return x.contiguous()
+    # Every stride, size-1 dimensions' included: is_contiguous ignores those, the memory-efficient
+    # backward does not (on the H100, torch 2.11, a (1, 1, 1, 16) fp16 key viewed with a row
+    # stride of 38 elements had "no kernel found to launch"). A zero stride (an expanded tensor)
+    # is materialised too: cuDNN (torch 2.11) crashed the process with a segmentation fault on
+    # operands expanded along the batch.
     aligned = x.stride(-1) == 1 and all(
-        stride != 0 and (stride * item) % 16 == 0
-        for stride, size in zip(x.stride()[:-1], x.shape[:-1], strict=True)
-        if size > 1
+        stride != 0 and (stride * item) % 16 == 0 for stride in x.stride()[:-1]
     )
-    return x if aligned else x.contiguous()
+    return x if aligned else _packed(x)
+
+
+def _packed(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` with the row-major strides of its shape, size-1 dimensions included
+    (``x.contiguous()`` returns ``x`` itself when only size-1 dimensions have odd strides)."""
+    return torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
 
 
 def _backend_flags():

@@ -18,20 +18,22 @@ The tolerance rule (FlashAttention's): a path's error against the float64 oracle
   gradients.
 * ``floor`` covers cases where the naive path happens to be (nearly) exact, e.g. N = 1, or a
   float64 run where the naive path *is* the oracle: one rounding of the result to the output
-  dtype (``eps(dtype) * max|ref|``) plus the reordering error of the float32 (float64 for
-  float64 inputs) accumulation, ``eps(acc) * sqrt(n) * T``. T is the largest *sum of absolute
-  terms* that feeds one element (the classic bound for a sum is eps times the sum of |terms|,
-  not of |result|): a gradient that is mathematically 0, such as dq when each query sees one
-  key, is still computed as a difference of O(1) terms. n is the number of terms; sqrt(n) is
-  the random-walk growth of rounding errors with n. Each weight P_ij enters T as
-  P_ij * (1 + |s_ij| + |m_i|) (s the scaled logit, m its row max): a rounding of relative size
-  eps in s or m moves exp(s - m) by P * |s| * eps, so large logits are ill-conditioned for
-  every implementation, the oracle's float64 aside.
+  dtype (``eps(dtype) * max|ref|``, and at least the dtype's subnormal spacing: below its
+  smallest normal number, fp16's 6.1e-5, a rounding is absolute, 2**-24 whatever the value,
+  which a gradient scaled by a tiny ``scale`` reaches) plus the reordering error of the
+  float32 (float64 for float64 inputs) accumulation, ``eps(acc) * sqrt(n) * T``. T is the
+  largest *sum of absolute terms* that feeds one element (the classic bound for a sum is eps
+  times the sum of |terms|, not of |result|): a gradient that is mathematically 0, such as dq
+  when each query sees one key, is still computed as a difference of O(1) terms. n is the
+  number of terms; sqrt(n) is the random-walk growth of rounding errors with n. Each weight
+  P_ij enters T as P_ij * (1 + |s_ij| + |m_i|) (s the scaled logit, m its row max): a rounding
+  of relative size eps in s or m moves exp(s - m) by P * |s| * eps, so large logits are
+  ill-conditioned for every implementation, the oracle's float64 aside.
   FlashAttention-2 backwards compute delta = rowsum(dO * O) from O *as stored*, rounded to the
   input dtype; that rounding, eps(dtype) * sum_d |dO_id O_id|, enters dS = P * (dP - delta)
   where dP and delta nearly cancel, and reaches dq and dk. Its propagated size is added as
-  ``eps(dtype) * R`` (R = 0 for out and dv). Last, the smallest normal number of the accumulator
-  dtype: below it rounding is absolute (subnormals), so no relative bound applies.
+  ``eps(dtype) * R`` (R = 0 for out and dv). Last, the smallest normal number of the
+  accumulator dtype: below it rounding is absolute (subnormals), so no relative bound applies.
 
 Error is the maximum absolute difference, as in FlashAttention's tests.
 """
@@ -72,7 +74,10 @@ def error_floor(
 ) -> float:
     """The absolute floor of the tolerance rule (see the module docstring)."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    rounding = torch.finfo(dtype).eps * (reference.abs().max().item() + stored_o_magnitude)
+    info = torch.finfo(dtype)
+    rounding = (
+        info.eps * (reference.abs().max().item() + stored_o_magnitude) + info.tiny * info.eps
+    )  # the subnormal spacing
     reordering = torch.finfo(acc).eps * math.sqrt(max(n_terms, 1)) * term_magnitude
     return rounding + reordering + torch.finfo(acc).tiny
 

@@ -61,6 +61,33 @@ EDGE_CASES = {
         q_layout="expanded",
         kv_layout="expanded",
     ),
+    # Found on the H100 by the thorough profile: the memory-efficient backward (torch 2.11) had
+    # "no kernel found to launch" for a single-row key whose size-1 dimensions keep odd strides.
+    "single-row-odd-strides": _edge(
+        q_len=1,
+        kv_len=1,
+        q_heads=1,
+        kv_heads=1,
+        head_dim=16,
+        value_dim=16,
+        causal=False,
+        dtype=torch.float16,
+        scale=-0.25,
+        kv_layout="strided",
+    ),
+    # Found on the H100 by the thorough profile: a scale this small puts fp16 gradients below
+    # fp16's smallest normal number, where roundings are absolute (the rule's floor).
+    "subnormal-fp16-gradients": _edge(
+        q_len=7,
+        kv_len=7,
+        q_heads=1,
+        kv_heads=1,
+        head_dim=16,
+        value_dim=16,
+        causal=False,
+        dtype=torch.float16,
+        scale=2.6442243881016228e-06,
+    ),
     "expanded-batch-gqa": _edge(
         batch=2,
         q_heads=3,

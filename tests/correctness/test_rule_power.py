@@ -11,7 +11,7 @@ import torch
 from conftest import backend_params
 
 from attnkit import UnsupportedProblemError, attention
-from attnkit.testing import assert_close_to_reference, compare_to_reference, make_tensor
+from attnkit.testing import assert_close_to_reference, compare_to_reference, error_floor, make_tensor
 
 
 def _mask_off_by_one(q, k, v, causal, scale):
@@ -95,3 +95,16 @@ def test_rule_accepts_every_correct_path(backend, dtype, device):
     except UnsupportedProblemError as err:
         pytest.skip(f"{backend} declines {dtype}: {err}")
     assert_close_to_reference(f"unmutated {backend} in {dtype}", checks)
+
+
+def test_floor_holds_one_subnormal_rounding_of_fp16():
+    # A gradient scaled by a tiny scale (the H100's thorough run drew 2.6e-6) lands below fp16's
+    # smallest normal number, where one rounding is 2**-24 whatever the value: the rule's
+    # "one rounding of the result" must allow that much, and no more than a few of them.
+    tiny_result = torch.full((4,), 1e-6, dtype=torch.float64)
+    floor = error_floor(tiny_result, term_magnitude=0.0, dtype=torch.float16, n_terms=1)
+    assert 2.0**-24 <= floor < 2 * 2.0**-24, f"fp16 floor {floor:.3e} for a 1e-6 result"
+    for dtype in (torch.bfloat16, torch.float32):
+        floor = error_floor(tiny_result, term_magnitude=0.0, dtype=dtype, n_terms=1)
+        relative = torch.finfo(dtype).eps * 1e-6
+        assert floor < 1.01 * relative, f"{dtype}: floor {floor:.3e} beyond one relative rounding"
