@@ -17,8 +17,10 @@ efficient           ``_scaled_dot_product_efficient_attention`` (out, lse,      
                     philox_seed, philox_offset)                                    32), padding rows +inf
 ==================  ============================================================  ==========================
 
-All are float32, natural-log row sums of ``exp(scale * q k^T)``. Schemas checked against
-torch 2.11 and 2.13 (``torch.ops.aten.<op>.default._schema``; unchanged since 2.5).
+All are float32, natural-log row sums of ``exp(scale * q k^T)``. Argument lists as in torch
+2.13 (``torch.ops.aten.<op>.default._schema``); the cuDNN pair is quoted identically by code
+built against earlier 2.x releases. A call that does not match raises, and the caller falls
+back (:mod:`attnkit.sdpa_lower_right`), so a changed schema costs speed, not correctness.
 
 A backward is handed the log-sum-exp in the exact tensor its forward returned (a clone, with
 the rows overwritten: :func:`lse_for_backward`), so every kernel sees the shape, strides and

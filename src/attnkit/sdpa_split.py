@@ -217,7 +217,7 @@ class _SplitAttention(torch.autograd.Function):
             grads = _split_backward(
                 ctx.kernel, ctx.layout, grad_out, q, k, v, out, lse, lse_p, lse_t, saved_p, saved_t
             )
-        except RuntimeError as err:  # a kernel that declines its backward: differentiate the fallback
+        except (RuntimeError, TypeError) as err:  # a kernel declines its backward: use the fallback
             warnings.warn(
                 f"{ctx.kernel.name} declined the backward of {ctx.layout.problem.describe()} split as "
                 f"prefix + causal tail ({err}); differentiating the fallback path instead",
@@ -277,7 +277,7 @@ def split_attention(
     for count in dict.fromkeys((chunks, 1)):
         try:
             return _SplitAttention.apply(q, k, v, kernel, SplitLayout(problem, count), fallback)
-        except RuntimeError as err:
+        except (RuntimeError, TypeError) as err:  # TypeError: a private op's arguments changed
             declined = err
     raise UnsupportedProblemError(
         f"backend {name!r} cannot run {problem.describe()} on {problem.device} as prefix + causal tail: "

@@ -18,7 +18,7 @@ from strategies import Problem
 from torch.nn.attention import SDPBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attnkit import UnsupportedProblemError, attention
+from attnkit import UnsupportedProblemError, attention, sdpa_lower_right, sdpa_private_ops
 from attnkit.inputs import AttentionProblem, check_inputs
 from attnkit.sdpa_private_ops import private_kernel
 from attnkit.sdpa_split import PrefixChunking, SplitLayout, split_attention
@@ -180,3 +180,27 @@ def test_chunking_policy_on_an_h100(batch, q_len, kv_len, expected):
     assert layout.prefix_len + layout.pad_rows == kv_len - q_len and layout.pad_rows < expected
     cpu = dataclasses.replace(problem, device=torch.device("cpu"))
     assert PrefixChunking().chunks(cpu, SDPBackend.FLASH_ATTENTION) == 1
+
+
+def _refuse(*args):
+    raise RuntimeError("refused for the test")
+
+
+@pytest.mark.parametrize("refused", ["forward", "backward"])
+def test_a_kernel_that_declines_the_split_falls_back_with_a_warning(refused, device, monkeypatch):
+    """If a private op raises (say a PyTorch whose schema moved), the call warns and computes the
+    oracle's function through the square detour (flash: no mask)."""
+    key = ("FLASH_ATTENTION", device.type)
+    kernel = sdpa_private_ops._KERNELS.get(key)
+    if kernel is None:
+        pytest.skip(f"no private flash ops on {device}")
+    monkeypatch.setitem(sdpa_private_ops._KERNELS, key, dataclasses.replace(kernel, **{refused: _refuse}))
+    monkeypatch.setattr(sdpa_lower_right, "_DECLINED", set())
+    problem = CASES["gqa-prefill-with-cache"]
+    with pytest.warns(UserWarning, match="refused for the test"):
+        _check(
+            f"sdpa-flash with its {refused} refused",
+            lambda a, b, c: attention(a, b, c, causal=True, backend="sdpa-flash"),
+            problem,
+            device,
+        )
