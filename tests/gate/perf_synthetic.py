@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnkit_perf.measure.paired import PROCESSES_PER_SIDE
+
 from attnkit_perf.measure.cases import BenchCase
 
 #: The GPU key the synthetic runs claim (the spelling of attnkit.device.gpu_key).
@@ -33,7 +35,6 @@ SHAPE = {
     "causal": True,
     "dtype": "fp32",
 }
-PROCESSES_PER_SIDE = 2
 
 
 def noisy_samples(

@@ -196,9 +196,10 @@ def decide_stored(
     return _with_memory(d, base_peak, head_peak, t)
 
 
-def confirm_stored(first: Decision, second: Decision) -> Decision:
-    """A stored-mode suspect re-measured later: slower only when both say so; a first slower
-    that the second measurement calls same was a disturbed stretch of time."""
+def confirm_slowdown(first: Decision, second: Decision) -> Decision:
+    """A suspect re-measured (stored mode: minutes later; paired mode: by fresh worker
+    processes): slower only when both say so. A first slower that the second measurement calls
+    same was a disturbed stretch of time, or the offset of the processes that measured it."""
     if first.outcome != "slower":
         return first
     if second.outcome == "slower":

@@ -2,8 +2,9 @@
 
 Each side runs in :data:`PROCESSES_PER_SIDE` worker processes of its own
 (:mod:`attnkit_perf.measure.worker`), with its own ``TRITON_CACHE_DIR``. For one benchmark,
-every worker builds the case and warms up; then pairs of blocks are measured, pair ``i`` on
-worker ``i % 2`` of each side, in the order A-B for even ``i`` and B-A for odd (A-B-B-A...), so
+every worker builds the case and warms up (the head's first alone, since it also measures the
+host fraction; the others at once); then pairs of blocks are measured, pair ``i`` on
+worker ``i % PROCESSES_PER_SIDE`` of each side, in the order A-B for even ``i`` and B-A for odd (A-B-B-A...), so
 slow drifts cancel within the pairs and both sides are sampled in more than one process. A
 block is ``rounds`` rounds of the same flushed repetitions (the plan of the head's first
 worker, used by both sides), after one untimed round that brings clocks and caches back to
@@ -27,7 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PROCESSES_PER_SIDE = 2
+#: Worker processes per side. Each process carries an offset of its own (allocation addresses,
+#: code placement): on the H100, backward kernels moved by a few percent between processes, and
+#: 2 per side failed 3 of ~80 unchanged benchmarks at a 2% threshold in one A/A run. The median
+#: over pairs spread across 4 processes halves that offset's variance (the simulations in
+#: tests/gate/test_decision.py put a 1% process offset at 1% first-stage alarms with 4, 3% with 2).
+PROCESSES_PER_SIDE = 4
 
 
 def cache_root() -> Path:
@@ -81,17 +87,24 @@ class _Worker:
             cwd=cwd,
         )
 
-    def ask(self, request: dict) -> dict:
+    def send(self, request: dict) -> None:
         try:
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
         except BrokenPipeError:
-            line = ""
+            code = self.proc.wait()
+            raise WorkerError(f"{self.label} worker exited (status {code}) before {request.get('op')}") from None
+
+    def receive(self, op: str) -> dict:
+        line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
-            raise WorkerError(f"{self.label} worker exited (status {code}) during {request.get('op')}")
+            raise WorkerError(f"{self.label} worker exited (status {code}) during {op}")
         return json.loads(line)
+
+    def ask(self, request: dict) -> dict:
+        self.send(request)
+        return self.receive(request.get("op"))
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -115,9 +128,15 @@ class PairedSession:
         link_dir = self._scratch / "perf"
         link_dir.mkdir()
         (link_dir / "attnkit_perf").symlink_to(Path(perf_dir).resolve(), target_is_directory=True)
+        self._commits = commits
+        self._link_dir = link_dir
         self.workers: dict[str, list[_Worker]] = {}
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self.identity: dict[str, dict] = {}
+        self._start_workers()
+
+    def _start_workers(self) -> None:
+        link_dir, commits = self._link_dir, self._commits
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         for side, src in self.sides.items():
             env = dict(os.environ)
             # Then the caller's own path (site folders): a package resolves to its first folder, so
@@ -143,29 +162,43 @@ class PairedSession:
                     )
                 self.identity[side] = ident["provenance"]
 
-    def close(self) -> None:
+    def _stop_workers(self) -> None:
         for workers in self.workers.values():
             for worker in workers:
                 worker.close()
+        self.workers = {}
+
+    def restart(self) -> None:
+        """Replace every worker by a fresh process: a second measurement then draws new
+        process offsets instead of repeating the first one's."""
+        self._stop_workers()
+        self._start_workers()
+
+    def close(self) -> None:
+        self._stop_workers()
         shutil.rmtree(self._scratch, ignore_errors=True)
 
     def _prepare(self, case: dict) -> tuple[dict[str, SideResult], int | None]:
         results = {side: SideResult() for side in self.sides}
-        reps = None
-        for side in ("head", "base"):
-            for i, worker in enumerate(self.workers[side]):
-                answer = worker.ask({"op": "prepare", "case": case, "seed": i})
-                if "unsupported" in answer:
-                    results[side].unsupported = answer["unsupported"]
-                    break
-                if not answer["ok"]:
-                    raise WorkerError(f"{worker.label} could not prepare {case}: {answer['error']}")
-                if i == 0:
-                    results[side].peak_bytes = answer["peak_bytes"]
-                    results[side].host_fraction = answer["host_fraction"]
-                    if side == "head":
-                        reps = answer["reps"]
-        return results, reps
+        first, *others = [(side, i, w) for side in ("head", "base") for i, w in enumerate(self.workers[side])]
+        # The head's first worker measures the host fraction and plans the rounds: alone, so no
+        # other process competes for the core. The rest build and warm up at once (their
+        # compile loads and warm-up kernels overlap); peak memory is per process either way.
+        answers = {first[:2]: first[2].ask({"op": "prepare", "case": case, "seed": 0})}
+        for side, i, worker in others:
+            worker.send({"op": "prepare", "case": case, "seed": i})
+        for side, i, worker in others:
+            answers[(side, i)] = worker.receive("prepare")
+        for (side, i), answer in answers.items():
+            if "unsupported" in answer:
+                results[side].unsupported = answer["unsupported"]
+            elif not answer["ok"]:
+                raise WorkerError(f"{self.workers[side][i].label} could not prepare {case}: {answer['error']}")
+            elif i == 0:
+                results[side].peak_bytes = answer["peak_bytes"]
+                results[side].host_fraction = answer["host_fraction"]
+        head = answers[("head", 0)]
+        return results, head.get("reps")
 
     def _block(self, side: str, pair: int, reps: int, rounds: int) -> float:
         worker = self.workers[side][pair % PROCESSES_PER_SIDE]
