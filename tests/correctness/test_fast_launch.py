@@ -89,7 +89,13 @@ def _triton_specialisation(kernel, backend=None):
     return lambda *args, **kwargs: str(binder(*args, **kwargs)[1])
 
 
+#: Runtime ints after the 16 strides (sizes, offsets), read from the kernel's signature so
+#: that arguments added to the kernel need no change here.
+_FORWARD_INTS = sum(not p.is_constexpr for p in _jit_function(_attn_fwd_kernel).params) - 5 - 16 - 1
+
+
 def _forward_args(q, k, v, out, lse, sizes=(33, 40, 2, 1, 2, 7), scale=0.125):
+    sizes = (*sizes, *(3,) * _FORWARD_INTS)[:_FORWARD_INTS]
     return (q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *sizes, scale)
 
 
@@ -109,7 +115,7 @@ def _forward_arg_sets(device):
             sets.append(_forward_args(q, k, v, out, lse))
     q, k, v, out, lse = sets[0][:5]
     sets += [
-        _forward_args(q, k, v, out, lse, sizes=(1, 1, 1, 1, 1, 0)),  # do_not_specialize ints of 1
+        _forward_args(q, k, v, out, lse, sizes=(1,) * _FORWARD_INTS),  # do_not_specialize ints of 1
         _forward_args(q, k, v, out, lse, sizes=(2**31 + 5, 40, 2, 1, 2, 7)),  # int64 q_len
         _forward_args(q, k, v, out, lse, scale=1.0),
         _forward_args(q, k, v, out, lse, sizes=(33, 40, 2, 1, 2, 16)),
@@ -117,10 +123,12 @@ def _forward_arg_sets(device):
     return sets
 
 
-FORWARD_CONSTEXPRS = dict(
+_FORWARD_CONSTANTS = dict(
     HEAD_DIM=16, HEAD_PAD=16, VALUE_DIM=16, VALUE_PAD=16, BLOCK_M=16, BLOCK_N=16, CAUSAL=True,
-    DOT_PRECISION="ieee", TMA=False, NEGATE_Q=False,
+    WINDOW=False, DOT_PRECISION="ieee", TMA=False, NEGATE_Q=False,
 )  # fmt: skip
+_FORWARD_PARAMS = _jit_function(_attn_fwd_kernel).params
+FORWARD_CONSTEXPRS = {p.name: _FORWARD_CONSTANTS.get(p.name, 16) for p in _FORWARD_PARAMS if p.is_constexpr}
 
 
 def _assert_key_refines_triton(kernel, arg_sets, kwargs, backend=None):
