@@ -8,18 +8,25 @@ For each path and size, forward and forward+backward, three figures per call:
   program sees (max of host and GPU time, roughly);
 * ``gpu_us``: the summed device time of the kernels one call launches (torch.profiler).
 
+Sizes: the issue's small problem, two larger ones, and one decode step (B8 Hq32 Hkv8, one query
+against 4096 keys: the Triton path runs it split-KV, two kernels; forward only). Causal is
+bottom-right; the raw rows pass ``is_causal`` only where N == M (for one query, bottom-right
+causal masks nothing, and PyTorch's ``is_causal`` is top-left) and ``enable_gqa`` for Hq != Hkv.
+
 Rows: ``triton``, each ``sdpa-*``, ``tiled`` (smallest size only), ``raw-sdpa`` (PyTorch picks),
 ``raw-<kernel>`` (the same kernel forced once, outside the loop: what forcing costs attnkit is
 the difference to the ``sdpa-<kernel>`` row), and ``triton-op`` (the torch.library op called in
 eager mode: the dispatcher's cost, the reason eager calls bypass it).
 
 Usage (on a GPU): ``PYTHONPATH=src python tools/per_call_cost.py --out per_call.json``
+(``--sizes B1-H8-N128-D64,B8-Hq32-Hkv8-N1-M4096-D128`` for the host-bound rows only)
 Prints a table and the targets (triton host <= 40 us and <= 2x raw-sdpa; sdpa-X <= raw-X + 10 us).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import time
@@ -31,11 +38,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import attnkit
 from attnkit import attention
 
-SIZES = {  # name: (B, H, N, D), causal, bf16
-    "B1-H8-N128-D64": (1, 8, 128, 64),
-    "B4-H16-N1024-D128": (4, 16, 1024, 128),
-    "B16-H16-N1024-D128": (16, 16, 1024, 128),
+SIZES = {  # name: (B, Hq, Hkv, N, M, D), causal, bf16
+    "B1-H8-N128-D64": (1, 8, 8, 128, 128, 64),
+    "B4-H16-N1024-D128": (4, 16, 16, 1024, 1024, 128),
+    "B16-H16-N1024-D128": (16, 16, 16, 1024, 1024, 128),
+    "B8-Hq32-Hkv8-N1-M4096-D128": (8, 32, 8, 1, 4096, 128),
 }
+#: Sizes measured forward only (decode steps run without autograd).
+FORWARD_ONLY = {"B8-Hq32-Hkv8-N1-M4096-D128"}
 RAW_KERNELS = {
     "raw-flash": SDPBackend.FLASH_ATTENTION,
     "raw-efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -46,6 +56,8 @@ RAW_KERNELS = {
 
 def _paths(size_name: str, device: torch.device) -> dict:
     """name -> (function(q, k, v) -> out, context manager factory or None)."""
+    _, hq, hkv, n, m, _ = SIZES[size_name]
+    raw = functools.partial(F.scaled_dot_product_attention, is_causal=n == m, enable_gqa=hq != hkv)
     paths = {}
     for name in ["triton", "sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"]:
         if name in attnkit.available_backends(device):
@@ -57,12 +69,9 @@ def _paths(size_name: str, device: torch.device) -> dict:
             lambda q, k, v: torch.ops.attnkit.flash_forward(q, k, v, True, q.shape[-1] ** -0.5, "triton")[0],
             None,
         )
-    paths["raw-sdpa"] = (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), None)
+    paths["raw-sdpa"] = (raw, None)
     for name, kernel in RAW_KERNELS.items():
-        paths[name] = (
-            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-            lambda kernel=kernel: sdpa_kernel([kernel]),
-        )
+        paths[name] = (raw, lambda kernel=kernel: sdpa_kernel([kernel]))
     return paths
 
 
@@ -103,19 +112,17 @@ def _gpu_us(step, calls: int) -> float:
 
 
 def measure(size_name: str, shape, passes, calls: int, repeats: int, device: torch.device) -> list[dict]:
-    b, h, n, d = shape
+    b, hq, hkv, n, m, d = shape
     gen = torch.Generator(device=device).manual_seed(0)
     rows = []
     for pass_name in passes:
         backward = pass_name == "fwd+bwd"
         q, k, v = (
-            torch.randn(b, h, n, d, device=device, dtype=torch.bfloat16, generator=gen).requires_grad_(
-                backward
-            )
-            for _ in range(3)
+            torch.randn(*dims, device=device, dtype=torch.bfloat16, generator=gen).requires_grad_(backward)
+            for dims in ((b, hq, n, d), (b, hkv, m, d), (b, hkv, m, d))
         )
         grad = (
-            torch.randn(b, h, n, d, device=device, dtype=torch.bfloat16, generator=gen) if backward else None
+            torch.randn(b, hq, n, d, device=device, dtype=torch.bfloat16, generator=gen) if backward else None
         )
         for name, (fn, ctx) in _paths(size_name, device).items():
             if backward and name == "triton-op":
@@ -187,29 +194,42 @@ def main() -> None:
     rows = []
     for size_name in args.sizes.split(","):
         shape = SIZES[size_name]
-        calls = args.calls if shape[2] <= 128 else max(20, args.calls // 5)
-        rows += measure(size_name, shape, ("fwd", "fwd+bwd"), calls, args.repeats, device)
-    print(f"{'size':<20} {'pass':<8} {'path':<15} {'host_us':>9} {'wall_us':>9} {'gpu_us':>9}")
+        calls = args.calls if shape[3] <= 128 else max(20, args.calls // 5)
+        passes = ("fwd",) if size_name in FORWARD_ONLY else ("fwd", "fwd+bwd")
+        rows += measure(size_name, shape, passes, calls, args.repeats, device)
+    print(f"{'size':<28} {'pass':<8} {'path':<15} {'host_us':>9} {'wall_us':>9} {'gpu_us':>9}")
     for r in rows:
         if "error" in r:
-            print(f"{r['size']:<20} {r['pass']:<8} {r['path']:<15} error: {r['error']}")
+            print(f"{r['size']:<28} {r['pass']:<8} {r['path']:<15} error: {r['error']}")
         else:
             print(
-                f"{r['size']:<20} {r['pass']:<8} {r['path']:<15} {r['host_us']:9.1f} {r['wall_us']:9.1f} "
+                f"{r['size']:<28} {r['pass']:<8} {r['path']:<15} {r['host_us']:9.1f} {r['wall_us']:9.1f} "
                 f"{r['gpu_us']:9.1f}"
             )
     verdicts = targets(rows)
     print("\n".join(verdicts))
+    direct = _direct_launches()
+    print(f"Triton kernels launched directly (attnkit.triton.fast_launch): {direct}")
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "python": platform.python_version(),
         "commit": _commit(),
+        "direct_launches": direct,
         "rows": rows,
         "targets": verdicts,
     }
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
+
+
+def _direct_launches() -> bool | None:
+    """Whether the Triton path skips ``JITFunction.run`` here (None: no triton installed)."""
+    try:
+        from attnkit.triton.fast_launch import find_runtime
+    except ImportError:
+        return None
+    return find_runtime() is not None
 
 
 def _commit() -> str | None:

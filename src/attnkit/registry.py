@@ -90,7 +90,7 @@ for _name in SDPA_BACKENDS:
     )
 
 try:
-    from attnkit.triton import triton_attention, triton_device_support, triton_problem_support
+    from attnkit.triton import run_after_support_check, triton_device_support, triton_problem_support
 except ImportError:  # no triton in this install: the backend is simply not registered
     pass
 else:
@@ -98,7 +98,7 @@ else:
         Backend(
             "triton",
             "fused Triton FlashAttention-2 kernels, deterministic backward",
-            triton_attention,
+            run_after_support_check,
             triton_device_support,
             triton_problem_support,
         )

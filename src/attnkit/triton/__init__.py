@@ -78,6 +78,13 @@ def triton_attention(
     return flash_attention(TritonImplementation(config), q, k, v, problem)
 
 
+def run_after_support_check(q, k, v, problem: AttentionProblem) -> torch.Tensor:
+    """The registry's run: :func:`triton_attention` without its support check, which the
+    dispatcher has made before choosing this path (``triton_problem_support``, once per
+    problem signature), and with one shared default implementation."""
+    return flash_attention(_DEFAULT_IMPLEMENTATION, q, k, v, problem)
+
+
 def triton_device_support(device: torch.device) -> str | None:
     """None if the kernels can run on ``device``, else why not."""
     if device.type == "cuda":
@@ -121,6 +128,7 @@ def triton_problem_support(problem: AttentionProblem) -> str | None:
 
 
 PATHS["triton"] = TritonImplementation
+_DEFAULT_IMPLEMENTATION = TritonImplementation()
 
 __all__ = [
     "AttentionConfig",

@@ -20,6 +20,7 @@ import triton
 from attnkit.inputs import AttentionProblem
 from attnkit.triton.config import next_power_of_2, padded_dim
 from attnkit.triton.decode_kernels import _decode_combine_kernel, _decode_split_kernel
+from attnkit.triton.fast_launch import KernelLaunch
 from attnkit.triton.launch import _dot_precision
 
 
@@ -110,33 +111,80 @@ def decode_forward(
     dtype and lse (B, Hq, N) float32 (natural log, +inf for rows that see no key).
     """
     p = problem
+    plan = _decode_plan(p, config, num_splits, block_table is not None, seqlens is not None)
+    # The partial results never leave this function: one allocation holds both.
+    parts = torch.empty(plan.part_elements, dtype=torch.float32, device=q.device)
+    o_part = parts[: plan.o_part_shape.numel()].view(plan.o_part_shape)
+    lse_part = parts[plan.lse_offset :].view(plan.lse_part_shape)
+    paged = block_table is not None
+    table = block_table if paged else q  # an unused pointer argument when not paged
+    plan.split(
+        plan.split_grid,
+        q, k, v, o_part, lse_part, seqlens if seqlens is not None else q, table,
+        *q.stride(), *k.stride(), *v.stride(), table.stride(0),
+        p.q_len, p.kv_len, p.group_size, p.kv_heads, plan.chunk, k.shape[2] if paged else 1,
+        plan.qk_scale,
+    )  # fmt: skip
+    out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=q.device)
+    lse = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=q.device)
+    plan.combine(
+        plan.combine_grid, o_part, lse_part, out, lse, *out.stride(), p.q_len, p.q_heads, plan.num_splits
+    )
+    return out, lse
+
+
+@dataclass(frozen=True)
+class _DecodePlan:
+    """What :func:`decode_forward` derives from a call's signature, built once per signature."""
+
+    num_splits: int
+    chunk: int  # keys per split, a multiple of the key block
+    qk_scale: float
+    o_part_shape: torch.Size
+    lse_part_shape: torch.Size
+    lse_offset: int  # where lse_part starts in the shared buffer: 16-byte aligned
+    part_elements: int
+    split_grid: tuple[int, int]
+    combine_grid: tuple[int]
+    split: KernelLaunch
+    combine: KernelLaunch
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode_plan(
+    p: AttentionProblem, config: DecodeConfig, num_splits: int | None, paged: bool, has_seqlens: bool
+) -> _DecodePlan:
     rows = p.group_size * p.q_len
     if num_splits is None:
         num_splits = split_count(p.batch, p.kv_heads, p.kv_len, p.device, config)
     chunk = triton.cdiv(triton.cdiv(p.kv_len, num_splits), config.block_n) * config.block_n
     num_splits = triton.cdiv(p.kv_len, chunk)  # no split starts past the capacity
     head_pad, value_pad = padded_dim(p.head_dim), padded_dim(p.value_dim)
-    o_part = torch.empty(
-        p.batch, p.kv_heads, rows, num_splits, p.value_dim, dtype=torch.float32, device=q.device
-    )
-    lse_part = torch.empty(p.batch, p.kv_heads, rows, num_splits, dtype=torch.float32, device=q.device)
-    paged = block_table is not None
-    table = block_table if paged else q  # an unused pointer argument when not paged
-    _decode_split_kernel[(num_splits, p.batch * p.kv_heads)](
-        q, k, v, o_part, lse_part, seqlens if seqlens is not None else q, table,
-        *q.stride(), *k.stride(), *v.stride(), table.stride(0),
-        p.q_len, p.kv_len, p.group_size, p.kv_heads, chunk, k.shape[2] if paged else 1,
-        p.scale * math.log2(math.e),
+    o_part_shape = torch.Size((p.batch, p.kv_heads, rows, num_splits, p.value_dim))
+    lse_part_shape = torch.Size((p.batch, p.kv_heads, rows, num_splits))
+    lse_offset = -(-o_part_shape.numel() // 4) * 4  # float32: 4 to 16 bytes
+    split = KernelLaunch(
+        _decode_split_kernel,
         HEAD_DIM=p.head_dim, HEAD_PAD=head_pad, VALUE_DIM=p.value_dim, VALUE_PAD=value_pad,
         BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=config.block_n, CAUSAL=p.causal,
-        DOT_PRECISION=_dot_precision(p), HAS_SEQLENS=seqlens is not None, PAGED=paged,
+        DOT_PRECISION=_dot_precision(p), HAS_SEQLENS=has_seqlens, PAGED=paged,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=q.device)
-    lse = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=q.device)
-    _decode_combine_kernel[(p.batch * p.q_heads * p.q_len,)](
-        o_part, lse_part, out, lse, *out.stride(), p.q_len, p.q_heads, num_splits,
+    combine = KernelLaunch(
+        _decode_combine_kernel,
         VALUE_DIM=p.value_dim, VALUE_PAD=value_pad, SPLIT_PAD=max(2, next_power_of_2(num_splits)),
         num_warps=1,
     )  # fmt: skip
-    return out, lse
+    return _DecodePlan(
+        num_splits=num_splits,
+        chunk=chunk,
+        qk_scale=p.scale * math.log2(math.e),
+        o_part_shape=o_part_shape,
+        lse_part_shape=lse_part_shape,
+        lse_offset=lse_offset,
+        part_elements=lse_offset + lse_part_shape.numel(),
+        split_grid=(num_splits, p.batch * p.kv_heads),
+        combine_grid=(p.batch * p.q_heads * p.q_len,),
+        split=split,
+        combine=combine,
+    )

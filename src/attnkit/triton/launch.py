@@ -4,6 +4,8 @@
 scale, the dot precision, the tile config) once, so forward and backward cannot disagree.
 On Hopper the forward reads K and V through TMA tensor descriptors where the layout allows
 (:meth:`LaunchSetup.use_tma`); everything else, the backward included, uses pointers.
+Kernels are launched through :class:`attnkit.triton.fast_launch.KernelLaunch` objects built once
+per setup, which skip Triton's per-call argument binding once a layout has been seen.
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
-import os
 from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
 import triton
 
 from attnkit.inputs import AttentionProblem
 from attnkit.triton.backward_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess
-from attnkit.triton.config import CONFIG_ENV, AttentionConfig, get_config, padded_dim
+from attnkit.triton.config import AttentionConfig, get_config, padded_dim
+from attnkit.triton.fast_launch import KernelLaunch
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
 
 #: Host-side TMA descriptors arrived in triton 3.4; older versions keep the pointer path.
@@ -71,6 +74,11 @@ class LaunchSetup:
     tma_possible: bool = False
     #: Keyword arguments (constexprs, warps, stages) of each launch, built once.
     kernel_kwargs: dict = field(default_factory=dict, compare=False)
+    #: Each kernel with those arguments ("fwd", "fwd_tma", "preprocess", "dkdv", "dq").
+    launches: dict = field(default_factory=dict, compare=False)
+    #: What :meth:`tile_safe_all` does to each tensor, by the tensors' strides (their shapes,
+    #: dtype and device are the problem's).
+    _layouts: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, problem: AttentionProblem, config: AttentionConfig | None = None) -> LaunchSetup:
@@ -108,6 +116,17 @@ class LaunchSetup:
                 setup.constants(cfg.block_m, cfg.block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages
             )
         setup.kernel_kwargs["fwd"]["NEGATE_Q"] = setup.qk_scale < 0
+        setup.kernel_kwargs["preprocess"] = dict(
+            VALUE_DIM=p.value_dim, VALUE_PAD=value_pad, BLOCK_M=config.dq.block_m, num_warps=4
+        )
+        kwargs = setup.kernel_kwargs
+        setup.launches.update(
+            fwd=KernelLaunch(_attn_fwd_kernel, **kwargs["fwd"], TMA=False),
+            fwd_tma=KernelLaunch(_attn_fwd_kernel, **kwargs["fwd"], TMA=True),
+            preprocess=KernelLaunch(_attn_bwd_preprocess, **kwargs["preprocess"]),
+            dkdv=KernelLaunch(_attn_bwd_dkdv_kernel, **kwargs["dkdv"]),
+            dq=KernelLaunch(_attn_bwd_dq_kernel, **kwargs["dq"]),
+        )
         return setup
 
     def constants(self, block_m: int, block_n: int) -> dict:
@@ -146,12 +165,43 @@ class LaunchSetup:
 
         Everyday layouts (contiguous, (B, N, H, D) transposed, slices of whole rows) pass as they are.
         """
-        stride = x.stride()
-        if stride[2] >= self.stride_limit or stride[3] >= self.stride_limit:
-            return x.contiguous()
-        if x.is_cuda and not _aligned_rows(x):
-            return aligned_copy(x)
+        return _apply(_layout_fix(x, self.stride_limit), x)
+
+    def tile_safe_all(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """:meth:`tile_safe` of each tensor, for tensors of this problem's shapes, dtype and
+        device (a launcher's inputs): their layouts' verdicts are memoised by strides, so a
+        call pays the strides, the base pointers and one lookup instead of the checks."""
+        key = tuple([x.stride() for x in tensors])
+        fixes = self._layouts.get(key)
+        if fixes is None:
+            if len(self._layouts) >= 64:  # a bound for programs that sweep layouts
+                self._layouts.clear()
+            fixes = self._layouts[key] = tuple(_layout_fix(x, self.stride_limit) for x in tensors)
+        return tuple([_apply(fix, x) for fix, x in zip(fixes, tensors, strict=True)])
+
+
+class _Fix(Enum):
+    """What :meth:`LaunchSetup.tile_safe` does to a tensor, decided from its shape and strides."""
+
+    KEEP = "keep"
+    KEEP_IF_ALIGNED = "keep if the base is 16-byte aligned, else an aligned copy"  # CUDA
+    CONTIGUOUS = "contiguous copy"
+    ALIGNED_COPY = "aligned copy"
+
+
+def _layout_fix(x: torch.Tensor, stride_limit: int) -> _Fix:
+    stride = x.stride()
+    if stride[2] >= stride_limit or stride[3] >= stride_limit:
+        return _Fix.CONTIGUOUS
+    if not x.is_cuda:
+        return _Fix.KEEP
+    return _Fix.KEEP_IF_ALIGNED if _aligned_rows(x) else _Fix.ALIGNED_COPY
+
+
+def _apply(fix: _Fix, x: torch.Tensor) -> torch.Tensor:
+    if fix is _Fix.KEEP or (fix is _Fix.KEEP_IF_ALIGNED and x.data_ptr() % 16 == 0):
         return x
+    return x.contiguous() if fix is _Fix.CONTIGUOUS else aligned_copy(x)
 
 
 def _band_offsets(problem: AttentionProblem) -> tuple[int, int]:
@@ -178,15 +228,22 @@ _SETUPS: dict[tuple, LaunchSetup] = {}
 
 
 def launch_setup(problem: AttentionProblem, config: AttentionConfig | None = None) -> LaunchSetup:
-    """:meth:`LaunchSetup.build`, memoised on the problem, the config and the config-table
-    override (``$ATTNKIT_TRITON_CONFIG``, read here so that changing it takes effect)."""
-    key = (problem, config, os.environ.get(CONFIG_ENV))
+    """:meth:`LaunchSetup.build`, memoised on the problem and the config. The config-table
+    override (``$ATTNKIT_TRITON_CONFIG``) is read when a problem's setup is built, not on
+    every call (reading the environment cost ~1.5 us a call); :func:`forget_setups` makes
+    a changed value take effect."""
+    key = (problem, config)
     setup = _SETUPS.get(key)
     if setup is None:
         if len(_SETUPS) >= 4096:  # a bound for programs that sweep shapes; refilled on demand
             _SETUPS.clear()
         setup = _SETUPS[key] = LaunchSetup.build(problem, config)
     return setup
+
+
+def forget_setups() -> None:
+    """Drop every memoised :class:`LaunchSetup` (after changing ``$ATTNKIT_TRITON_CONFIG``)."""
+    _SETUPS.clear()
 
 
 def launch_grid(rows: int, block: int, programs: int) -> tuple[int]:
@@ -196,9 +253,8 @@ def launch_grid(rows: int, block: int, programs: int) -> tuple[int]:
 
 
 def _aligned_rows(x: torch.Tensor) -> bool:
-    """Contiguous last dim (or a single column), 16-byte aligned base and outer strides."""
-    if x.data_ptr() % 16:
-        return False
+    """Contiguous last dim (or a single column), 16-byte aligned outer strides (the base
+    pointer is checked apart: :func:`_apply`)."""
     item = x.element_size()
     if x.is_contiguous():  # the everyday case, without walking the strides in Python
         return (x.shape[-1] * item) % 16 == 0 or x.shape[:-1].numel() == 1
@@ -242,7 +298,7 @@ def attention_forward(
     run descriptors in the interpreter); None picks descriptors where
     :meth:`LaunchSetup.use_tma` allows."""
     p, cfg = setup.problem, setup.config.fwd
-    q, k, v = (setup.tile_safe(x) for x in (q, k, v))
+    q, k, v = setup.tile_safe_all(q, k, v)
     out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=q.device)
     lse = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=q.device)
     if tma is None:
@@ -253,10 +309,10 @@ def attention_forward(
             _descriptor(k, cfg.block_n, setup.head_pad),
             _descriptor(v, cfg.block_n, setup.value_pad),
         )
-    _attn_fwd_kernel[setup.fwd_grid](
+    setup.launches["fwd_tma" if tma else "fwd"](
+        setup.fwd_grid,
         q, k_arg, v_arg, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *setup.sizes, abs(setup.qk_scale),
-        **setup.kernel_kwargs["fwd"], TMA=tma,
     )  # fmt: skip
     return out, lse
 
@@ -265,10 +321,9 @@ def bwd_preprocess(setup: LaunchSetup, out: torch.Tensor, grad_out: torch.Tensor
     """delta = rowsum(dO * O): (B, Hq, N) float32."""
     p = setup.problem
     delta = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=out.device)
-    _attn_bwd_preprocess[setup.dq_grid](
-        out, grad_out, delta, *out.stride(), *grad_out.stride(), p.q_len, p.q_heads,
-        VALUE_DIM=p.value_dim, VALUE_PAD=setup.value_pad, BLOCK_M=setup.config.dq.block_m, num_warps=4,
-    )  # fmt: skip
+    setup.launches["preprocess"](
+        setup.dq_grid, out, grad_out, delta, *out.stride(), *grad_out.stride(), p.q_len, p.q_heads
+    )
     return delta
 
 
@@ -277,11 +332,11 @@ def bwd_dkdv(setup: LaunchSetup, q, k, v, grad_out, lse, delta) -> tuple[torch.T
     p = setup.problem
     dk = torch.empty(p.batch, p.kv_heads, p.kv_len, p.head_dim, dtype=p.dtype, device=q.device)
     dv = torch.empty(p.batch, p.kv_heads, p.kv_len, p.value_dim, dtype=p.dtype, device=q.device)
-    _attn_bwd_dkdv_kernel[setup.dkdv_grid](
+    setup.launches["dkdv"](
+        setup.dkdv_grid,
         q, k, v, grad_out, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
         *setup.sizes, setup.qk_scale, p.scale,
-        **setup.kernel_kwargs["dkdv"],
     )  # fmt: skip
     return dk, dv
 
@@ -290,11 +345,11 @@ def bwd_dq(setup: LaunchSetup, q, k, v, grad_out, lse, delta) -> torch.Tensor:
     """dq (B, Hq, N, D)."""
     p = setup.problem
     dq = torch.empty(p.batch, p.q_heads, p.q_len, p.head_dim, dtype=p.dtype, device=q.device)
-    _attn_bwd_dq_kernel[setup.dq_grid](
+    setup.launches["dq"](
+        setup.dq_grid,
         q, k, v, grad_out, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
         *setup.sizes, setup.qk_scale, p.scale,
-        **setup.kernel_kwargs["dq"],
     )  # fmt: skip
     return dq
 
@@ -311,7 +366,7 @@ def attention_backward(
     """grad_out, out: (B, Hq, N, Dv); lse: (B, Hq, N) from :func:`attention_forward`.
     Returns dq (B, Hq, N, D), dk (B, Hkv, M, D), dv (B, Hkv, M, Dv), contiguous, in q's dtype.
     Deterministic: each gradient element is written by one program, in a fixed order."""
-    q, k, v, out, grad_out = (setup.tile_safe(x) for x in (q, k, v, out, grad_out))
+    q, k, v, out, grad_out = setup.tile_safe_all(q, k, v, out, grad_out)
     delta = bwd_preprocess(setup, out, grad_out)
     dk, dv = bwd_dkdv(setup, q, k, v, grad_out, lse, delta)
     dq = bwd_dq(setup, q, k, v, grad_out, lse, delta)
