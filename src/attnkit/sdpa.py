@@ -6,10 +6,10 @@ Two translations are needed:
 * Causal masks. SDPA's ``is_causal`` is aligned top-left; attnkit's is bottom-right
   (query i sees key j iff j <= i + M - N). For N > M the first N - M rows see no key: they are
   zero, and only the last M rows go to SDPA as a square causal problem. N < M runs at the
-  cost of the N x M problem (:mod:`attnkit.sdpa_lower_right`: N = 1 non-causal; prefix + tail
-  merged by log-sum-exp on the fused kernels, forward and backward; a lower-right mask for
-  math). Only where neither runs do flash and cuDNN prepend M - N zero query rows, making a
-  square problem whose last N rows are exactly the bottom-right rows.
+  cost of the N x M problem (:mod:`attnkit.sdpa_lower_right`: N = 1 non-causal, a lower-right
+  mask for the kernels that take one, prefix + square merged by log-sum-exp for flash and
+  cuDNN forwards). Only flash and cuDNN with gradients still prepend M - N zero query rows,
+  making a square problem whose last N rows are exactly the bottom-right rows.
   (``torch.nn.attention.bias.causal_lower_right`` is not used: it picks its kernel itself,
   ignoring a forced backend, and drops GQA on its flash branch.)
 * Sliding windows. SDPA has no window argument: the window goes in as an explicit boolean
@@ -230,16 +230,15 @@ def sdpa_attention(
     if not problem.causal or problem.causal_offset == 0:
         return _call_sdpa(name, q, k, v, problem, problem.causal)
     if problem.causal_offset > 0:  # N < M: see attnkit.sdpa_lower_right
+        backend = SDPA_BACKENDS[name]
         if problem.q_len == 1:  # the one row sees every key
             return _call_sdpa(name, q, k, v, problem, False)
-        q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
-        square = lambda a, b, c: _square_causal_attention(name, a, b, c, problem)
-        return lower_right.lower_right_attention(name, SDPA_BACKENDS[name], q, k, v, problem, square)
-    return _square_causal_attention(name, q, k, v, problem)
-
-
-def _square_causal_attention(name, q, k, v, problem: AttentionProblem) -> torch.Tensor:
-    """Bottom-right causal as SDPA's top-left ``is_causal`` on a square problem (module docstring)."""
+        if backend in lower_right.MASK_KERNELS:
+            q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
+            return lower_right.masked_attention(name, backend, q, k, v, problem)
+        if lower_right.split_supported(backend, q, k, v, problem):
+            q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
+            return lower_right.split_attention(name, backend, q, k, v, problem)
     q_square, keep = _square_causal_operands(q, problem)
     out = _call_sdpa(name, q_square, k, v, problem, True)
     if keep is not None:

@@ -1,31 +1,25 @@
 """Bottom-right causal attention with fewer queries than keys (N < M) on SDPA's kernels, at the
 cost of the N x M problem (no M x M detour).
 
-SDPA's ``is_causal`` is aligned top-left, so N < M needs a translation. By kernel:
+SDPA's ``is_causal`` is aligned top-left, so N < M needs a translation. Three, by kernel:
 
-* **N = 1** (in :mod:`attnkit.sdpa`): the one query row sees every key: the plain non-causal
-  call (exact, any kernel).
-* **Prefix + tail merged by log-sum-exp** (:mod:`attnkit.sdpa_split`), forward and backward,
-  for the fused kernels: flash and cuDNN (which take no mask), the efficient kernel, and, on
-  CUDA, ``sdpa`` (PyTorch chooses) when PyTorch's choice for the causal problem is one of them.
-  It reads no (N, M) mask and copies no K/V for GQA (the efficient kernel's public GQA path
-  repeats all of K and V per query head), and it keeps PyTorch's choice: a lower-right mask
-  would turn ``sdpa`` from flash (its pick for a causal call on CUDA) to the efficient kernel
-  (its pick for a masked one).
-* **A lower-right mask** where the split cannot run or does not pay: ``sdpa-math`` (which
-  materialises the N x M scores anyway, so the mask costs nothing extra in order); ``sdpa``
-  when PyTorch would pick math, and ``sdpa`` on the CPU, where PyTorch's choice with the mask
-  is still its flash kernel at the N x M cost (on par with the split: 0.8-1.2x on two threads,
-  torch 2.13), so PyTorch's own path stays; shapes or dtypes the private ops do not take
-  (head dims that are not multiples of 8, D != Dv, float64). Forward and backward are
+* **N = 1**: the one query row sees every key: the plain non-causal call (exact, any kernel).
+* **A lower-right mask** for the kernels that take ``attn_mask`` (PyTorch's choice, efficient,
+  math): a boolean (N, M) mask, broadcast over batch and heads; forward and backward are
   PyTorch's own.
-* **The square detour** (in :mod:`attnkit.sdpa`: M - N zero query rows prepended) for flash
-  and cuDNN where the split cannot run; it is exact, and the forced kernel's own error says
-  when it cannot run either.
+* **Split and merge** for the kernels that take no mask (flash, cuDNN), forward only (no
+  gradient needed): the keys split into the prefix every row sees, [0, M - N), run
+  non-causally, and the trailing N x N square, where top-left and bottom-right coincide, run
+  with ``is_causal``. Each part runs on the forced kernel and returns its log-sum-exp
+  (PyTorch's private ``_scaled_dot_product_*`` ops); the parts merge exactly:
+  ``lse = logaddexp(lse1, lse2)``, ``out = exp(lse1 - lse) o1 + exp(lse2 - lse) o2``.
+  The prefix folds the query-head group into the query rows, (B, Hq, N, D) -> (B, Hkv, G*N, D)
+  (every row sees the same keys), so GQA needs no key/value copy; the square repeats its N keys
+  per query head (a copy of N rows only).
 
-If a kernel declines the split at run time (a private op raises), the call falls back to the
-mask or the square, warns once per problem with the reason, and later calls with the same
-signature go straight to the fallback.
+When gradients are needed, flash and cuDNN keep the exact square formulation of
+:mod:`attnkit.sdpa` (their private ops return a log-sum-exp that autograd does not
+differentiate, and a merge needs its gradient).
 """
 
 from __future__ import annotations
@@ -38,14 +32,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
-from attnkit.sdpa_private_ops import private_kernel
-from attnkit.sdpa_split import split_attention
 
 #: Kernels that accept ``attn_mask`` (None: PyTorch chooses among those that do).
 MASK_KERNELS = (None, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
-#: Signatures (name, problem) whose split a kernel declined: they go to the fallback. Bounded.
-_DECLINED: set[tuple] = set()
+#: Kernels whose forward runs as prefix + square merged by log-sum-exp.
+SPLIT_KERNELS = (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION)
 
 
 def lower_right_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
@@ -54,63 +46,63 @@ def lower_right_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Ten
     return torch.arange(kv_len, device=device)[None, :] <= rows + (kv_len - q_len)
 
 
-def split_supported(backend: SDPBackend | None, problem: AttentionProblem) -> bool:
-    """Whether :func:`attnkit.sdpa_split.split_attention` can run: a kernel with private ops on
-    this device, and the dtypes / head dims those ops take directly (the public API pads head
-    dims to a multiple of 8 for flash; the private ops do not)."""
+def split_supported(backend: SDPBackend | None, q, k, v, problem: AttentionProblem) -> bool:
+    """Whether :func:`split_attention` can run: a no-mask kernel, no gradient wanted, and the
+    dtypes / head dims the private ops take directly (the public API pads head dims to a
+    multiple of 8 for flash; the private ops do not)."""
     p = problem
-    if private_kernel(backend, p.device) is None or p.causal_offset <= 0 or p.q_len < 2:
+    if backend not in SPLIT_KERNELS or p.causal_offset <= 0:
+        return False
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         return False
     if p.head_dim != p.value_dim or p.head_dim % 8 != 0:
         return False
     if p.device.type == "cuda":
-        fp32 = backend == SDPBackend.EFFICIENT_ATTENTION and p.dtype == torch.float32
-        return fp32 or p.dtype in (torch.float16, torch.bfloat16)
-    return p.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        return p.dtype in (torch.float16, torch.bfloat16)
+    return backend == SDPBackend.FLASH_ATTENTION and p.dtype in (torch.float32, torch.bfloat16, torch.float16)
 
 
-def pytorch_choice(q, k, v, problem: AttentionProblem) -> SDPBackend | None:
-    """The kernel PyTorch's dispatcher picks for this problem as a causal call without a mask
-    (honouring the enabled backends), or None if it cannot say."""
+def _with_lse(backend: SDPBackend, q, k, v, causal: bool, scale: float):
+    """One forced-kernel call: out (B, H, N, Dv) and its lse reshaped to (B, H, N) float32."""
+    ops = torch.ops.aten
+    if backend == SDPBackend.FLASH_ATTENTION and q.device.type == "cpu":
+        out, lse = ops._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+    elif backend == SDPBackend.FLASH_ATTENTION:
+        out, lse = ops._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
+    else:
+        out, lse = ops._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, causal, False, scale=scale
+        )[:2]
+    # cuDNN returns (B, H, N, 1) statistics, flash (B, H, N); both are natural-log row sums.
+    return out, lse.reshape(q.shape[:3]).float()
+
+
+def split_attention(
+    name: str,
+    backend: SDPBackend,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: AttentionProblem,
+) -> torch.Tensor:
+    """Forward of bottom-right causal N < M as prefix + square (module docstring).
+    q: (B, Hq, N, D), k: (B, Hkv, M, D), v: (B, Hkv, M, D); returns (B, Hq, N, D) in q's dtype."""
+    p = problem
+    prefix = p.causal_offset
+    folded = q.reshape(p.batch, p.kv_heads, p.group_size * p.q_len, p.head_dim)
+    k_sq, v_sq = (x[:, :, prefix:].repeat_interleave(p.group_size, dim=1) for x in (k, v))
     try:
-        choice = torch._fused_sdp_choice(q, k, v, None, 0.0, True, scale=problem.scale, enable_gqa=True)
-        return SDPBackend(choice)
-    except (AttributeError, TypeError, ValueError, RuntimeError):  # private API moved
-        return None
-
-
-def lower_right_attention(name, backend, q, k, v, problem: AttentionProblem, square):
-    """Bottom-right causal N < M (N >= 2) on ``backend`` (None: PyTorch chooses); shapes as in
-    :func:`attnkit.attention`. ``square(q, k, v)`` is the square detour of :mod:`attnkit.sdpa`."""
-    fallback = square
-    if backend in MASK_KERNELS:
-        fallback = lambda a, b, c: masked_attention(name, backend, a, b, c, problem)
-    if torch.compiler.is_compiling():  # traced once: no host-side memo, no warnings machinery
-        # Dynamo cannot trace PyTorch's choice (an int from a C function): the mask keeps
-        # ``sdpa`` traceable, with PyTorch choosing among the kernels that take one.
-        if backend is None or not split_supported(backend, problem):
-            return fallback(q, k, v)
-        return split_attention(name, backend, q, k, v, problem, fallback)
-    kernel = backend
-    if backend is None:  # on the CPU PyTorch's flash kernel takes the mask at the N x M cost
-        kernel = pytorch_choice(q, k, v, problem) if problem.device.type == "cuda" else None
-    if not split_supported(kernel, problem):
-        return fallback(q, k, v)
-    key = (name, problem)
-    if key in _DECLINED:
-        return fallback(q, k, v)
-    try:
-        return split_attention(name, kernel, q, k, v, problem, fallback)
-    except UnsupportedProblemError as err:
-        declined = err
-    out = fallback(q, k, v)  # raises the forced kernel's own error if it cannot run either
-    if len(_DECLINED) >= 4096:
-        _DECLINED.clear()
-    _DECLINED.add(key)
-    warnings.warn(
-        f"{declined}; ran the {'mask' if fallback is not square else 'square'} path instead", stacklevel=2
-    )
-    return out
+        o1, lse1 = _with_lse(backend, folded, k[:, :, :prefix], v[:, :, :prefix], False, p.scale)
+        o2, lse2 = _with_lse(backend, q, k_sq, v_sq, True, p.scale)
+    except RuntimeError as err:
+        raise UnsupportedProblemError(
+            f"backend {name!r} cannot run {p.describe()} on {p.device} as prefix + causal square: {err}"
+        ) from err
+    o1 = o1.reshape(p.batch, p.q_heads, p.q_len, p.value_dim)
+    lse1 = lse1.reshape(p.batch, p.q_heads, p.q_len)
+    lse = torch.logaddexp(lse1, lse2)
+    out = o1.float() * torch.exp(lse1 - lse)[..., None] + o2.float() * torch.exp(lse2 - lse)[..., None]
+    return out.to(p.dtype)
 
 
 def masked_attention(
@@ -135,9 +127,13 @@ def masked_attention(
         warnings.simplefilter("always")
         try:
             if backend is None:
-                return call()
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, scale=problem.scale, enable_gqa=True
+                )
             with sdpa_kernel([backend]):
-                return call()
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, scale=problem.scale, enable_gqa=True
+                )
         except RuntimeError as err:
             reasons = "; ".join(str(w.message).strip() for w in caught) or str(err)
             raise UnsupportedProblemError(
