@@ -54,7 +54,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--attnkit-allow-cpu", action="store_true", help="compare or record on the CPU (gate tests)"
     )
     group.addoption(
-        "--attnkit-no-confirm", action="store_true", help="do not re-measure suspects (stored mode: at the end of the run; paired mode: on fresh worker processes)"
+        "--attnkit-no-confirm",
+        action="store_true",
+        help=(
+            "do not re-measure suspects (stored mode: at the end of the run; paired mode: on fresh "
+            "worker processes)"
+        ),
     )
     for name, kind, default, help_text in _TUNABLE:
         group.addoption("--attnkit-" + name.replace("_", "-"), type=kind, default=None, help=help_text)

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnkit_perf.measure.paired import PROCESSES_PER_SIDE
-
 from attnkit_perf.measure.cases import BenchCase
+from attnkit_perf.measure.paired import PROCESSES_PER_SIDE
 
 #: The GPU key the synthetic runs claim (the spelling of attnkit.device.gpu_key).
 H100_KEY = "nvidia-h100-80gb-hbm3"

@@ -3,8 +3,8 @@
 Each side runs in :data:`PROCESSES_PER_SIDE` worker processes of its own
 (:mod:`attnkit_perf.measure.worker`), with its own ``TRITON_CACHE_DIR``. For one benchmark,
 every worker builds the case and warms up (the head's first alone, since it also measures the
-host fraction; the others at once); then pairs of blocks are measured, pair ``i`` on
-worker ``i % PROCESSES_PER_SIDE`` of each side, in the order A-B for even ``i`` and B-A for odd (A-B-B-A...), so
+host fraction; the others at once); then pairs of blocks are measured, pair ``i`` on worker
+``i % PROCESSES_PER_SIDE`` of each side, in the order A-B for even ``i`` and B-A for odd (A-B-B-A...), so
 slow drifts cancel within the pairs and both sides are sampled in more than one process. A
 block is ``rounds`` rounds of the same flushed repetitions (the plan of the head's first
 worker, used by both sides), after one untimed round that brings clocks and caches back to
@@ -93,7 +93,8 @@ class _Worker:
             self.proc.stdin.flush()
         except BrokenPipeError:
             code = self.proc.wait()
-            raise WorkerError(f"{self.label} worker exited (status {code}) before {request.get('op')}") from None
+            op = request.get("op")
+            raise WorkerError(f"{self.label} worker exited (status {code}) before {op}") from None
 
     def receive(self, op: str) -> dict:
         line = self.proc.stdout.readline()
@@ -185,7 +186,7 @@ class PairedSession:
         # other process competes for the core. The rest build and warm up at once (their
         # compile loads and warm-up kernels overlap); peak memory is per process either way.
         answers = {first[:2]: first[2].ask({"op": "prepare", "case": case, "seed": 0})}
-        for side, i, worker in others:
+        for _, i, worker in others:
             worker.send({"op": "prepare", "case": case, "seed": i})
         for side, i, worker in others:
             answers[(side, i)] = worker.receive("prepare")
@@ -193,7 +194,8 @@ class PairedSession:
             if "unsupported" in answer:
                 results[side].unsupported = answer["unsupported"]
             elif not answer["ok"]:
-                raise WorkerError(f"{self.workers[side][i].label} could not prepare {case}: {answer['error']}")
+                label = self.workers[side][i].label
+                raise WorkerError(f"{label} could not prepare {case}: {answer['error']}")
             elif i == 0:
                 results[side].peak_bytes = answer["peak_bytes"]
                 results[side].host_fraction = answer["host_fraction"]
