@@ -35,6 +35,7 @@ from attnkit.triton.forward_kernels import (
     _dot,
     _key_phases,
     _load_tile,
+    _phase_bounds,
     _program_coords,
     _store_tile,
 )
@@ -297,15 +298,7 @@ def _attn_bwd_dq_kernel(
     )
     # The forward's phases: left edge (masked, only with a window), bare, upper edge (masked).
     for phase in tl.static_range(3):
-        if phase == 0:
-            start_n = start
-            end_n = left_end
-        elif phase == 1:
-            start_n = left_end
-            end_n = free_end
-        else:
-            start_n = free_end
-            end_n = kv_end
+        start_n, end_n = _phase_bounds(start, left_end, free_end, kv_end, phase)
         if WINDOW or phase != 0:
             dq = _dq_inner(
                 dq, q, do, lse2, delta, k_head, k_offs, v_head, v_offs, stride_kn, stride_vn,

@@ -124,6 +124,22 @@ def _key_phases(
 
 
 @triton.jit
+def _phase_bounds(start, left_end, free_end, kv_end, PHASE: tl.constexpr):
+    """Keys [start_n, end_n) of one loop phase of :func:`_key_phases`: 0 = the window's left edge
+    (masked), 1 = whole blocks (bare), 2 = the upper edge and the ragged end (masked)."""
+    if PHASE == 0:
+        start_n = start
+        end_n = left_end
+    elif PHASE == 1:
+        start_n = left_end
+        end_n = free_end
+    else:
+        start_n = free_end
+        end_n = kv_end
+    return start_n, end_n
+
+
+@triton.jit
 def _kv_tile(
     src, offs, stride_n, batch, kv_head, start, cols, kv_len, offs_d,
     DIM: tl.constexpr, PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr,
@@ -262,15 +278,7 @@ def _attn_fwd_kernel(
     # Phases: 0 = the window's left edge (masked), 1 = whole blocks (bare), 2 = the upper edge
     # and the ragged end (masked). Without a window phase 0 is compiled out.
     for phase in tl.static_range(3):
-        if phase == 0:
-            start_n = start
-            end_n = left_end
-        elif phase == 1:
-            start_n = left_end
-            end_n = free_end
-        else:
-            start_n = free_end
-            end_n = kv_end
+        start_n, end_n = _phase_bounds(start, left_end, free_end, kv_end, phase)
         if WINDOW or phase != 0:
             acc, l_i, m_i = _attn_fwd_inner(
                 acc, l_i, m_i, q, k_src, v_src, k_offs, v_offs, stride_kn, stride_vn, batch, kv_head,

@@ -137,7 +137,7 @@ class BenchCase:
 
 def _band_pairs(q_len: int, kv_len: int, causal: bool, window: tuple[int, int]) -> int:
     """Visible (query, key) pairs under a window: per row, the keys of its band inside [0, M),
-    summed in closed form over rows (no N-long loop)."""
+    summed over rows (one vectorised pass over N)."""
     q = torch.empty(1, 1, q_len, 1, device="meta")
     k = torch.empty(1, 1, kv_len, 1, device="meta")
     lower, upper = check_inputs(q, k, k, causal, None, window).key_band
