@@ -84,9 +84,11 @@ def _options(config: pytest.Config) -> dict:
             value = kind(config.getini(f"attnkit_{name}"))
         options[name] = value
     worker_input = getattr(config, "workerinput", None)
+    options["shard"] = None
     if worker_input is not None and "attnkit_base_src" in worker_input:
         options["base_src"] = worker_input["attnkit_base_src"]
         options["base_commit"] = worker_input["attnkit_base_commit"]
+        options["shard"] = int(str(worker_input["workerid"]).removeprefix("gw"))
     elif options["base"]:
         scratch = Path(tempfile.mkdtemp(prefix="attnkit-base-"))
         try:
@@ -124,6 +126,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.benchmark_json = _ScratchJson(
             Path(tempfile.mkdtemp(prefix="attnkit-perf-")) / "run.json"
         )
+    workers = config.getoption("numprocesses", None) if config.pluginmanager.hasplugin("xdist") else None
+    if session.mode == "paired" and not _is_xdist_worker(config) and isinstance(workers, int) and workers > 0:
+        problem = session.shard_problem(workers)
+        if problem:
+            raise pytest.UsageError(f"attnkit perf gate: {problem}")
     if session.mode == "paired":
         # Paired mode times in worker processes; pytest-benchmark's fixture is requested but idle.
         config.addinivalue_line("filterwarnings", "ignore:Benchmark fixture was not used at all")

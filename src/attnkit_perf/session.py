@@ -42,7 +42,13 @@ from attnkit_perf.machine import provenance, version_differences
 from attnkit_perf.measure.calibration import GPU_KEYS, HOST_KEYS, drift_factor
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.measure.measurer import CaseMeasurer, MeasureSettings
-from attnkit_perf.measure.paired import PairedSession, PairedSettings, SideResult
+from attnkit_perf.measure.paired import (
+    PairedSession,
+    PairedSettings,
+    SideResult,
+    shard_problem,
+    visible_gpus,
+)
 from attnkit_perf.measure.timing import HOST_BOUND_FRACTION
 
 VERDICT_PROPERTY = "attnkit_verdict"
@@ -209,9 +215,21 @@ class PerfSession:
             base_src, base_commit = self.opt["base_src"], self.opt["base_commit"]
             head_src = Path(attnkit.__file__).resolve().parent.parent
             self._paired = PairedSession(
-                Path(base_src), head_src, Path(attnkit_perf.__file__).parent, {"base": base_commit}
+                Path(base_src),
+                head_src,
+                Path(attnkit_perf.__file__).parent,
+                {"base": base_commit},
+                shard=self.opt.get("shard"),
             )
         return self._paired
+
+    def shard_problem(self, workers: int) -> str | None:
+        """Why paired mode cannot shard over ``workers`` xdist workers here, or None (on the
+        CPU, where the gate's own tests run it, and with an explicit ATTNKIT_TEST_DEVICE the
+        shards are not placed)."""
+        if self.device.type != "cuda" or os.environ.get("ATTNKIT_TEST_DEVICE"):
+            return None
+        return shard_problem(workers, visible_gpus())
 
     def run_paired(self, node, case: BenchCase) -> None:
         name = case.name

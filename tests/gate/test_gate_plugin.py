@@ -23,6 +23,7 @@ from attnkit_perf.decide import gate
 from attnkit_perf.decide.formats import validate
 from attnkit_perf.decide.verdict import VerdictDocument
 from attnkit_perf.machine import gpu_key
+from attnkit_perf.measure.paired import PairedSettings
 
 REPO = Path(__file__).resolve().parents[2]
 USAGE = pytest.ExitCode.USAGE_ERROR
@@ -446,7 +447,7 @@ def test_paired_mode_sees_the_head_faster_than_a_slowed_base(tmp_path):
     assert result.returncode == 0 and verdict["passed"] is True, output[-3000:]
     label = verdict["base"]["label"]
     assert verdict["mode"] == "paired" and f"checkout {base.resolve()}" in label, label
-    assert row["evidence"]["pairs"] >= 16, row["evidence"]
+    assert row["evidence"]["pairs"] >= PairedSettings().min_pairs, row["evidence"]
 
 
 def test_paired_aa_run_does_not_fail(tmp_path):

@@ -44,18 +44,57 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit"
 
 
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (ids or UUIDs)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [x.strip() for x in listed.split(",") if x.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def shard_problem(shards: int, gpus: list[str]) -> str | None:
+    """Why ``shards`` xdist workers cannot each measure on a GPU of their own, or None. Two
+    shards on one GPU would time each other's kernels: refused, never measured."""
+    if shards > len(gpus):
+        return (
+            f"paired mode gives each xdist worker a GPU of its own: {shards} workers asked for "
+            f"(-n {shards}), {len(gpus)} GPU(s) visible ({','.join(gpus) or 'none'}); "
+            f"use -n {max(1, len(gpus))} or fewer"
+        )
+    return None
+
+
+def placement(shard: int | None, cores: list[int], gpus: list[str]) -> tuple[int | None, str | None]:
+    """The core that shard ``shard``'s worker processes are pinned to (None: leave them be, one
+    core only) and the GPU they see (None: the caller's own). Counting cores from the end keeps
+    the shards' workers off the cores where the pytest processes usually start."""
+    slot = shard or 0
+    core = cores[-1 - slot % len(cores)] if len(cores) > 1 else None
+    gpu = gpus[slot % len(gpus)] if shard is not None and gpus else None
+    return core, gpu
+
+
 class WorkerError(RuntimeError):
     """A worker process failed in a way that is not about the benchmark."""
 
 
 @dataclass(frozen=True)
 class PairedSettings:
-    """Effort per benchmark. 16 pairs are the fewest with which the Wilcoxon test can reach the
-    per-benchmark alpha of a ~100-benchmark run (2^-16 < 0.01 / 100)."""
+    """Effort per benchmark, in pairs of blocks measured before each decision.
+
+    "Same" needs only the interval's upper end below the threshold, which 8 pairs of a quiet
+    benchmark settle; "slower" needs the Wilcoxon test at the per-benchmark alpha of a
+    ~100-benchmark run, which 16 pairs are the fewest to reach (2^-16 < 0.01 / 100), so a
+    suspect always gets the second step. Simulated A/A runs and 3% slowdowns give the same
+    outcomes as 16 pairs from the start (tests/gate/test_decision.py) at half the time for the
+    benchmarks that settle at once.
+    """
 
     rounds_per_block: int = 3
-    min_pairs: int = 16
-    step_pairs: int = 16
+    min_pairs: int = 8
+    step_pairs: int = 8
     max_pairs: int = 48
     budget_s: float = 8.0
 
@@ -120,9 +159,18 @@ class PairedSession:
     """Worker processes of both sides, started once per pytest process and reused."""
 
     def __init__(
-        self, base_src: Path, head_src: Path, perf_dir: Path, commits: dict[str, str | None]
+        self,
+        base_src: Path,
+        head_src: Path,
+        perf_dir: Path,
+        commits: dict[str, str | None],
+        shard: int | None = None,
     ) -> None:
+        """``shard``: this pytest process's index among xdist workers (None without xdist). Shard
+        ``i`` measures on the ``i``-th visible GPU, its workers pinned to the ``i``-th core from
+        the end, so shards share neither."""
         self.sides = {"base": Path(base_src), "head": Path(head_src)}
+        self.shard = shard
         self._scratch = Path(tempfile.mkdtemp(prefix="attnkit-paired-"))
         # A folder holding only this attnkit_perf, first on each worker's path: both sides are
         # measured by the same protocol whatever the base's own perf code is.
@@ -138,6 +186,9 @@ class PairedSession:
     def _start_workers(self) -> None:
         link_dir, commits = self._link_dir, self._commits
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        # An explicit ATTNKIT_TEST_DEVICE names the GPU itself: the shards are not placed then.
+        gpus = visible_gpus() if self.shard is not None and not os.environ.get("ATTNKIT_TEST_DEVICE") else []
+        core, gpu = placement(self.shard, cores, gpus)
         for side, src in self.sides.items():
             env = dict(os.environ)
             # Then the caller's own path (site folders): a package resolves to its first folder, so
@@ -147,8 +198,10 @@ class PairedSession:
             # Each side compiles into a cache of its own; kept between runs (Triton keys entries by
             # source and options), so a runner compiles a side's kernels once.
             env["TRITON_CACHE_DIR"] = str(cache_root() / f"triton-{side}")
-            if len(cores) > 1:
-                env["ATTNKIT_WORKER_CPU"] = str(cores[-1])
+            if core is not None:
+                env["ATTNKIT_WORKER_CPU"] = str(core)
+            if gpu is not None:
+                env["CUDA_VISIBLE_DEVICES"] = gpu
             if commits.get(side):
                 env["ATTNKIT_COMMIT"] = commits[side]
             self.workers[side] = [_Worker(f"{side}[{i}]", env, src.parent) for i in range(PROCESSES_PER_SIDE)]
@@ -181,11 +234,17 @@ class PairedSession:
 
     def _prepare(self, case: dict) -> tuple[dict[str, SideResult], int | None]:
         results = {side: SideResult() for side in self.sides}
-        first, *others = [(side, i, w) for side in ("head", "base") for i, w in enumerate(self.workers[side])]
         # The head's first worker measures the host fraction and plans the rounds: alone, so no
-        # other process competes for the core. The rest build and warm up at once (their
-        # compile loads and warm-up kernels overlap); peak memory is per process either way.
-        answers = {first[:2]: first[2].ask({"op": "prepare", "case": case, "seed": 0})}
+        # other process competes for the core. The base's first worker goes alone next, so each
+        # side compiles a new kernel once and its other workers load it from the side's cache.
+        # Those build and warm up at once (their loads and warm-up kernels overlap); peak memory
+        # is per process either way.
+        answers = {}
+        for side in ("head", "base"):
+            answers[(side, 0)] = self.workers[side][0].ask({"op": "prepare", "case": case, "seed": 0})
+        others = [
+            (side, i, worker) for side in ("head", "base") for i, worker in enumerate(self.workers[side]) if i
+        ]
         for _, i, worker in others:
             worker.send({"op": "prepare", "case": case, "seed": i})
         for side, i, worker in others:
