@@ -6,9 +6,9 @@
 #
 #   aa:N           paired mode N times with the base a copy of this tree (A/A): nothing may fail
 #   change:NAME    apply docs/evidence/gate-changes/NAME.patch to a copy of this tree (the head),
-#                  run paired mode against the unchanged tree, and measure the change's true
+#                  run paired mode against the unchanged tree, then measure the change's true
 #                  effect with do_bench side by side (attnkit_tools.ab_dobench) on the cases the
-#                  patch names in its first line ("# cases: WORD ...")
+#                  patch names in its first line ("# cases: WORD ..."; AB=0 skips this)
 #   stored-record  record this GPU model's baseline (pytest tests/perf --attnkit-record)
 #   stored:N       stored mode N times against that baseline: nothing may fail
 #   noise          build baselines/<gpu_key>/noise-paired.json from the aa runs' verdicts
@@ -60,19 +60,23 @@ for step in "$@"; do
       patch=$root/docs/evidence/gate-changes/$name.patch
       head=$work/$name && mkdir -p "$head" && cp -r "$root/src" "$head/src"
       (cd "$head" && patch -s -p1 < "$patch") || { log "$name: patch failed"; continue; }
-      read -r -a words <<< "$(head -1 "$patch" | sed 's/^# cases: //')"
-      python3 -m attnkit_tools.ab_dobench --base "$work/clean/src" --head "$head/src" --match "${words[@]}" \
-        --rounds 3 --out "$out/ab_$name.json" > "$out/ab_$name.txt" 2>&1
-      log "$name true effect (do_bench, head/base):"; tee -a "$summary" < "$out/ab_$name.txt"
       # shellcheck disable=SC2206
       extra=(${PERF_ARGS:-} ${CHANGE_ARGS:-}); paired "change_$name" "$head/src" "$work/clean"
       # shellcheck disable=SC2206
-      extra=(${PERF_ARGS:-}) ;;
+      extra=(${PERF_ARGS:-})
+      if [ "${AB:-1}" != 0 ]; then
+        read -r -a words <<< "$(head -1 "$patch" | sed 's/^# cases: //')"
+        python3 -m attnkit_tools.ab_dobench --base "$work/clean/src" --head "$head/src" --match "${words[@]}" \
+          --rounds 3 --out "$out/ab_$name.json" > "$out/ab_$name.txt" 2>&1
+        log "$name true effect (do_bench, head/base):"; tee -a "$summary" < "$out/ab_$name.txt"
+      fi ;;
     stored-record)
       t0=$(date +%s)
       python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider --attnkit-record \
         "${extra[@]}" > "$out/log_record.txt" 2>&1
-      log "record rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/log_record.txt")" ;;
+      log "record rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/log_record.txt")"
+      key=$(python3 -c "from attnkit.device import gpu_key; print(gpu_key())")
+      cp "baselines/$key/baseline.json" "$out/baseline_$key.json" ;;
     stored:*)
       for i in $(seq "${step#*:}"); do
         t0=$(date +%s)

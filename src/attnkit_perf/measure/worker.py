@@ -45,6 +45,12 @@ def _serve(out) -> None:
         warm_up_and_plan,
     )
 
+    # Every worker of a session measures on the one core the orchestrator chose (they never
+    # measure at once): host-bound timings then do not depend on which core a process landed on.
+    # Pinned after the imports, so that a session's workers start in parallel.
+    cpu = os.environ.get("ATTNKIT_WORKER_CPU")
+    if cpu and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(cpu)})
     device = torch.device(
         os.environ.get("ATTNKIT_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     )
@@ -100,11 +106,6 @@ def _serve(out) -> None:
 
 
 def main() -> None:
-    # Every worker of a session runs on the one core the orchestrator chose (they never run at
-    # once): host-bound timings then do not depend on which core a process landed on.
-    cpu = os.environ.get("ATTNKIT_WORKER_CPU")
-    if cpu and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {int(cpu)})
     # The protocol owns the original stdout; everything printed by Python code goes to stderr.
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
