@@ -47,10 +47,17 @@ def _serve(out) -> None:
 
     # Every worker of a session measures on the one core the orchestrator chose (they never
     # measure at once): host-bound timings then do not depend on which core a process landed on.
-    # Pinned after the imports, so that a session's workers start in parallel.
+    # Building a case (and loading its kernels) runs on every core, so that a session's workers
+    # start and prepare in parallel.
     cpu = os.environ.get("ATTNKIT_WORKER_CPU")
-    if cpu and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {int(cpu)})
+    pinnable = bool(cpu) and hasattr(os, "sched_setaffinity")
+    every_core = os.sched_getaffinity(0) if pinnable else None
+
+    def pin(measuring: bool) -> None:
+        if pinnable:
+            os.sched_setaffinity(0, {int(cpu)} if measuring else every_core)
+
+    pin(True)
     device = torch.device(
         os.environ.get("ATTNKIT_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     )
@@ -70,14 +77,19 @@ def _serve(out) -> None:
             elif op == "prepare":
                 case = BenchCase(**request["case"])
                 runner = None
+                pin(False)
                 try:
                     runner = build_runner(case, device, seed=request.get("seed", 0))
+                    runner()  # compiles or loads the kernels on any core
+                    pin(True)
                     plan = warm_up_and_plan(
                         runner, device, flusher, budget_s=0.0, min_rounds=1, max_rounds=1, warmup_s=0.03
                     )
                 except UnsupportedProblemError as err:
                     answer({"ok": False, "unsupported": str(err)})
                     continue
+                finally:
+                    pin(True)
                 answer(
                     {
                         "ok": True,
