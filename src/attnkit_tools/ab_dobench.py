@@ -6,7 +6,9 @@ medians of the same cases under two source trees, in alternating fresh processes
 ``BASE_SRC``/``HEAD_SRC`` are ``src`` folders (each holding ``attnkit``); cases are the perf
 grid's (:func:`attnkit_perf.measure.cases.gpu_suite_cases`) whose name contains every
 ``--match`` word. Prints, per case, the median of the head/base ratios over the rounds, and
-writes every time to ``--out``. This is the yardstick the gate's verification compares with.
+writes every time to ``--out`` (``schemas/true-effect.schema.json``; :func:`read_effects` reads
+it back). This is the yardstick the gate's verification compares with
+(:mod:`attnkit_tools.detection`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from attnkit_perf.decide.formats import read_json, validate
+
+FORMAT = "attnkit-true-effect/1"
 
 
 def _side_main(names: list[str]) -> None:
@@ -89,8 +95,20 @@ def main(argv: list[str] | None = None) -> int:
             each = " ".join(f"{r:.3f}" for r in ratios)
             print(f"{name:60s} head/base {statistics.median(ratios):.4f}  ({each})")
     if args.out:
-        Path(args.out).write_text(json.dumps({"rows": rows, "runs": runs}, indent=1))
+        from attnkit_perf.machine import provenance
+
+        document = {"format": FORMAT, "provenance": provenance(), "rows": rows, "runs": runs}
+        validate("true-effect", document, args.out)
+        Path(args.out).write_text(json.dumps(document, indent=1))
     return 0
+
+
+def read_effects(path: Path | str) -> dict[str, float]:
+    """``{benchmark name: head/base ratio}`` from a file this tool wrote; :class:`FormatError`
+    (naming the file and the field) when it is not one."""
+    document = read_json(path, "true-effect")
+    validate("true-effect", document, str(path))
+    return {row["name"]: row["ratio"] for row in document["rows"]}
 
 
 if __name__ == "__main__":

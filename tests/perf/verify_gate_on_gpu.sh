@@ -14,7 +14,8 @@
 #   noise          build baselines/<gpu_key>/noise-paired.json from the aa runs' verdicts
 #
 # PERF_ARGS: extra pytest arguments for every run (e.g. "-k triton", "-n 2"); CHANGE_ARGS: for
-# the change runs only.
+# the change runs only. Where the tree is a copy whose .git is not its own, export
+# ATTNKIT_COMMIT=<sha> so that verdicts and baselines name the commit measured.
 set -uo pipefail
 out=$(realpath -m "$1"); shift
 mkdir -p "$out"
@@ -69,6 +70,8 @@ for step in "$@"; do
         python3 -m attnkit_tools.ab_dobench --base "$work/clean/src" --head "$head/src" --match "${words[@]}" \
           --rounds 3 --out "$out/ab_$name.json" > "$out/ab_$name.txt" 2>&1
         log "$name true effect (do_bench, head/base):"; tee -a "$summary" < "$out/ab_$name.txt"
+        python3 -m attnkit_tools.detection --effects "$out/ab_$name.json" --verdict "$out/verdict_change_$name.json" \
+          --out "$out/detection_$name.md" | tee -a "$summary"
       fi ;;
     stored-record)
       t0=$(date +%s)
