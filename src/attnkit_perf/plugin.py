@@ -177,6 +177,9 @@ class _PairedController:
         for key, value in report.user_properties:
             if key == VERDICT_PROPERTY and report.when == "call":
                 self.session.rows.append(BenchmarkVerdict(**value))
+                path = self.session.config.getoption("attnkit_verdict_json")
+                if path:  # a run stopped early (a job's time limit) still leaves what it decided
+                    self.session.write_progress(path)
 
 
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection: count only what will run

@@ -413,7 +413,17 @@ class PerfSession:
 
     # --- the verdict ------------------------------------------------------------------------
 
+    def write_progress(self, path: str) -> None:
+        """Paired mode: the verdict so far, marked incomplete (the session's end overwrites it)."""
+        document = self._document(complete=False)
+        if document is not None:
+            document.write(path)
+
     def build_document(self) -> VerdictDocument | None:
+        self.document = self._document(complete=True)
+        return self.document
+
+    def _document(self, complete: bool) -> VerdictDocument | None:
         if self.mode is None or (self.mode == "stored" and self.run_json is None):
             return None
         if self.mode == "paired":
@@ -439,13 +449,13 @@ class PerfSession:
             "noise_k": self.thresholds.noise_k,
             "fail_on_inconclusive": self.thresholds.fail_on_inconclusive,
         }
-        self.document = VerdictDocument(
+        return VerdictDocument(
             mode=self.mode,
             base=base,
             head={"label": "this checkout", "provenance": self.provenance()},
             thresholds=thresholds,
-            benchmarks=self.rows,
+            benchmarks=list(self.rows),
             version_differences=versions,
             notes=self.notes,
+            complete=complete,
         )
-        return self.document

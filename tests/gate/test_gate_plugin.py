@@ -458,3 +458,36 @@ def test_paired_aa_run_does_not_fail(tmp_path):
     assert row["outcome"] in ("same", "inconclusive"), f"{row['outcome']}: {row['reason']}\n{output[-3000:]}"
     assert result.returncode == 0 and verdict["passed"] is True, f"exit {result.returncode}\n{output[-3000:]}"
     assert verdict["thresholds"]["slower"] == 0.5, verdict["thresholds"]
+    assert verdict["complete"] is True, "the session's end overwrites the progress file"
+
+
+def test_paired_mode_rewrites_the_verdict_after_each_benchmark(tmp_path):
+    """A run stopped before its end (a job's time limit) leaves the rows it decided, marked
+    incomplete: the controller writes them as each benchmark's report arrives."""
+    from types import SimpleNamespace
+
+    from attnkit_perf.plugin import _PairedController
+    from attnkit_perf.session import VERDICT_PROPERTY
+
+    path = tmp_path / "verdict.json"
+    written = []
+    session = SimpleNamespace(
+        rows=[],
+        config=SimpleNamespace(getoption=lambda name: str(path) if name == "attnkit_verdict_json" else None),
+        write_progress=lambda p: written.append((p, len(session.rows))),
+    )
+    row = {
+        "name": "fwd[x]",
+        "group": "g",
+        "backend": "triton",
+        "pass_name": "fwd",
+        "shape": {},
+        "outcome": "same",
+    }
+    controller = _PairedController(session)
+    for when in ("setup", "call", "teardown"):
+        controller.pytest_runtest_logreport(
+            SimpleNamespace(when=when, user_properties=[(VERDICT_PROPERTY, row)])
+        )
+    assert [r.name for r in session.rows] == ["fwd[x]"], session.rows
+    assert written == [(str(path), 1)], written

@@ -15,7 +15,7 @@ from perf_synthetic import H100_KEY, bench_entry, noisy_samples, paired_blocks, 
 
 import attnkit_perf.report
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument, summary_line
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.report import markdown
 from attnkit_perf.session import describe
@@ -209,6 +209,30 @@ def test_a_changed_stack_is_flagged_and_an_unchanged_run_passes(tmp_path):
     assert "**Verdict: ✅ PASS** — 9 benchmarks: 9 same." in text, text[:2000]
     assert "| torch | 2.11.0 | 2.12.0 |" in text and "with a different torch" in text, text[:3000]
     assert "### Needs attention" not in text and "🔴" not in text, f"nothing needs attention:\n{text[:2000]}"
+
+
+def test_an_incomplete_verdict_is_never_a_pass_and_says_so(tmp_path):
+    doc = verdict_document(regress=False)
+    doc.complete = False
+    assert not doc.passed, "a run that did not finish has not passed, even if all it decided is same"
+    path = doc.write(tmp_path / "verdict.json")
+    data = json.loads(path.read_text())
+    assert data["complete"] is False and data["passed"] is False, data
+    again = VerdictDocument.read(path)
+    assert again.complete is False and not again.passed
+    assert summary_line(again).startswith("attnkit perf gate (paired): INCOMPLETE, the run did not finish")
+    text = _report(tmp_path, again)
+    assert "**Verdict: ⚠️ INCOMPLETE (the run stopped before its end; not a pass)** — 9 benchmarks" in text, (
+        text[:500]
+    )
+
+
+def test_a_verdict_without_the_complete_field_reads_as_complete(tmp_path):
+    data = verdict_document(regress=False).to_dict()
+    del data["complete"]
+    path = tmp_path / "verdict.json"
+    path.write_text(json.dumps(data))
+    assert VerdictDocument.read(path).complete is True
 
 
 def test_one_table_per_group(tmp_path):

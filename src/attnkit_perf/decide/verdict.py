@@ -3,7 +3,10 @@
 Format ``attnkit-perf-verdict/2``, validated by ``schemas/verdict.schema.json`` on write and on
 read. A document holds the mode (``paired`` or ``stored``), both sides' provenance, the
 thresholds, and one row per benchmark (:class:`BenchmarkVerdict`). ``passed`` is false iff a
-row is slower or more-memory (or inconclusive, when the run was told to fail on those).
+row is slower or more-memory (or inconclusive, when the run was told to fail on those), or the
+document is not ``complete``: paired mode rewrites the verdict file after each benchmark with
+``complete: false``, so a run stopped before its end (a job's time limit) leaves the benchmarks
+it decided, and never a file that reads as passed.
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ class VerdictDocument:
     benchmarks: list[BenchmarkVerdict]
     version_differences: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: False while the run is still deciding benchmarks (a progress file, never a pass).
+    complete: bool = True
 
     @property
     def fail_on_inconclusive(self) -> bool:
@@ -86,7 +91,7 @@ class VerdictDocument:
 
     @property
     def passed(self) -> bool:
-        return not self.failing
+        return self.complete and not self.failing
 
     def counts(self) -> dict[str, int]:
         counts = Counter(b.outcome for b in self.benchmarks)
@@ -101,6 +106,7 @@ class VerdictDocument:
         return {
             "format": FORMAT,
             "mode": self.mode,
+            "complete": self.complete,
             "passed": self.passed,
             "counts": self.counts(),
             "thresholds": self.thresholds,
@@ -127,6 +133,7 @@ class VerdictDocument:
             benchmarks=rows,
             version_differences=data.get("version_differences", {}),
             notes=data.get("notes", []),
+            complete=data.get("complete", True),
         )
 
     def write(self, path: Path | str) -> Path:
@@ -168,4 +175,6 @@ def format_table(rows: list[BenchmarkVerdict]) -> list[str]:
 def summary_line(doc: VerdictDocument) -> str:
     counts = doc.counts()
     parts = ", ".join(f"{n} {k}" for k, n in counts.items()) or "nothing compared"
+    if not doc.complete:
+        return f"attnkit perf gate ({doc.mode}): INCOMPLETE, the run did not finish ({parts} so far)"
     return f"attnkit perf gate ({doc.mode}): {'passed' if doc.passed else 'FAILED'} ({parts})"

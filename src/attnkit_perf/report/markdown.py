@@ -190,6 +190,8 @@ def _verdict_lines(verdict: VerdictDocument, floors: dict[CaseKey, int | None]) 
     counts = verdict.counts()
     failed = not verdict.passed
     headline = "❌ FAIL" if failed else "✅ PASS"
+    if not verdict.complete:
+        headline = "⚠️ INCOMPLETE (the run stopped before its end; not a pass)"
     tally = " · ".join(f"{n} {VERDICT_LABELS.get(v, v)}" for v, n in counts.items())
     lines = [f"**Verdict: {headline}** — {len(verdict.benchmarks)} benchmarks: {tally}.", ""]
     attention = [c for c in verdict.benchmarks if c.outcome != "same"]
