@@ -13,6 +13,9 @@
 #   stored:N       stored mode N times against that baseline: nothing may fail
 #   noise          build baselines/<gpu_key>/noise-paired.json from the aa runs' verdicts
 #
+# DEADLINE_S: seconds from the start after which nothing more runs: each command gets the time
+# that is left (a paired run stopped that way leaves its verdict file marked incomplete), and a
+# step with under 20 s left is skipped and said so.
 # PERF_ARGS: extra pytest arguments for every run (e.g. "-k triton", "-n 2"); CHANGE_ARGS: for
 # the change runs only. Where the tree is a copy whose .git is not its own, export
 # ATTNKIT_COMMIT=<sha> so that verdicts and baselines name the commit measured.
@@ -30,12 +33,20 @@ extra=(${PERF_ARGS:-})
 
 log() { echo "$*" | tee -a "$summary"; }
 
+start=$(date +%s)
+left() { echo $(( ${DEADLINE_S:-1000000} - $(date +%s) + start )); }
+limited() {  # run "$@" within the time left (DEADLINE_S); none left: not at all (status 124)
+  local t; t=$(left)
+  if [ "$t" -lt 5 ]; then echo "not run, DEADLINE_S reached: $*" >&2; return 124; fi
+  timeout --kill-after=10 "$t" "$@"
+}
+
 counts() {  # $1: verdict file
   python3 - "$1" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
 bad = [b for b in doc["benchmarks"] if b["outcome"] in ("slower", "more-memory", "inconclusive")]
-print(f"   {doc['mode']} passed={doc['passed']} counts={doc['counts']}")
+print(f"   {doc['mode']} complete={doc.get('complete', True)} passed={doc['passed']} counts={doc['counts']}")
 for b in bad:
     print(f"   {b['outcome']:12s} {b['name']} ratio={b['ratio']} {b['reason']}")
 PY
@@ -44,15 +55,15 @@ PY
 paired() {  # $1: label, $2: head src, $3: base folder
   local label=$1 head=$2 base=$3 t0
   t0=$(date +%s)
-  PYTHONPATH=$head$site python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider \
+  PYTHONPATH=$head$site limited python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider \
     --attnkit-base="$base" --attnkit-verdict-json="$out/verdict_$label.json" "${extra[@]}" \
     > "$out/log_$label.txt" 2>&1
   log "$label rc=$? $(( $(date +%s) - t0 ))s: $(grep 'attnkit perf gate (' "$out/log_$label.txt")"
-  counts "$out/verdict_$label.json" | tee -a "$summary"
+  [ -f "$out/verdict_$label.json" ] && counts "$out/verdict_$label.json" | tee -a "$summary"
 }
 
-start=$(date +%s)
 for step in "$@"; do
+  if [ "$(left)" -lt 20 ]; then log "$step: skipped, DEADLINE_S reached"; continue; fi
   case $step in
     aa:*)
       for i in $(seq "${step#*:}"); do paired "aa$i" "$root/src" "$work/clean"; done ;;
@@ -67,7 +78,7 @@ for step in "$@"; do
       extra=(${PERF_ARGS:-})
       if [ "${AB:-1}" != 0 ]; then
         read -r -a words <<< "$(head -1 "$patch" | sed 's/^# cases: //')"
-        python3 -m attnkit_tools.ab_dobench --base "$work/clean/src" --head "$head/src" --match "${words[@]}" \
+        limited python3 -m attnkit_tools.ab_dobench --base "$work/clean/src" --head "$head/src" --match "${words[@]}" \
           --rounds 3 --out "$out/ab_$name.json" > "$out/ab_$name.txt" 2>&1
         log "$name true effect (do_bench, head/base):"; tee -a "$summary" < "$out/ab_$name.txt"
         python3 -m attnkit_tools.detection --effects "$out/ab_$name.json" --verdict "$out/verdict_change_$name.json" \
@@ -75,7 +86,7 @@ for step in "$@"; do
       fi ;;
     stored-record)
       t0=$(date +%s)
-      python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider --attnkit-record \
+      limited python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider --attnkit-record \
         "${extra[@]}" > "$out/log_record.txt" 2>&1
       log "record rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/log_record.txt")"
       key=$(python3 -c "from attnkit.device import gpu_key; print(gpu_key())")
@@ -83,7 +94,7 @@ for step in "$@"; do
     stored:*)
       for i in $(seq "${step#*:}"); do
         t0=$(date +%s)
-        python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider --benchmark-compare \
+        limited python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider --benchmark-compare \
           --attnkit-verdict-json="$out/verdict_stored$i.json" "${extra[@]}" > "$out/log_stored$i.txt" 2>&1
         log "stored$i rc=$? $(( $(date +%s) - t0 ))s: $(grep 'attnkit perf gate (' "$out/log_stored$i.txt")"
         counts "$out/verdict_stored$i.json" | tee -a "$summary"
