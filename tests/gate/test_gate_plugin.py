@@ -376,10 +376,13 @@ def test_a_noise_file_that_does_not_exist(gate_run, pytester):
 PAIRED_CASE = "fwd[naive-fp32-B1-H2-N128-D32]"
 
 
-def _copy_checkout(dest: Path, sleep_s: float | None) -> Path:
-    """A copy of this checkout's src/ whose ``naive_attention`` first sleeps ``sleep_s`` (if given)."""
+def _copy_checkout(dest: Path, sleep_s: float | None, statement: str | None = None) -> Path:
+    """A copy of this checkout's src/ whose ``naive_attention`` first sleeps ``sleep_s`` (if given)
+    or runs ``statement``."""
     shutil.copytree(REPO / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__"))
     if sleep_s is not None:
+        statement = f"__import__('time').sleep({sleep_s})"
+    if statement is not None:
         reference = dest / "src" / "attnkit" / "reference.py"
         lines = reference.read_text().splitlines(keepends=True)
         func = next(
@@ -389,7 +392,7 @@ def _copy_checkout(dest: Path, sleep_s: float | None) -> Path:
         )
         first = func.body[1] if ast.get_docstring(func) else func.body[0]
         indent = " " * first.col_offset
-        lines.insert(first.lineno - 1, f"{indent}__import__('time').sleep({sleep_s})\n")
+        lines.insert(first.lineno - 1, f"{indent}{statement}\n")
         reference.write_text("".join(lines))
     return dest
 
@@ -448,6 +451,18 @@ def test_paired_mode_sees_the_head_faster_than_a_slowed_base(tmp_path):
     label = verdict["base"]["label"]
     assert verdict["mode"] == "paired" and f"checkout {base.resolve()}" in label, label
     assert row["evidence"]["pairs"] >= PairedSettings().min_pairs, row["evidence"]
+
+
+def test_a_case_the_base_cannot_build_is_new_not_a_failure(tmp_path):
+    """Only the head's code is under test: a base older than an argument the grid passes (or
+    with a bug fixed since) makes its cases new, never an error of the change."""
+    base = _copy_checkout(tmp_path / "base", None, "raise TypeError('an older attention() signature')")
+    result, verdict = _run_paired(base, tmp_path)
+    output = result.stdout + result.stderr
+    row = verdict["benchmarks"][0]
+    assert row["outcome"] == "new", f"{row['outcome']}: {row['reason']}\n{output[-3000:]}"
+    assert "TypeError: an older attention() signature" in row["reason"], row["reason"]
+    assert result.returncode == 0 and verdict["passed"] is True, output[-3000:]
 
 
 def test_paired_aa_run_does_not_fail(tmp_path):
