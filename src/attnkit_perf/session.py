@@ -265,10 +265,11 @@ class PerfSession:
             describe(case),
             decision,
             base_median_ms=None if base.median_s is None else base.median_s * 1e3,
-            head_median_ms=head.median_s * 1e3,
+            # A benchmark new to this change was not timed (nothing to pair it with).
+            head_median_ms=None if head.median_s is None else head.median_s * 1e3,
             base_peak_bytes=base.peak_bytes,
             head_peak_bytes=head.peak_bytes,
-            tflops=case.flops / head.median_s / 1e12,
+            tflops=None if head.median_s is None else case.flops / head.median_s / 1e12,
             host_bound=None if head.host_fraction is None else head.host_fraction >= HOST_BOUND_FRACTION,
         )
         node.user_properties.append((VERDICT_PROPERTY, dataclasses.asdict(row)))

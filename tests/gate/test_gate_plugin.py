@@ -397,7 +397,9 @@ def _copy_checkout(dest: Path, sleep_s: float | None, statement: str | None = No
     return dest
 
 
-def _run_paired(base: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess, dict]:
+def _run_paired(
+    base: Path, tmp_path: Path, select: str = "naive and fwd and not causal", names: tuple = (PAIRED_CASE,)
+) -> tuple[subprocess.CompletedProcess, dict]:
     verdict = tmp_path / "verdict.json"
     # One intra-op thread per process: on a shared 2-core runner, the OpenMP threads of four
     # workers (spinning after each block) would otherwise time each other instead of the code.
@@ -415,7 +417,7 @@ def _run_paired(base: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess
         "pytest",
         "tests/perf/test_attention_perf.py",
         "-k",
-        "cpu_smoke and naive and fwd and not causal",
+        f"cpu_smoke and {select}",
         "-p",
         "no:cacheprovider",
         "-q",
@@ -434,7 +436,7 @@ def _run_paired(base: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess
     assert verdict.is_file(), f"no verdict (exit {result.returncode}):\n{output[-4000:]}"
     data = json.loads(verdict.read_text())
     validate("verdict", data, str(verdict))
-    assert [r["name"] for r in data["benchmarks"]] == [PAIRED_CASE], f"benchmarks run: {data['benchmarks']}"
+    assert [r["name"] for r in data["benchmarks"]] == list(names), f"benchmarks run: {data['benchmarks']}"
     return result, data
 
 
@@ -462,6 +464,23 @@ def test_a_case_the_base_cannot_build_is_new_not_a_failure(tmp_path):
     row = verdict["benchmarks"][0]
     assert row["outcome"] == "new", f"{row['outcome']}: {row['reason']}\n{output[-3000:]}"
     assert "TypeError: an older attention() signature" in row["reason"], row["reason"]
+    assert result.returncode == 0 and verdict["passed"] is True, output[-3000:]
+
+
+def test_a_base_worker_that_dies_makes_its_case_new_and_the_run_goes_on(tmp_path):
+    """A base that crashes on a case (a segfault the change fixes) must not fail the change, nor
+    the benchmarks after it: its case is new, and fresh workers measure the next one."""
+    base = _copy_checkout(tmp_path / "base", None, "__import__('os')._exit(3)")
+    sdpa = "fwd[sdpa-fp32-B1-H2-N128-D32]"
+    result, verdict = _run_paired(
+        base, tmp_path, "(naive or sdpa) and fwd and not causal", (PAIRED_CASE, sdpa)
+    )
+    output = result.stdout + result.stderr
+    rows = {r["name"]: r for r in verdict["benchmarks"]}
+    crashed = rows[PAIRED_CASE]
+    assert crashed["outcome"] == "new", f"{crashed['outcome']}: {crashed['reason']}\n{output[-3000:]}"
+    assert "worker exited (status 3)" in crashed["reason"], crashed["reason"]
+    assert rows[sdpa]["outcome"] in ("same", "inconclusive"), f"{rows[sdpa]}\n{output[-3000:]}"
     assert result.returncode == 0 and verdict["passed"] is True, output[-3000:]
 
 

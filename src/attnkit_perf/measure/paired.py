@@ -77,7 +77,11 @@ def placement(shard: int | None, cores: list[int], gpus: list[str]) -> tuple[int
 
 
 class WorkerError(RuntimeError):
-    """A worker process failed in a way that is not about the benchmark."""
+    """A worker process failed in a way that is not about the benchmark; ``side`` says whose."""
+
+    def __init__(self, message: str, side: str | None = None) -> None:
+        super().__init__(message)
+        self.side = side
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,9 @@ class SideResult:
 
 
 class _Worker:
-    def __init__(self, label: str, env: dict, cwd: Path) -> None:
-        self.label = label
+    def __init__(self, side: str, index: int, env: dict, cwd: Path) -> None:
+        self.side = side
+        self.label = f"{side}[{index}]"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "attnkit_perf.measure.worker"],
             stdin=subprocess.PIPE,
@@ -133,13 +138,13 @@ class _Worker:
         except BrokenPipeError:
             code = self.proc.wait()
             op = request.get("op")
-            raise WorkerError(f"{self.label} worker exited (status {code}) before {op}") from None
+            raise WorkerError(f"{self.label} worker exited (status {code}) before {op}", self.side) from None
 
     def receive(self, op: str) -> dict:
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
-            raise WorkerError(f"{self.label} worker exited (status {code}) during {op}")
+            raise WorkerError(f"{self.label} worker exited (status {code}) during {op}", self.side)
         return json.loads(line)
 
     def ask(self, request: dict) -> dict:
@@ -204,7 +209,7 @@ class PairedSession:
                 env["CUDA_VISIBLE_DEVICES"] = gpu
             if commits.get(side):
                 env["ATTNKIT_COMMIT"] = commits[side]
-            self.workers[side] = [_Worker(f"{side}[{i}]", env, src.parent) for i in range(PROCESSES_PER_SIDE)]
+            self.workers[side] = [_Worker(side, i, env, src.parent) for i in range(PROCESSES_PER_SIDE)]
         for side, src in self.sides.items():
             for worker in self.workers[side]:
                 ident = worker.ask({"op": "identify"})
@@ -259,7 +264,7 @@ class PairedSession:
                 results[side].unsupported = f"it failed there ({last})"
             elif not answer["ok"]:
                 label = self.workers[side][i].label
-                raise WorkerError(f"{label} could not prepare {case}: {answer['error']}")
+                raise WorkerError(f"{label} could not prepare {case}: {answer['error']}", side)
             elif i == 0:
                 results[side].peak_bytes = answer["peak_bytes"]
                 results[side].host_fraction = answer["host_fraction"]
@@ -270,7 +275,7 @@ class PairedSession:
         worker = self.workers[side][pair % PROCESSES_PER_SIDE]
         answer = worker.ask({"op": "measure", "rounds": rounds, "reps": reps, "warm_rounds": 1})
         if not answer["ok"]:
-            raise WorkerError(f"{worker.label} failed to measure: {answer['error']}")
+            raise WorkerError(f"{worker.label} failed to measure: {answer['error']}", side)
         return statistics.median(answer["samples"])
 
     def measure(
@@ -281,8 +286,23 @@ class PairedSession:
     ) -> dict[str, SideResult]:
         """Measure ``case`` on both sides until ``settled(results)`` or the effort runs out.
 
-        A side that rejects the case is returned with ``unsupported`` set and no blocks.
+        A side that rejects the case is returned with ``unsupported`` set and no blocks; so is
+        the base when one of its workers fails (only the head's code is under test). A worker
+        that died is replaced, with all the others, before the next benchmark; a failure of the
+        head's is raised.
         """
+        try:
+            return self._measure(case, settings, settled)
+        except WorkerError as err:
+            if any(w.proc.poll() is not None for workers in self.workers.values() for w in workers):
+                self.restart()
+            if err.side != "base":
+                raise
+            results = {side: SideResult() for side in self.sides}
+            results["base"].unsupported = f"a base worker failed ({str(err).strip().splitlines()[-1]})"
+            return results
+
+    def _measure(self, case, settings, settled) -> dict[str, SideResult]:
         results, reps = self._prepare(case)
         try:
             if any(r.unsupported for r in results.values()):
@@ -303,4 +323,5 @@ class PairedSession:
         finally:
             for workers in self.workers.values():
                 for worker in workers:
-                    worker.ask({"op": "release"})
+                    if worker.proc.poll() is None:  # a dead one's error is already on its way
+                        worker.ask({"op": "release"})
