@@ -21,18 +21,31 @@ import pytest
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.verdict import BenchmarkVerdict, format_table, summary_line
 from attnkit_perf.measure.checkout import BaseError, materialise_base
+from attnkit_perf.measure.paired import ANSWER_TIMEOUT_S
 from attnkit_perf.session import VERDICT_PROPERTY, PerfSession
 
 SESSION = pytest.StashKey[PerfSession]()
 
 #: (name, type, default, help) of the options that are also ini keys.
 _TUNABLE = (
-    ("slower", float, None, "practical slowdown threshold (default 0.02 paired, 0.06 stored)"),
+    (
+        "slower",
+        float,
+        None,
+        f"practical slowdown threshold (default {gate.Thresholds.slower} paired, "
+        f"{gate.Thresholds.STORED_SLOWER} stored)",
+    ),
     ("run_alpha", float, gate.Thresholds.run_alpha, "false-alarm probability allowed per run"),
     ("memory_rel", float, gate.Thresholds.memory_rel, "fail when peak memory grows by > this fraction"),
     ("memory_abs_mib", float, gate.Thresholds.memory_abs_bytes / gate.MIB, "...and by > this many MiB"),
     ("noise_k", float, gate.Thresholds.noise_k, "A/A standard deviations a benchmark's threshold clears"),
     ("budget_s", float, None, "measuring time per benchmark (paired: per side pair of blocks, seconds)"),
+    (
+        "worker_timeout_s",
+        float,
+        ANSWER_TIMEOUT_S,
+        "paired: seconds a worker may take to answer before it is killed",
+    ),
 )
 
 

@@ -43,6 +43,7 @@ from attnkit_perf.measure.calibration import GPU_KEYS, HOST_KEYS, drift_factor
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.measure.measurer import CaseMeasurer, MeasureSettings
 from attnkit_perf.measure.paired import (
+    ANSWER_TIMEOUT_S,
     PairedSession,
     PairedSettings,
     SideResult,
@@ -220,6 +221,7 @@ class PerfSession:
                 Path(attnkit_perf.__file__).parent,
                 {"base": base_commit},
                 shard=self.opt.get("shard"),
+                answer_timeout_s=self.opt.get("worker_timeout_s") or ANSWER_TIMEOUT_S,
             )
         return self._paired
 

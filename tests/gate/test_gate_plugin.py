@@ -398,7 +398,11 @@ def _copy_checkout(dest: Path, sleep_s: float | None, statement: str | None = No
 
 
 def _run_paired(
-    base: Path, tmp_path: Path, select: str = "naive and fwd and not causal", names: tuple = (PAIRED_CASE,)
+    base: Path,
+    tmp_path: Path,
+    select: str = "naive and fwd and not causal",
+    names: tuple = (PAIRED_CASE,),
+    extra: tuple = (),
 ) -> tuple[subprocess.CompletedProcess, dict]:
     verdict = tmp_path / "verdict.json"
     # One intra-op thread per process: on a shared 2-core runner, the OpenMP threads of four
@@ -428,6 +432,7 @@ def _run_paired(
         # the 3 ms sleep (10x the call) is far beyond it and CPU contention is not.
         "--attnkit-slower=0.5",
         f"--attnkit-verdict-json={verdict}",
+        *extra,
     ]
     result = subprocess.run(
         command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
@@ -436,7 +441,8 @@ def _run_paired(
     assert verdict.is_file(), f"no verdict (exit {result.returncode}):\n{output[-4000:]}"
     data = json.loads(verdict.read_text())
     validate("verdict", data, str(verdict))
-    assert [r["name"] for r in data["benchmarks"]] == list(names), f"benchmarks run: {data['benchmarks']}"
+    run = [r["name"] for r in data["benchmarks"]]
+    assert run == list(names), f"benchmarks run: {run}\n{output[-4000:]}"
     return result, data
 
 
@@ -480,6 +486,27 @@ def test_a_base_worker_that_dies_makes_its_case_new_and_the_run_goes_on(tmp_path
     crashed = rows[PAIRED_CASE]
     assert crashed["outcome"] == "new", f"{crashed['outcome']}: {crashed['reason']}\n{output[-3000:]}"
     assert "worker exited (status 3)" in crashed["reason"], crashed["reason"]
+    assert rows[sdpa]["outcome"] in ("same", "inconclusive"), f"{rows[sdpa]}\n{output[-3000:]}"
+    assert result.returncode == 0 and verdict["passed"] is True, output[-3000:]
+
+
+def test_a_base_worker_that_hangs_is_killed_and_its_case_is_new(tmp_path):
+    """A deadlock must not hang the gate until the job's time limit: a worker that does not
+    answer within --attnkit-worker-timeout-s is killed and replaced."""
+    base = _copy_checkout(tmp_path / "base", None, "__import__('time').sleep(3600)")
+    sdpa = "fwd[sdpa-fp32-B1-H2-N128-D32]"
+    result, verdict = _run_paired(
+        base,
+        tmp_path,
+        "(naive or sdpa) and fwd and not causal",
+        (PAIRED_CASE, sdpa),
+        ("--attnkit-worker-timeout-s=20",),
+    )
+    output = result.stdout + result.stderr
+    rows = {r["name"]: r for r in verdict["benchmarks"]}
+    hung = rows[PAIRED_CASE]
+    assert hung["outcome"] == "new", f"{hung['outcome']}: {hung['reason']}\n{output[-3000:]}"
+    assert "did not answer prepare within 20 s and was killed" in hung["reason"], hung["reason"]
     assert rows[sdpa]["outcome"] in ("same", "inconclusive"), f"{rows[sdpa]}\n{output[-3000:]}"
     assert result.returncode == 0 and verdict["passed"] is True, output[-3000:]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import statistics
 import subprocess
@@ -117,10 +118,18 @@ class SideResult:
         return statistics.median(self.blocks) if self.blocks else None
 
 
+#: Seconds a worker may take to answer one request (a prepare that compiles a side's kernels
+#: included) before it is taken for hung and killed: a deadlocked kernel must not hang the gate.
+ANSWER_TIMEOUT_S = 600.0
+#: A worker's first answer waits for its imports, which a loaded machine can slow to minutes.
+STARTUP_TIMEOUT_S = 600.0
+
+
 class _Worker:
-    def __init__(self, side: str, index: int, env: dict, cwd: Path) -> None:
+    def __init__(self, side: str, index: int, env: dict, cwd: Path, timeout_s: float) -> None:
         self.side = side
         self.label = f"{side}[{index}]"
+        self.timeout_s = timeout_s
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "attnkit_perf.measure.worker"],
             stdin=subprocess.PIPE,
@@ -141,6 +150,16 @@ class _Worker:
             raise WorkerError(f"{self.label} worker exited (status {code}) before {op}", self.side) from None
 
     def receive(self, op: str) -> dict:
+        # One request, one line: nothing waits in the pipe's Python buffer between answers, so
+        # select on the descriptor says whether the answer has begun to arrive.
+        timeout_s = max(self.timeout_s, STARTUP_TIMEOUT_S) if op == "identify" else self.timeout_s
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        if not ready:
+            self.proc.kill()
+            self.proc.wait()
+            raise WorkerError(
+                f"{self.label} worker did not answer {op} within {timeout_s:g} s and was killed", self.side
+            )
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
@@ -170,12 +189,14 @@ class PairedSession:
         perf_dir: Path,
         commits: dict[str, str | None],
         shard: int | None = None,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
     ) -> None:
         """``shard``: this pytest process's index among xdist workers (None without xdist). Shard
         ``i`` measures on the ``i``-th visible GPU, its workers pinned to the ``i``-th core from
         the end, so shards share neither."""
         self.sides = {"base": Path(base_src), "head": Path(head_src)}
         self.shard = shard
+        self.answer_timeout_s = answer_timeout_s
         self._scratch = Path(tempfile.mkdtemp(prefix="attnkit-paired-"))
         # A folder holding only this attnkit_perf, first on each worker's path: both sides are
         # measured by the same protocol whatever the base's own perf code is.
@@ -209,7 +230,9 @@ class PairedSession:
                 env["CUDA_VISIBLE_DEVICES"] = gpu
             if commits.get(side):
                 env["ATTNKIT_COMMIT"] = commits[side]
-            self.workers[side] = [_Worker(side, i, env, src.parent) for i in range(PROCESSES_PER_SIDE)]
+            self.workers[side] = [
+                _Worker(side, i, env, src.parent, self.answer_timeout_s) for i in range(PROCESSES_PER_SIDE)
+            ]
         for side, src in self.sides.items():
             for worker in self.workers[side]:
                 ident = worker.ask({"op": "identify"})
