@@ -3,15 +3,18 @@
 Each side runs in :data:`PROCESSES_PER_SIDE` worker processes of its own
 (:mod:`attnkit_perf.measure.worker`), with its own ``TRITON_CACHE_DIR``. For one benchmark,
 every worker builds the case and warms up (the head's first alone, since it also measures the
-host fraction; the others at once); then pairs of blocks are measured, pair ``i`` on worker
-``i % PROCESSES_PER_SIDE`` of each side, in the order A-B for even ``i`` and B-A for odd (A-B-B-A...), so
+host fraction, then the base's first, so each side compiles once; the others at once); then
+pairs of blocks are measured, pair ``i`` on worker ``i % PROCESSES_PER_SIDE`` of each side, in
+the order A-B for even ``i`` and B-A for odd (A-B-B-A...), so
 slow drifts cancel within the pairs and both sides are sampled in more than one process. A
 block is ``rounds`` rounds of the same flushed repetitions (the plan of the head's first
 worker, used by both sides), after one untimed round that brings clocks and caches back to
 where a running workload keeps them; its value is the median of its rounds.
 
 :meth:`PairedSession.measure` measures in steps of ``step_pairs`` until ``decide`` says the
-outcome is settled, or ``max_pairs`` / ``budget_s`` is reached.
+outcome is settled, or ``max_pairs`` / ``budget_s`` is reached. Only the head's code is under
+test: a base that rejects, fails, dies or hangs (no answer within ``answer_timeout_s``) on a
+case leaves it new; dead or hung workers are replaced before the next benchmark.
 """
 
 from __future__ import annotations
