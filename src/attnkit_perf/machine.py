@@ -11,12 +11,15 @@ stay untouched; its keys are documented in :func:`provenance`.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import subprocess
 from pathlib import Path
 
 import torch
 
+import attnkit
 from attnkit.device import default_device, gpu_key
 
 #: Software whose version changes kernel speed; a baseline recorded under other versions is
@@ -71,12 +74,24 @@ def git_commit(cwd: Path | str | None = None) -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
+@functools.cache
+def source_digest(package: Path | str) -> str:
+    """A digest of the code in the package folder ``package`` (its ``.py`` and ``.json`` files,
+    names and bytes): two runs with the same digest ran the same attnkit, whatever their commit
+    labels say (a copied tree, an uncommitted change)."""
+    root = Path(package)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json") and p.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def provenance(device: torch.device | str | None = None) -> dict:
     """Everything a baseline must carry to be trusted later.
 
     Keys: ``gpu_key``, ``device_name``, ``capability`` ("9.0"), ``sm_count``, ``l2_bytes``,
-    ``total_memory_bytes``, ``driver``, ``cuda``, ``cudnn``, ``torch``, ``triton``, ``commit``.
-    GPU fields are None on the CPU.
+    ``total_memory_bytes``, ``driver``, ``cuda``, ``cudnn``, ``torch``, ``triton``, ``commit``,
+    ``source`` (:func:`source_digest` of the attnkit imported). GPU fields are None on the CPU.
     """
     device = torch.device(device) if device is not None else default_device()
     info = {
@@ -92,6 +107,7 @@ def provenance(device: torch.device | str | None = None) -> dict:
         "torch": torch.__version__,
         "triton": _triton_version(),
         "commit": git_commit(),
+        "source": source_digest(Path(attnkit.__file__).parent),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -115,4 +131,4 @@ def version_differences(baseline: dict, now: dict) -> dict[str, tuple]:
     }
 
 
-__all__ = ["default_device", "git_commit", "gpu_key", "provenance", "version_differences"]
+__all__ = ["default_device", "git_commit", "gpu_key", "provenance", "source_digest", "version_differences"]

@@ -38,7 +38,7 @@ from attnkit_perf.decide.baseline import (
 from attnkit_perf.decide.formats import FormatError
 from attnkit_perf.decide.noise import load_noise, noise_file
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
-from attnkit_perf.machine import provenance, version_differences
+from attnkit_perf.machine import provenance, source_digest, version_differences
 from attnkit_perf.measure.calibration import GPU_KEYS, HOST_KEYS, drift_factor
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.measure.measurer import CaseMeasurer, MeasureSettings
@@ -430,9 +430,11 @@ class PerfSession:
         if self.mode is None or (self.mode == "stored" and self.run_json is None):
             return None
         if self.mode == "paired":
+            # The same machine and software; the base's own commit and code.
+            base_code = source_digest(Path(self.opt["base_src"]) / "attnkit")
             base = {
                 "label": f"base {self.base_ref} ({self.opt['base_commit']})",
-                "provenance": self.provenance(),
+                "provenance": {**self.provenance(), "commit": self.opt["base_commit"], "source": base_code},
             }
             versions = {}
         else:

@@ -221,3 +221,19 @@ def test_a_non_finite_number_is_refused_on_write(field, value, tmp_path):
     with pytest.raises(ValueError, match="not JSON compliant"):
         doc.write(path)
     assert not path.exists(), "a refused verdict must leave no file behind"
+
+
+def test_the_source_digest_names_the_code_not_the_commit(tmp_path):
+    """Two trees with the same attnkit files share a digest; one changed byte changes it."""
+    from attnkit_perf.machine import source_digest
+
+    trees = []
+    for name in ("a", "b", "c"):
+        package = tmp_path / name / "attnkit"
+        package.mkdir(parents=True)
+        (package / "api.py").write_text("x = 1\n")
+        (package / "configs.json").write_text("{}")
+        trees.append(package)
+    (trees[2] / "api.py").write_text("x = 2\n")
+    digests = [source_digest(t) for t in trees]
+    assert digests[0] == digests[1] != digests[2], digests

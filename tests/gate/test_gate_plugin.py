@@ -459,6 +459,8 @@ def test_paired_mode_sees_the_head_faster_than_a_slowed_base(tmp_path):
     label = verdict["base"]["label"]
     assert verdict["mode"] == "paired" and f"checkout {base.resolve()}" in label, label
     assert row["evidence"]["pairs"] >= PairedSettings().min_pairs, row["evidence"]
+    sources = [verdict[side]["provenance"]["source"] for side in ("base", "head")]
+    assert sources[0] != sources[1], f"the slowed base is other code: {sources}"
 
 
 def test_a_case_the_base_cannot_build_is_new_not_a_failure(tmp_path):
@@ -520,6 +522,8 @@ def test_paired_aa_run_does_not_fail(tmp_path):
     assert result.returncode == 0 and verdict["passed"] is True, f"exit {result.returncode}\n{output[-3000:]}"
     assert verdict["thresholds"]["slower"] == 0.5, verdict["thresholds"]
     assert verdict["complete"] is True, "the session's end overwrites the progress file"
+    sources = [verdict[side]["provenance"]["source"] for side in ("base", "head")]
+    assert sources[0] == sources[1], f"a copy of the same code must carry the same digest: {sources}"
 
 
 def test_paired_mode_rewrites_the_verdict_after_each_benchmark(tmp_path):

@@ -99,3 +99,16 @@ def test_load_noise_rejects_another_gpu_or_mode(key, mode, tmp_path):
         FormatError, match=f"is for '{H100_KEY}' in paired mode; this run is '{key}' in {mode}"
     ):
         load_noise(path, key, mode)
+
+
+def test_a_verdict_of_changed_code_is_refused_as_noise():
+    """A change's verdict taken for A/A noise would raise every threshold by the change's own
+    effect: the sides' source digests must agree when both are recorded."""
+    changed = _doc(1)
+    changed.base = {"label": "A", "provenance": {"gpu_key": H100_KEY, "source": "aaaa"}}
+    changed.head = {"label": "B", "provenance": {"gpu_key": H100_KEY, "source": "bbbb"}}
+    with pytest.raises(FormatError, match=r"verdict 2 of 3 compares different code \(base source aaaa, head"):
+        build([_doc(0), changed, _doc(2)])
+    same = _doc(1)
+    same.base = same.head = {"label": "A", "provenance": {"gpu_key": H100_KEY, "source": "aaaa"}}
+    assert build([_doc(0), same, _doc(2)])["runs"] == 3

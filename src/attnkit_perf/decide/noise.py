@@ -39,6 +39,15 @@ def build(docs: list[VerdictDocument]) -> dict:
             f"A/A noise needs >= 2 verdicts of one mode and one GPU model; got {len(docs)} verdicts, "
             f"modes {sorted(modes)}, GPU keys {sorted(map(str, keys))}"
         )
+    for i, doc in enumerate(docs, 1):
+        base_code = (doc.base.get("provenance") or {}).get("source")
+        head_code = (doc.head.get("provenance") or {}).get("source")
+        if base_code and head_code and base_code != head_code:
+            # A change's verdict taken for A/A noise would raise thresholds by its own effect.
+            raise FormatError(
+                f"verdict {i} of {len(docs)} compares different code (base source {base_code}, head "
+                f"source {head_code}): A/A noise needs runs of unchanged code"
+            )
     ratios: dict[str, list[float]] = {}
     for doc in docs:
         for row in doc.benchmarks:
