@@ -17,9 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnkit_perf.decide import gate
 from attnkit_perf.decide.formats import FormatError
-from attnkit_perf.decide.verdict import VerdictDocument
+from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_tools.ab_dobench import read_effects
 
 #: Bands of true effect (head/base), lower bounds; each band runs to the next one's.
@@ -28,24 +27,15 @@ BANDS = (0.0, 1.01, 1.02, 1.03, 1.05)
 
 @dataclass(frozen=True)
 class Row:
-    name: str
-    true_ratio: float
-    outcome: str
-    gate_ratio: float | None
-    host_bound: bool | None
+    """One benchmark: its true effect and the gate's verdict row on it."""
 
-    @property
-    def failed(self) -> bool:
-        return self.outcome in gate.FAILING
+    true_ratio: float
+    verdict: BenchmarkVerdict
 
 
 def join(effects: dict[str, float], verdict: VerdictDocument) -> list[Row]:
     """The benchmarks that both files name, largest true effect first."""
-    rows = [
-        Row(r.name, effects[r.name], r.outcome, r.ratio, r.host_bound)
-        for r in verdict.benchmarks
-        if r.name in effects
-    ]
+    rows = [Row(effects[r.name], r) for r in verdict.benchmarks if r.name in effects]
     return sorted(rows, key=lambda r: -r.true_ratio)
 
 
@@ -62,7 +52,7 @@ def bands(rows: list[Row]) -> list[tuple[str, int, int]]:
         high = BANDS[i + 1] if i + 1 < len(BANDS) else None
         inside = [r for r in rows if r.true_ratio >= low and (high is None or r.true_ratio < high)]
         if inside:
-            out.append((band_label(low, high), sum(r.failed for r in inside), len(inside)))
+            out.append((band_label(low, high), sum(r.verdict.failed for r in inside), len(inside)))
     return out
 
 
@@ -72,8 +62,9 @@ def render(rows: list[Row]) -> str:
         "|---|---|---|---|---|",
     ]
     for r in rows:
-        ratio = "" if r.gate_ratio is None else f"x{r.gate_ratio:.4f}"
-        lines.append(f"| {r.name} | x{r.true_ratio:.4f} | {r.outcome} | {ratio} | {r.host_bound} |")
+        v = r.verdict
+        ratio = "" if v.ratio is None else f"x{v.ratio:.4f}"
+        lines.append(f"| {v.name} | x{r.true_ratio:.4f} | {v.outcome} | {ratio} | {v.host_bound} |")
     lines += ["", "| true effect | failed by the gate |", "|---|---|"]
     lines += [f"| {label} | {failed} of {total} |" for label, failed, total in bands(rows)]
     return "\n".join(lines) + "\n"

@@ -475,42 +475,38 @@ def test_a_case_the_base_cannot_build_is_new_not_a_failure(tmp_path):
     assert result.returncode == 0 and verdict["passed"] is True, output[-3000:]
 
 
-def test_a_base_worker_that_dies_makes_its_case_new_and_the_run_goes_on(tmp_path):
-    """A base that crashes on a case (a segfault the change fixes) must not fail the change, nor
-    the benchmarks after it: its case is new, and fresh workers measure the next one."""
-    base = _copy_checkout(tmp_path / "base", None, "__import__('os')._exit(3)")
+def _base_fails_on_naive(tmp_path: Path, statement: str, *extra: str) -> tuple[dict, str]:
+    """A paired run of the naive and sdpa forwards whose base runs ``statement`` in
+    ``naive_attention``: the naive case's row, after checking that sdpa was still measured and
+    the run passed. Returns (row, output)."""
+    base = _copy_checkout(tmp_path / "base", None, statement)
     sdpa = "fwd[sdpa-fp32-B1-H2-N128-D32]"
     result, verdict = _run_paired(
-        base, tmp_path, "(naive or sdpa) and fwd and not causal", (PAIRED_CASE, sdpa)
+        base, tmp_path, "(naive or sdpa) and fwd and not causal", (PAIRED_CASE, sdpa), extra
     )
     output = result.stdout + result.stderr
     rows = {r["name"]: r for r in verdict["benchmarks"]}
-    crashed = rows[PAIRED_CASE]
-    assert crashed["outcome"] == "new", f"{crashed['outcome']}: {crashed['reason']}\n{output[-3000:]}"
-    assert "worker exited (status 3)" in crashed["reason"], crashed["reason"]
     assert rows[sdpa]["outcome"] in ("same", "inconclusive"), f"{rows[sdpa]}\n{output[-3000:]}"
     assert result.returncode == 0 and verdict["passed"] is True, output[-3000:]
+    return rows[PAIRED_CASE], output
+
+
+def test_a_base_worker_that_dies_makes_its_case_new_and_the_run_goes_on(tmp_path):
+    """A base that crashes on a case (a segfault the change fixes) must not fail the change, nor
+    the benchmarks after it: its case is new, and fresh workers measure the next one."""
+    crashed, output = _base_fails_on_naive(tmp_path, "__import__('os')._exit(3)")
+    assert crashed["outcome"] == "new", f"{crashed['outcome']}: {crashed['reason']}\n{output[-3000:]}"
+    assert "worker exited (status 3)" in crashed["reason"], crashed["reason"]
 
 
 def test_a_base_worker_that_hangs_is_killed_and_its_case_is_new(tmp_path):
     """A deadlock must not hang the gate until the job's time limit: a worker that does not
     answer within --attnkit-worker-timeout-s is killed and replaced."""
-    base = _copy_checkout(tmp_path / "base", None, "__import__('time').sleep(3600)")
-    sdpa = "fwd[sdpa-fp32-B1-H2-N128-D32]"
-    result, verdict = _run_paired(
-        base,
-        tmp_path,
-        "(naive or sdpa) and fwd and not causal",
-        (PAIRED_CASE, sdpa),
-        ("--attnkit-worker-timeout-s=20",),
+    hung, output = _base_fails_on_naive(
+        tmp_path, "__import__('time').sleep(3600)", "--attnkit-worker-timeout-s=20"
     )
-    output = result.stdout + result.stderr
-    rows = {r["name"]: r for r in verdict["benchmarks"]}
-    hung = rows[PAIRED_CASE]
     assert hung["outcome"] == "new", f"{hung['outcome']}: {hung['reason']}\n{output[-3000:]}"
     assert "did not answer prepare within 20 s and was killed" in hung["reason"], hung["reason"]
-    assert rows[sdpa]["outcome"] in ("same", "inconclusive"), f"{rows[sdpa]}\n{output[-3000:]}"
-    assert result.returncode == 0 and verdict["passed"] is True, output[-3000:]
 
 
 def test_paired_aa_run_does_not_fail(tmp_path):

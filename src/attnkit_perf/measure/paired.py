@@ -36,7 +36,7 @@ from pathlib import Path
 #: code placement): on the H100, backward kernels moved by a few percent between processes, and
 #: 2 per side failed 3 of ~80 unchanged benchmarks at a 2% threshold in one A/A run. The median
 #: over pairs spread across 4 processes halves that offset's variance (the simulations in
-#: tests/gate/test_decision.py put a 1% process offset at 1% first-stage alarms with 4, 3% with 2).
+#: gate's decision tests put a 1% process offset at 1% first-stage alarms with 4, 3% with 2).
 PROCESSES_PER_SIDE = 4
 
 
@@ -96,7 +96,7 @@ class PairedSettings:
     benchmark settle; "slower" needs the Wilcoxon test at the per-benchmark alpha of a
     ~100-benchmark run, which 16 pairs are the fewest to reach (2^-16 < 0.01 / 100), so a
     suspect always gets the second step. Simulated A/A runs and 3% slowdowns give the same
-    outcomes as 16 pairs from the start (tests/gate/test_decision.py) at half the time for the
+    outcomes as 16 pairs from the start (the gate's decision tests) at half the time for the
     benchmarks that settle at once.
     """
 

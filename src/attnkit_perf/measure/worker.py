@@ -81,15 +81,14 @@ def _serve(out) -> None:
                 try:
                     runner = build_runner(case, device, seed=request.get("seed", 0))
                     runner()  # compiles or loads the kernels on any core
-                    pin(True)
-                    plan = warm_up_and_plan(
-                        runner, device, flusher, budget_s=0.0, min_rounds=1, max_rounds=1, warmup_s=0.03
-                    )
                 except UnsupportedProblemError as err:
                     answer({"ok": False, "unsupported": str(err)})
                     continue
                 finally:
                     pin(True)
+                plan = warm_up_and_plan(
+                    runner, device, flusher, budget_s=0.0, min_rounds=1, max_rounds=1, warmup_s=0.03
+                )
                 answer(
                     {
                         "ok": True,
