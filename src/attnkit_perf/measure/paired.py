@@ -35,8 +35,8 @@ from pathlib import Path
 #: Worker processes per side. Each process carries an offset of its own (allocation addresses,
 #: code placement): on the H100, backward kernels moved by a few percent between processes, and
 #: 2 per side failed 3 of ~80 unchanged benchmarks at a 2% threshold in one A/A run. The median
-#: over pairs spread across 4 processes halves that offset's variance (the simulations in
-#: gate's decision tests put a 1% process offset at 1% first-stage alarms with 4, 3% with 2).
+#: over pairs spread across 4 processes halves that offset's variance (the gate's simulations
+#: of its decision rule put a 1% process offset at 1% first-stage alarms with 4, 3% with 2).
 PROCESSES_PER_SIDE = 4
 
 
