@@ -5,26 +5,24 @@ Two translations are needed:
 
 * Causal masks. SDPA's ``is_causal`` is aligned top-left; attnkit's is bottom-right
   (query i sees key j iff j <= i + M - N). For N > M the first N - M rows see no key: they are
-  zero, and only the last M rows go to SDPA as a square causal problem. N < M runs at the
-  cost of the N x M problem (:mod:`attnkit.sdpa_lower_right`: N = 1 non-causal, a lower-right
-  mask for the kernels that take one, prefix + square merged by log-sum-exp for flash and
-  cuDNN forwards). Only flash and cuDNN with gradients still prepend M - N zero query rows,
-  making a square problem whose last N rows are exactly the bottom-right rows.
-  (``torch.nn.attention.bias.causal_lower_right`` is not used: it picks its kernel itself,
-  ignoring a forced backend, and drops GQA on its flash branch.)
+  zero, and only the last M rows go to SDPA as a square causal problem. N < M runs at the cost
+  of the N x M problem: N = 1 non-causal (the one row sees every key), flash and efficient on
+  CUDA in their own bottom-right mode (:mod:`attnkit.sdpa_lower_right`), every other kernel
+  with the (N, M) visibility matrix as its mask, as for windows below.
 * Sliding windows. SDPA has no window argument: the window goes in as an explicit boolean
   ``attn_mask``, :func:`attnkit.reference.visibility` (N x M, broadcast over batch and heads),
   on the kernels that take a mask (:data:`WINDOW_MASK_KERNELS`); flash takes none and declines
   in :func:`sdpa_problem_support`. SDPA's softmax over a fully masked row is NaN, so the rows
   that see no key (always the first ones: the band's upper edge is below key 0 there) are cut
   off before the call and returned as zeros, as for causal N > M.
-* Non-positive and tiny scales. PyTorch's CPU flash kernel returns NaN for causal inputs when
-  the scale is 0, negative, or below float32's smallest normal (torch 2.13). Both are
-  translated exactly: ``softmax(s * q k^T) == softmax(|s| * q (-k)^T)`` for s < 0 (negation is
-  exact), and for |s| below the smallest normal of the dtype the scores are computed in
-  (float64 for float64 inputs, float32 otherwise) every score rounds to 0 there, so the call is
-  made with a zeroed q (scale 1), which is the s = 0 function with dq = 0. The threshold must
-  follow that dtype: float64 scores at s = 1e-206 are normal numbers and give nonzero dq, dk.
+* Non-positive and vanishing scales. PyTorch's CPU flash kernel returns NaN for causal inputs
+  when the scale is 0, negative, or rounds to 0 in float32 (torch 2.13; float32-subnormal
+  scales such as 6e-39 are computed correctly). Both are translated exactly:
+  ``softmax(s * q k^T) == softmax(|s| * q (-k)^T)`` for s < 0 (negation is exact), and a scale
+  that rounds to 0 in the dtype the scores are computed in (float64 for float64 inputs, float32
+  otherwise) makes every score 0, so the call is made with a zeroed q (scale 1): the s = 0
+  function, dq = dk = 0. The test is rounding to zero, not being subnormal: at s = 6.8e-39 and
+  |q|, |k| ~ 30, dk is ~3e-37, a normal float32, and zeroing q would lose it.
 * Strides. PyTorch's CUDA flash kernel (torch 2.11) reads rows with 16-byte vector loads and
   faults with "misaligned address" — poisoning the CUDA context — when a row stride is not a
   multiple of 16 bytes (e.g. every other row of a (.., 2N, D + 3) buffer). Such operands are
@@ -90,15 +88,6 @@ def sdpa_problem_support(name: str, problem: AttentionProblem) -> str | None:
             "(use sdpa-efficient, sdpa-cudnn, sdpa-math or sdpa)"
         )
     return None
-
-
-def _square_causal_operands(q, problem: AttentionProblem):
-    """Return (q_for_sdpa, rows_to_keep) that turn bottom-right causal into SDPA's top-left."""
-    offset = problem.causal_offset
-    if offset > 0:  # N < M: prepend zero rows so that query row i lands at row i + offset.
-        pad = q.new_zeros(problem.batch, problem.q_heads, offset, problem.head_dim)
-        return torch.cat([pad, q], dim=2), slice(offset, None)
-    return q[:, :, -offset:], None  # N >= M: only the last M rows see any key.
 
 
 def _aligned_for_fused_kernels(x: torch.Tensor) -> torch.Tensor:
@@ -220,38 +209,42 @@ def sdpa_attention(
     name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem
 ) -> torch.Tensor:
     """SDPA with attnkit's bottom-right causal convention; shapes as in :func:`attnkit.attention`."""
-    score_dtype = torch.float64 if problem.dtype == torch.float64 else torch.float32
-    if abs(problem.scale) < torch.finfo(score_dtype).tiny:
+    if _rounds_to_zero(problem.scale, problem.dtype):
         q, problem = q * 0.0, dataclasses.replace(problem, scale=1.0)
     elif problem.scale < 0:
         k, problem = -k, dataclasses.replace(problem, scale=-problem.scale)
     if problem.has_window:
-        return _windowed_attention(name, q, k, v, problem)
+        return _masked_attention(name, q, k, v, problem)
     if not problem.causal or problem.causal_offset == 0:
         return _call_sdpa(name, q, k, v, problem, problem.causal)
-    if problem.causal_offset > 0:  # N < M: see attnkit.sdpa_lower_right
-        backend = SDPA_BACKENDS[name]
+    if problem.causal_offset > 0:  # N < M
         if problem.q_len == 1:  # the one row sees every key
             return _call_sdpa(name, q, k, v, problem, False)
-        if backend in lower_right.MASK_KERNELS:
-            q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
-            return lower_right.masked_attention(name, backend, q, k, v, problem)
-        if lower_right.split_supported(backend, q, k, v, problem):
-            q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
-            return lower_right.split_attention(name, backend, q, k, v, problem)
-    q_square, keep = _square_causal_operands(q, problem)
-    out = _call_sdpa(name, q_square, k, v, problem, True)
-    if keep is not None:
-        return out[:, :, keep]
-    # N > M: the first N - M rows see no key and are zero.
+        q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
+        out = lower_right.native_bottom_right(name, SDPA_BACKENDS[name], q, k, v, problem)
+        return _masked_attention(name, q, k, v, problem) if out is None else out
+    # N > M: the last M rows are a square causal problem; the first N - M see no key and are zero.
+    out = _call_sdpa(name, q[:, :, -problem.kv_len :], k, v, problem, True)
     hidden = out.new_zeros(problem.batch, problem.q_heads, -problem.causal_offset, problem.value_dim)
     return torch.cat([hidden, out], dim=2)
 
 
-def _windowed_attention(name, q, k, v, problem: AttentionProblem) -> torch.Tensor:
-    """A sliding window (and causal, if set) as a boolean mask; shapes as in
-    :func:`attnkit.attention`. Only rows that see a key go to SDPA (module docstring): row i sees
-    none iff ``i + upper < 0``, and the last row always sees one when M >= 1."""
+#: Half of float32's smallest subnormal, 2**-149: a magnitude at or below it rounds to 0.
+_FLOAT32_ROUNDS_TO_ZERO = 2.0**-150
+
+
+def _rounds_to_zero(scale: float, dtype: torch.dtype) -> bool:
+    """Whether ``scale`` is 0 in the dtype the scores are computed in (float64 for float64
+    inputs: a Python float is already one; float32 otherwise)."""
+    if dtype == torch.float64:
+        return scale == 0.0
+    return abs(scale) <= _FLOAT32_ROUNDS_TO_ZERO
+
+
+def _masked_attention(name, q, k, v, problem: AttentionProblem) -> torch.Tensor:
+    """The problem's visibility matrix (window and bottom-right causal) as a boolean mask; shapes
+    as in :func:`attnkit.attention`. Only rows that see a key go to SDPA (module docstring): row i
+    sees none iff ``i + upper < 0``, and the last row always sees one when M >= 1."""
     upper = problem.key_band[1]
     hidden = 0 if upper is None else min(problem.q_len, max(0, -upper))
     mask = visibility(problem, q.device)[hidden:]

@@ -72,12 +72,22 @@ def device() -> torch.device:
 
 
 class RecordOps(TorchDispatchMode):
-    """Records every aten op that runs, to prove validation happens before any compute."""
+    """Records every aten op that runs: its name (to prove validation happens before any
+    compute) and the shapes of its tensor arguments and results (to prove what a kernel was
+    handed), as ``(name, arg_shapes, result_shapes)``."""
 
     def __init__(self):
         super().__init__()
         self.ops = []
+        self.calls = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
+        result = func(*args, **(kwargs or {}))
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        self.calls.append((str(func), _shapes(args), _shapes(results)))
+        return result
+
+
+def _shapes(values) -> list[tuple[int, ...]]:
+    return [tuple(x.shape) for x in values if isinstance(x, torch.Tensor)]

@@ -1,7 +1,7 @@
 """Inference shapes (N < M): decode and chunked prefill on every path against the float64
-oracle, forward alone (the no-grad routes: SDPA's prefix + square merge) and with gradients;
-the split-KV kernel with many splits, dense and paged; the dispatch rules; and that SDPA no
-longer builds the M x M problem."""
+oracle, forward alone and with gradients; the split-KV kernel with many splits, dense and
+paged; the dispatch rules; and that the SDPA paths run N < M at the cost of the N x M problem
+(no kernel is handed more than N query rows, no M x M score matrix is formed)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import DEVICE, backend_params
+from conftest import DEVICE, RecordOps, backend_params
 from decode_strategies import CacheCase, cache_cases, decode_problems
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -127,29 +127,68 @@ def test_split_kv_dispatch_rule(q_len, kv_len, group, expected):
     assert use_split_kv(problem) == expected, f"use_split_kv({problem.describe()}) != {expected}"
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "sdpa-math", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"])
-@pytest.mark.parametrize("q_len", [1, 5])
-def test_sdpa_forward_never_builds_the_square_problem(backend, q_len, monkeypatch):
-    """Bottom-right causal with N < M costs N x M on SDPA: the M x M detour is not taken for a
-    forward (it remains only for flash/cuDNN gradients)."""
-    reason = attnkit.unavailable_reason(backend, DEVICE)
-    if reason is not None:
-        pytest.skip(f"{backend} unavailable on {DEVICE}: {reason}")
+SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa")]
 
-    def detour(*args, **kwargs):
-        raise AssertionError("_square_causal_operands was called: the M x M detour")
+#: Names of the attention kernels' ops (forward and backward) as the dispatcher sees them; the
+#: math kernel decomposes into matmuls and softmax and has none.
+_KERNEL_OPS = ("scaled_dot_product", "efficient_attention", "flash_attention", "cudnn_attention")
 
-    monkeypatch.setattr(attnkit.sdpa, "_square_causal_operands", detour)
-    dtype = torch.float16 if DEVICE.type == "cuda" else torch.float32
-    q = torch.randn(2, 4, q_len, 64, device=DEVICE, dtype=dtype)
-    k, v = (torch.randn(2, 2, 300, 64, device=DEVICE, dtype=dtype) for _ in range(2))
-    try:
-        with torch.no_grad():
-            run = lambda a, b, c: attention(a, b, c, causal=True, backend=backend)
-            checks = compare_to_reference(run, q, k, v, causal=True, scale=None)
-    except UnsupportedProblemError as err:  # e.g. sdpa-efficient takes no GQA (torch 2.11, CUDA)
-        pytest.skip(f"{backend} declines these inputs: {err}")
-    assert_close_to_reference(f"{backend} N={q_len} M=300", checks)
+
+def _query_rows(op: str, shape: tuple[int, ...]) -> int:
+    """Rows of an attention kernel's first operand (queries, or the output's gradient): the
+    efficient kernel's private ops take (B, N, H, D), the others (B, H, N, D)."""
+    return shape[1] if "efficient_attention" in op else shape[-2]
+
+
+def _operands(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype):
+    gen = torch.Generator().manual_seed(q_len * 1000 + kv_len)
+    kv_shape = (batch, kv_heads, kv_len, head_dim)
+    shapes = [(batch, q_heads, q_len, head_dim), kv_shape, kv_shape]
+    return [torch.randn(s, generator=gen).to(device=DEVICE, dtype=dtype).requires_grad_() for s in shapes]
+
+
+def _dtype_for(name: str) -> torch.dtype:
+    return torch.float32 if DEVICE.type == "cpu" or name == "sdpa-math" else torch.bfloat16
+
+
+@pytest.mark.parametrize("name", SDPA_PATHS)
+@pytest.mark.parametrize("q_len", [1, 3, 16])
+def test_n_below_m_runs_without_the_square_detour(name, q_len):
+    reason = attnkit.unavailable_reason(name, DEVICE)
+    if reason:
+        pytest.skip(reason)
+    kv_len = 1024
+    # Hq == Hkv: the efficient kernel takes no query-head groups.
+    q, k, v = _operands(1, 2, 2, q_len, kv_len, 64, _dtype_for(name))
+    recorder = RecordOps()
+    with recorder:
+        out = attnkit.attention(q, k, v, causal=True, backend=name)
+        out.backward(torch.ones_like(out))
+    kernel_calls = [(op, args) for op, args, _ in recorder.calls if any(part in op for part in _KERNEL_OPS)]
+    if name != "sdpa-math":
+        assert kernel_calls, f"{name}: no attention kernel op was recorded: {sorted(set(recorder.ops))}"
+    for op, args in kernel_calls:
+        rows = _query_rows(op, args[0])
+        assert rows <= q_len, f"{name}: {op} was handed {rows} query rows for N={q_len}, M={kv_len}"
+    for op, args, results in recorder.calls:
+        for shape in args + results:
+            assert not (len(shape) >= 2 and shape[-1] >= kv_len and shape[-2] >= kv_len), (
+                f"{name}: {op} formed an M x M tensor {shape} for N={q_len}, M={kv_len}"
+            )
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="the kernels' own bottom-right modes are CUDA kernels")
+@pytest.mark.parametrize(
+    ("name", "dtype", "kv_heads", "expected"),
+    [
+        ("sdpa-flash", torch.float32, 2, "sdpa-flash"),  # flash takes fp16 / bf16 only
+        ("sdpa-efficient", torch.bfloat16, 1, "sdpa-efficient"),  # no query-head groups
+    ],
+)
+def test_a_forced_kernel_that_declines_n_below_m_says_why(name, dtype, kv_heads, expected):
+    q, k, v = _operands(1, 2, kv_heads, 4, 256, 64, dtype)
+    with pytest.raises(UnsupportedProblemError, match=rf"'{expected}'.*bottom-right causal, N < M"):
+        attnkit.attention(q, k, v, causal=True, backend=name)
 
 
 @needs_triton

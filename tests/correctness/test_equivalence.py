@@ -48,6 +48,19 @@ EDGE_CASES = {
     # Drawn by the dev profile: float64 scores at this scale are normal numbers, so dq and dk
     # are ~1e-205, not 0 (the SDPA path once zeroed q below float32's smallest normal).
     "tiny-scale-float64": _edge(q_len=9, kv_len=12, dtype=torch.float64, scale=7.8e-207),
+    # Drawn by the thorough profile on the CPU: a float32-subnormal scale with large operands
+    # gives dk ~3e-37, a normal number (the SDPA path once zeroed q below float32's smallest
+    # normal and returned dk = 0).
+    "subnormal-scale-bf16": _edge(
+        q_len=2,
+        kv_len=2,
+        head_dim=3,
+        value_dim=3,
+        causal=False,
+        dtype=torch.bfloat16,
+        scale=6.786719798781322e-39,
+        magnitude="large",
+    ),
     # Found on the H100 by the thorough profile: cuDNN (torch 2.11) crashed the process with a
     # segmentation fault on operands expanded along the batch (stride 0).
     "expanded-batch-dv24": _edge(
