@@ -99,6 +99,11 @@ CORRUPT_BASELINES = {
     "no gpu key": (("machine_info", "attnkit", "gpu_key"), "", "at machine_info/attnkit/gpu_key:"),
     "extra_info null": (("benchmarks", 0, "extra_info"), None, "at benchmarks/0/extra_info:"),
     "benchmarks not a list": (("benchmarks",), {"a": 1}, "at benchmarks:"),
+    "unknown mode": (
+        ("benchmarks", 0, "extra_info", "shape", "mode"),
+        "jit",
+        "at benchmarks/0/extra_info/shape/mode:",
+    ),
 }
 
 

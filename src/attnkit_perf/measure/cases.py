@@ -10,6 +10,7 @@ derived metrics (FLOPs, the minimum bytes a pass must write) are defined here on
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -19,6 +20,10 @@ import attnkit
 from attnkit.inputs import check_inputs
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
+#: How the call is made: ``eager``; ``compiled``, through ``torch.compile(fullgraph=True)``
+#: (Inductor); ``graph``, one forward captured in a CUDA graph and replayed (no host work per
+#: call: what the kernels alone cost where the host would dominate).
+MODES = ("eager", "compiled", "graph")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 #: FLOPs of a pass as a multiple of the forward's: the backward does 2.5x the forward's matmul
@@ -44,6 +49,7 @@ class BenchCase:
     dtype: str = "bf16"
     kv_len: int | None = None
     window: tuple[int, int] | None = None
+    mode: str = "eager"
 
     @property
     def keys(self) -> int:
@@ -54,13 +60,18 @@ class BenchCase:
             raise ValueError(f"pass_name: expected one of {PASSES}, got {self.pass_name!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, got {self.mode!r}")
+        if self.mode == "graph" and self.pass_name != "fwd":
+            raise ValueError(f"mode 'graph' captures a forward only; pass_name is {self.pass_name!r}")
         if self.window is not None:  # JSON gives a list back: keep the case hashable
             object.__setattr__(self, "window", tuple(self.window))
 
     @property
     def shape_label(self) -> str:
         """Shape without the backend, e.g. ``bf16-B4-H16-N4096-D128-causal``; a window adds
-        ``-W1024`` (left only, as with causal) or ``-W1024,16`` (both sides)."""
+        ``-W1024`` (left only, as with causal) or ``-W1024,16`` (both sides); a mode other than
+        eager adds ``-compiled`` or ``-graph``."""
         heads = f"H{self.q_heads}" if self.kv_heads == self.q_heads else f"H{self.q_heads}kv{self.kv_heads}"
         mask = "-causal" if self.causal else ""
         keys = "" if self.kv_len is None else f"-M{self.kv_len}"
@@ -68,7 +79,10 @@ class BenchCase:
         if self.window is not None:
             left, right = self.window
             window = f"-W{left}" if right == -1 or (self.causal and right >= 0) else f"-W{left},{right}"
-        return f"{self.dtype}-B{self.batch}-{heads}-N{self.seq_len}{keys}-D{self.head_dim}{mask}{window}"
+        mode = "" if self.mode == "eager" else f"-{self.mode}"
+        return (
+            f"{self.dtype}-B{self.batch}-{heads}-N{self.seq_len}{keys}-D{self.head_dim}{mask}{window}{mode}"
+        )
 
     @property
     def name(self) -> str:
@@ -125,13 +139,16 @@ class BenchCase:
         return {"fwd": out + lse, "bwd": grads, "fwd+bwd": out + lse + grads}[self.pass_name]
 
     def as_dict(self) -> dict:
-        """Plain data; ``window`` only when set, so the shapes of stored baselines (recorded
-        before windows existed) keep their exact form."""
+        """Plain data; ``window`` only when set and ``mode`` only when not eager, so the shapes of
+        stored baselines (recorded before either existed) keep their exact form, and a base
+        older than them still builds every other case."""
         data = asdict(self)
         if data["window"] is None:
             del data["window"]
         else:
             data["window"] = list(data["window"])
+        if data["mode"] == "eager":
+            del data["mode"]
         return data
 
 
@@ -169,22 +186,58 @@ def build_runner(case: BenchCase, device: torch.device | str, seed: int = 0) -> 
     * ``bwd``: the backward alone: the forward runs once here, each call then recomputes
       dQ, dK, dV from the saved graph (``retain_graph``), without accumulating into ``.grad``.
     * ``fwd+bwd``: a training step's attention: forward, then all three gradients.
+
+    ``compiled`` compiles here (the first call), ``graph`` warms up and captures here: the
+    callable returned runs only what a steady-state call runs.
     """
     q, k, v, grad_out = make_inputs(case, device, seed)
 
     # ``window`` only when set: a base older than the argument still runs the other cases.
     options = {"window": case.window} if case.window is not None else {}
 
-    def forward():
+    def attend(q, k, v):
         return attnkit.attention(q, k, v, causal=case.causal, backend=case.backend, **options)
 
+    if case.mode == "compiled":
+        attend = torch.compile(attend, fullgraph=True)
+    if case.mode == "graph":
+        return _captured(lambda: attend(q, k, v))
+
+    def forward():
+        return attend(q, k, v)
+
     if case.pass_name == "fwd":
-        return forward
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
-    if case.pass_name == "bwd":
+        runner = forward
+    elif case.pass_name == "bwd":
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
         out = forward()
-        return lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
-    return lambda: torch.autograd.grad(forward(), (q, k, v), grad_out)
+        runner = lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
+    else:
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        runner = lambda: torch.autograd.grad(forward(), (q, k, v), grad_out)
+    if case.mode == "compiled":
+        runner()  # compile now (forward and backward graphs), not in the first timed call
+    return runner
+
+
+#: Untimed calls before a capture: they compile the kernels and fill the host-side caches, so
+#: that the capture records launches only (a compilation cannot be captured).
+_CAPTURE_WARMUP_CALLS = 3
+
+
+def _captured(forward: Callable[[], object]) -> Callable[[], None]:
+    """``forward`` captured once in a CUDA graph; the returned callable replays it (same input
+    and output buffers each time)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the default stream, as capture requires
+        for _ in range(_CAPTURE_WARMUP_CALLS):
+            forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward()
+    return graph.replay
 
 
 # --- The perf suite's grid -------------------------------------------------------------------
@@ -217,6 +270,12 @@ FWD_BWD_SHAPE = GPU_SHAPES[1]
 #: and the launches. They guard the per-call cost (a slower dispatch fails here first).
 HOST_SHAPES = ((1, 8, 8, 128, 64, True, "bf16"),)
 HOST_BACKENDS = ("triton", "sdpa", "sdpa-flash", "sdpa-cudnn")
+#: How users run attention besides eager calls, on the host-bound shape: a training step under
+#: torch.compile and a forward replayed from a CUDA graph. They guard that both keep working and
+#: what they cost (a graph break or a recompilation per call fails here), for the fused path and
+#: PyTorch's choice.
+MODE_BACKENDS = ("triton", "sdpa")
+MODE_PASSES = {"compiled": ("fwd+bwd",), "graph": ("fwd",)}
 #: Inference shapes, bottom-right causal with fewer queries than keys (Hq 32 / Hkv 8, D 128):
 #: decoding one token against a long cache (memory-bound: read K and V once), and a prefill
 #: chunk against its cache. (batch, q_heads, kv_heads, seq_len, head_dim, causal, dtype, kv_len)
@@ -254,6 +313,8 @@ def gpu_suite_cases() -> list[BenchCase]:
     cases = _cases(fast, GPU_SHAPES, ("fwd", "bwd"))
     cases += _cases(fast, (FWD_BWD_SHAPE,), ("fwd+bwd",))
     cases += _cases(HOST_BACKENDS, HOST_SHAPES, ("fwd", "fwd+bwd"))
+    for mode, passes in MODE_PASSES.items():
+        cases += [dataclasses.replace(c, mode=mode) for c in _cases(MODE_BACKENDS, HOST_SHAPES, passes)]
     cases += _cases(INFERENCE_BACKENDS, DECODE_SHAPES, ("fwd",))
     cases += _cases(INFERENCE_BACKENDS, PREFILL_SHAPES, ("fwd", "bwd"))
     cases += _cases(WINDOW_BACKENDS, WINDOW_SHAPES, ("fwd", "bwd"))

@@ -1,0 +1,112 @@
+"""Benchmark cases as plain data: names, the dict a worker of either side rebuilds them from,
+and the execution modes (eager, compiled, graph) of the grid."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from attnkit_perf.measure import cases
+from attnkit_perf.measure.cases import BenchCase, build_runner, gpu_suite_cases
+
+HOST = BenchCase("triton", "fwd", 1, 8, 8, 128, 64, True)
+
+
+def test_a_mode_other_than_eager_is_in_the_name_and_the_dict():
+    graphed = BenchCase("triton", "fwd", 1, 8, 8, 128, 64, True, mode="graph")
+    assert graphed.name == "fwd[triton-bf16-B1-H8-N128-D64-causal-graph]"
+    assert graphed.as_dict()["mode"] == "graph"
+    assert BenchCase(**graphed.as_dict()) == graphed
+
+
+def test_an_eager_case_keeps_the_form_older_baselines_and_bases_know():
+    """No ``mode`` key for eager: a base checkout from before modes existed builds the case."""
+    assert "mode" not in HOST.as_dict()
+    assert HOST.name == "fwd[triton-bf16-B1-H8-N128-D64-causal]"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"mode": "jit"}, r"mode: expected one of \('eager', 'compiled', 'graph'\), got 'jit'"),
+        ({"mode": "graph", "pass_name": "bwd"}, r"mode 'graph' captures a forward only; pass_name is 'bwd'"),
+    ],
+)
+def test_a_bad_mode_is_refused_with_its_reason(changes, message):
+    with pytest.raises(ValueError, match=message):
+        BenchCase(**{**HOST.as_dict(), **changes})
+
+
+def test_the_grid_times_compiled_training_and_graph_replay_on_the_host_bound_shape():
+    names = {c.name for c in gpu_suite_cases() if c.mode != "eager"}
+    assert names == {
+        "fwd+bwd[triton-bf16-B1-H8-N128-D64-causal-compiled]",
+        "fwd+bwd[sdpa-bf16-B1-H8-N128-D64-causal-compiled]",
+        "fwd[triton-bf16-B1-H8-N128-D64-causal-graph]",
+        "fwd[sdpa-bf16-B1-H8-N128-D64-causal-graph]",
+    }
+
+
+def test_a_compiled_case_compiles_fullgraph_before_the_first_timed_call(monkeypatch):
+    """The runner is built compiled (fullgraph, so a graph break is an error, not a slowdown)
+    and has run once, forward and backward, before it is handed to the timer."""
+    compiled_with, calls = [], []
+
+    def fake_compile(fn, **options):
+        compiled_with.append(options)
+
+        def counted(*args):
+            calls.append(1)
+            return fn(*args)
+
+        return counted
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    case = BenchCase("naive", "fwd+bwd", 1, 2, 2, 16, 8, True, "fp32", mode="compiled")
+    runner = build_runner(case, "cpu")
+    assert compiled_with == [{"fullgraph": True}]
+    assert len(calls) == 1, f"{len(calls)} compiled calls at build, expected the one warm-up"
+    dq, dk, dv = runner()
+    assert len(calls) == 2 and dq.shape == (1, 2, 16, 8) and dk.shape == dv.shape == (1, 2, 16, 8)
+
+
+def test_a_graph_case_captures_after_warming_up(monkeypatch):
+    """Capture happens once, after the warm-up calls (which compile kernels and fill caches: a
+    capture cannot compile); the runner only replays. Recorded with stand-ins for the CUDA
+    stream and graph, so it runs on the CPU."""
+    events = []
+
+    class FakeGraph:
+        def replay(self):
+            events.append("replay")
+
+    class Capture:
+        def __init__(self, graph):
+            pass
+
+        def __enter__(self):
+            events.append("capture")
+
+        def __exit__(self, *exc):
+            return False
+
+    class FakeStream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+    original = cases.attnkit.attention
+    monkeypatch.setattr(
+        cases.attnkit, "attention", lambda *a, **kw: events.append("call") or original(*a, **kw)
+    )
+    runner = build_runner(BenchCase("naive", "fwd", 1, 2, 2, 16, 8, True, "fp32", mode="graph"), "cpu")
+    warmups = ["call"] * cases._CAPTURE_WARMUP_CALLS
+    assert events == [*warmups, "capture", "call"], events
+    runner()
+    assert events[-1] == "replay", events
