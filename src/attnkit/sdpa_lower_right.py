@@ -105,9 +105,12 @@ def native_bottom_right(
     Raises UnsupportedProblemError when ``backend`` is forced and PyTorch declines the inputs."""
     if q.device.type != "cuda":
         return None
+    if torch.compiler.is_compiling() and backend != SDPBackend.FLASH_ATTENTION:
+        # Traced, the mask is the way: the admission checks are not traced, and the efficient
+        # kernel's backward has no fake implementation that matches its schema (torch 2.13: the
+        # meta function lacks ``out``). Flash's private op traces forward and backward.
+        return None
     if backend is None:  # PyTorch's choice: its own order, then the mask
-        if torch.compiler.is_compiling():  # the admission checks are not traced: take the mask
-            return None
         for check, run in _NATIVE.values():
             if _declines(check, q, k, v, problem) is None:
                 return run(q, k, v, problem)

@@ -177,6 +177,29 @@ def test_n_below_m_runs_without_the_square_detour(name, q_len):
             )
 
 
+@pytest.mark.parametrize(
+    ("kernel", "kv_heads", "head_dim", "with_grad"),
+    [
+        ("_flash", 2, 64, True),  # GQA: the kernel reads kv head h // G itself
+        ("_flash", 2, 60, True),  # padded to 64 for the kernel, cut back to 60
+        ("_efficient", 4, 64, False),
+    ],
+)
+def test_the_bottom_right_kernel_calls_match_their_schemas(kernel, kv_heads, head_dim, with_grad):
+    """The private ops' calls, on meta tensors (PyTorch's shape functions; the kernels
+    themselves are CUDA-only): the arguments bind to the schema and the output (and, through
+    autograd, each gradient) has its operand's shape."""
+    from attnkit import sdpa_lower_right
+
+    shapes = [(2, 4, 3, head_dim), (2, kv_heads, 50, head_dim), (2, kv_heads, 50, head_dim)]
+    q, k, v = (torch.empty(s, device="meta", dtype=torch.bfloat16, requires_grad=with_grad) for s in shapes)
+    out = getattr(sdpa_lower_right, kernel)(q, k, v, check_inputs(q, k, v, True, None))
+    assert out.shape == q.shape and out.dtype == q.dtype, f"{kernel}: out {out.shape} {out.dtype}"
+    if with_grad:
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        assert [g.shape for g in grads] == [x.shape for x in (q, k, v)], f"{kernel}: {grads}"
+
+
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="the kernels' own bottom-right modes are CUDA kernels")
 @pytest.mark.parametrize(
     ("name", "dtype", "kv_heads", "expected"),
