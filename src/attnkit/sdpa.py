@@ -15,14 +15,18 @@ Two translations are needed:
   in :func:`sdpa_problem_support`. SDPA's softmax over a fully masked row is NaN, so the rows
   that see no key (always the first ones: the band's upper edge is below key 0 there) are cut
   off before the call and returned as zeros, as for causal N > M.
-* Non-positive and vanishing scales. PyTorch's CPU flash kernel returns NaN for causal inputs
-  when the scale is 0, negative, or rounds to 0 in float32 (torch 2.13; float32-subnormal
-  scales such as 6e-39 are computed correctly). Both are translated exactly:
-  ``softmax(s * q k^T) == softmax(|s| * q (-k)^T)`` for s < 0 (negation is exact), and a scale
-  that rounds to 0 in the dtype the scores are computed in (float64 for float64 inputs, float32
-  otherwise) makes every score 0, so the call is made with a zeroed q (scale 1): the s = 0
-  function, dq = dk = 0. The test is rounding to zero, not being subnormal: at s = 6.8e-39 and
-  |q|, |k| ~ 30, dk is ~3e-37, a normal float32, and zeroing q would lose it.
+* Non-positive and tiny scales. Translated exactly, because kernels fail on them (torch 2.13
+  CPU flash returns NaN for causal inputs when the scale is 0, negative, or rounds to 0 in
+  float32; on the H100, torch 2.11, cuDNN's backward returned inf gradients at a
+  float32-subnormal scale of 2.5e-42): ``softmax(s * q k^T) == softmax(|s| * q (-k)^T)`` for
+  s < 0 (negation is exact); a scale that rounds to 0 in the dtype the scores are computed in
+  (float64 for float64 inputs, float32 otherwise) makes every score 0, so the call is made with
+  a zeroed q (scale 1): the s = 0 function, dq = dk = 0; and a bf16 / fp32 scale below
+  :data:`_SMALLEST_KERNEL_SCALE` moves a power of two into q (``s q = (s 2^p)(q 2^-p)``, exact
+  in their 8-bit exponent range), so every kernel sees a normal scale and the gradients keep
+  their value (at s = 6.8e-39 and |q|, |k| ~ 30, dk is ~3e-37, a normal number). fp16's range
+  is too small for that shift; there a scale below float32's smallest normal zeroes q, and the
+  true dq, dk (below 1e-25) are 0 in fp16 anyway.
 * Strides. PyTorch's CUDA flash kernel (torch 2.11) reads rows with 16-byte vector loads and
   faults with "misaligned address" — poisoning the CUDA context — when a row stride is not a
   multiple of 16 bytes (e.g. every other row of a (.., 2N, D + 3) buffer). Such operands are
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import warnings
 
 import torch
@@ -209,10 +214,14 @@ def sdpa_attention(
     name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem
 ) -> torch.Tensor:
     """SDPA with attnkit's bottom-right causal convention; shapes as in :func:`attnkit.attention`."""
-    if _rounds_to_zero(problem.scale, problem.dtype):
-        q, problem = q * 0.0, dataclasses.replace(problem, scale=1.0)
-    elif problem.scale < 0:
+    if problem.scale < 0:
         k, problem = -k, dataclasses.replace(problem, scale=-problem.scale)
+    if _zero_scale(problem.scale, problem.dtype):
+        q, problem = q * 0.0, dataclasses.replace(problem, scale=1.0)
+    elif problem.scale < _SMALLEST_KERNEL_SCALE and problem.dtype in (torch.bfloat16, torch.float32):
+        # |s| = m 2^e with m in [0.5, 1): s 2^shift lands in [2^-65, 2^-64).
+        shift = -64 - math.frexp(problem.scale)[1]
+        q, problem = q * 2.0**-shift, dataclasses.replace(problem, scale=problem.scale * 2.0**shift)
     if problem.has_window:
         return _masked_attention(name, q, k, v, problem)
     if not problem.causal or problem.causal_offset == 0:
@@ -231,14 +240,20 @@ def sdpa_attention(
 
 #: Half of float32's smallest subnormal, 2**-149: a magnitude at or below it rounds to 0.
 _FLOAT32_ROUNDS_TO_ZERO = 2.0**-150
+#: The smallest scale handed to a kernel for bf16 / fp32 inputs; smaller ones are shifted into q.
+#: Its reciprocal (1.8e19) and its products with any finite score stay normal float32 numbers.
+_SMALLEST_KERNEL_SCALE = 2.0**-64
 
 
-def _rounds_to_zero(scale: float, dtype: torch.dtype) -> bool:
-    """Whether ``scale`` is 0 in the dtype the scores are computed in (float64 for float64
-    inputs: a Python float is already one; float32 otherwise)."""
+def _zero_scale(scale: float, dtype: torch.dtype) -> bool:
+    """Whether ``scale`` (>= 0) is run as 0: it rounds to 0 in the dtype the scores are computed
+    in (float64 for float64 inputs: a Python float is already one; float32 otherwise), or, for
+    fp16, is below float32's smallest normal (module docstring)."""
     if dtype == torch.float64:
         return scale == 0.0
-    return abs(scale) <= _FLOAT32_ROUNDS_TO_ZERO
+    if dtype == torch.float16:
+        return scale < torch.finfo(torch.float32).tiny
+    return scale <= _FLOAT32_ROUNDS_TO_ZERO
 
 
 def _masked_attention(name, q, k, v, problem: AttentionProblem) -> torch.Tensor:

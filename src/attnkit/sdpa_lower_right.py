@@ -105,11 +105,12 @@ def native_bottom_right(
     Raises UnsupportedProblemError when ``backend`` is forced and PyTorch declines the inputs."""
     if q.device.type != "cuda":
         return None
-    if torch.compiler.is_compiling() and backend != SDPBackend.FLASH_ATTENTION:
-        # Traced, the mask is the way: the admission checks are not traced, and the efficient
-        # kernel's backward has no fake implementation that matches its schema (torch 2.13: the
-        # meta function lacks ``out``). Flash's private op traces forward and backward.
-        return None
+    if torch.compiler.is_compiling():
+        # Traced, only flash (its private op traces forward and backward; dynamo cannot guard
+        # on a dict keyed by SDPBackend, so no _NATIVE lookup here). Otherwise the mask: the
+        # admission checks are not traced, and the efficient kernel's backward has no fake
+        # implementation that matches its schema (torch 2.13: the meta function lacks ``out``).
+        return _flash(q, k, v, problem) if backend == SDPBackend.FLASH_ATTENTION else None
     if backend is None:  # PyTorch's choice: its own order, then the mask
         for check, run in _NATIVE.values():
             if _declines(check, q, k, v, problem) is None:
@@ -118,7 +119,7 @@ def native_bottom_right(
     if backend not in _NATIVE:
         return None
     check, run = _NATIVE[backend]
-    reasons = None if torch.compiler.is_compiling() else _declines(check, q, k, v, problem)
+    reasons = _declines(check, q, k, v, problem)
     if reasons is not None:
         raise UnsupportedProblemError(
             f"backend {name!r} cannot run {problem.describe()} on {problem.device} "

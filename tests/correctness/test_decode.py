@@ -136,8 +136,9 @@ _KERNEL_OPS = ("scaled_dot_product", "efficient_attention", "flash_attention", "
 
 def _query_rows(op: str, shape: tuple[int, ...]) -> int:
     """Rows of an attention kernel's first operand (queries, or the output's gradient): the
-    efficient kernel's private ops take (B, N, H, D), the others (B, H, N, D)."""
-    return shape[1] if "efficient_attention" in op else shape[-2]
+    efficient kernel's own ops (``aten._efficient_attention_*``) take (B, N, H, D), the SDPA
+    ops (``aten._scaled_dot_product_*``) (B, H, N, D)."""
+    return shape[1] if op.startswith("aten._efficient_attention") else shape[-2]
 
 
 def _operands(batch, q_heads, kv_heads, q_len, kv_len, head_dim, dtype):

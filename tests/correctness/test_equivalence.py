@@ -61,6 +61,19 @@ EDGE_CASES = {
         scale=6.786719798781322e-39,
         magnitude="large",
     ),
+    # Found on the H100 by the ci profile (as a windowed problem): cuDNN's backward (torch 2.11)
+    # returned inf gradients at a float32-subnormal scale.
+    "subnormal-scale-bf16-d32": _edge(
+        batch=5,
+        q_len=62,
+        kv_len=25,
+        head_dim=32,
+        value_dim=16,
+        causal=False,
+        dtype=torch.bfloat16,
+        scale=2.4784527358487718e-42,
+        magnitude="outliers",
+    ),
     # Found on the H100 by the thorough profile: cuDNN (torch 2.11) crashed the process with a
     # segmentation fault on operands expanded along the batch (stride 0).
     "expanded-batch-dv24": _edge(
