@@ -74,6 +74,24 @@ EDGE_CASES = {
         scale=2.4784527358487718e-42,
         magnitude="outliers",
     ),
+    # Found on the H100 by the ci profile: Triton's compiled forward read out of bounds (wrong
+    # rows, or an illegal memory access) with a value tile narrower than the key tile; CUDA
+    # now declines it (triton_problem_support), every other path must still be right.
+    "narrow-value-tile-fp16": _edge(
+        batch=4,
+        q_heads=2,
+        kv_heads=1,
+        q_len=1,
+        kv_len=46,
+        head_dim=40,
+        value_dim=24,
+        causal=False,
+        dtype=torch.float16,
+        scale=-0.18456691482860818,
+        q_layout="expanded",
+        kv_layout="strided",
+        magnitude="large",
+    ),
     # Found on the H100 by the thorough profile: cuDNN (torch 2.11) crashed the process with a
     # segmentation fault on operands expanded along the batch (stride 0).
     "expanded-batch-dv24": _edge(

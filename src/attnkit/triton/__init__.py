@@ -23,7 +23,7 @@ import torch
 from attnkit.errors import UnsupportedProblemError
 from attnkit.flash_autograd import PATHS, flash_attention
 from attnkit.inputs import AttentionProblem
-from attnkit.triton.config import AttentionConfig, KernelConfig
+from attnkit.triton.config import AttentionConfig, KernelConfig, padded_dim
 from attnkit.triton.decode import decode_forward, use_split_kv
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
 from attnkit.triton.launch import attention_backward, attention_forward, launch_setup
@@ -118,6 +118,21 @@ def triton_problem_support(problem: AttentionProblem) -> str | None:
             # On the H100 (triton 3.6) D = 111 with Dv = 17 or 3 gave wrong outputs; until the
             # kernels handle rows that are not whole 16-byte vectors, decline them clearly.
             return f"{name} {dim} makes {row_bytes}-byte rows; on CUDA rows must be a multiple of 16 bytes"
+    if (
+        problem.device.type == "cuda"
+        and problem.dtype in (torch.float16, torch.bfloat16)
+        and padded_dim(problem.value_dim) < padded_dim(problem.head_dim)
+    ):
+        # On the H100 (triton 3.6) 16-bit problems whose value tile is narrower than the key
+        # tile read out of bounds: D = 40 with Dv = 24 (tiles 64 / 32) returned wrong rows or an
+        # illegal memory access, compiled (the interpreter is exact), with any layout, scale
+        # sign, batch or group; D = 111 with Dv = 17 or 3 gave wrong rows before. Dv = D, and
+        # Dv wider than D (D = 24, Dv = 40), and float32 passed. Declined until understood.
+        return (
+            f"value_dim {problem.value_dim} pads to a narrower tile ({padded_dim(problem.value_dim)}) than "
+            f"head_dim {problem.head_dim} ({padded_dim(problem.head_dim)}); with 16-bit inputs on CUDA "
+            "such kernels read out of bounds (H100, triton 3.6)"
+        )
     programs = -(-max(problem.q_len, problem.kv_len) // _MIN_BLOCK) * problem.batch * problem.q_heads
     if programs > MAX_PROGRAMS:
         return (
