@@ -79,11 +79,13 @@ _NATIVE: dict[SDPBackend, tuple[Callable, Callable]] = {
 }
 
 
-def _declines(check: Callable, q, k, v, problem: AttentionProblem) -> str | None:
-    """PyTorch's reasons for refusing (q, k, v) to the kernel ``check`` admits to, or None."""
-    params = SDPAParams(q, k, v, None, 0.0, False, problem.kv_heads != problem.q_heads)
-    if check(params, False):
-        return None
+def _params(q, k, v, problem: AttentionProblem) -> SDPAParams:
+    """What PyTorch's admission checks read: non-causal, no mask (the alignment is ours)."""
+    return SDPAParams(q, k, v, None, 0.0, False, problem.kv_heads != problem.q_heads)
+
+
+def _reasons(check: Callable, params: SDPAParams) -> str:
+    """PyTorch's reasons for refusing ``params`` to the kernel ``check`` admits to."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         check(params, True)  # debug=True: the same checks, each refusal as a warning
@@ -111,18 +113,19 @@ def native_bottom_right(
         # admission checks are not traced, and the efficient kernel's backward has no fake
         # implementation that matches its schema (torch 2.13: the meta function lacks ``out``).
         return _flash(q, k, v, problem) if backend == SDPBackend.FLASH_ATTENTION else None
-    if backend is None:  # PyTorch's choice: its own order, then the mask
+    if backend is None:  # PyTorch's choice: its own order, then the mask (no reasons needed)
+        params = _params(q, k, v, problem)
         for check, run in _NATIVE.values():
-            if _declines(check, q, k, v, problem) is None:
+            if check(params, False):
                 return run(q, k, v, problem)
         return None
     if backend not in _NATIVE:
         return None
     check, run = _NATIVE[backend]
-    reasons = _declines(check, q, k, v, problem)
-    if reasons is not None:
+    params = _params(q, k, v, problem)
+    if not check(params, False):
         raise UnsupportedProblemError(
             f"backend {name!r} cannot run {problem.describe()} on {problem.device} "
-            f"(bottom-right causal, N < M): {reasons}"
+            f"(bottom-right causal, N < M): {_reasons(check, params)}"
         )
     return run(q, k, v, problem)

@@ -203,15 +203,15 @@ def test_the_bottom_right_kernel_calls_match_their_schemas(kernel, kv_heads, hea
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="the kernels' own bottom-right modes are CUDA kernels")
 @pytest.mark.parametrize(
-    ("name", "dtype", "kv_heads", "expected"),
+    ("name", "dtype", "kv_heads"),
     [
-        ("sdpa-flash", torch.float32, 2, "sdpa-flash"),  # flash takes fp16 / bf16 only
-        ("sdpa-efficient", torch.bfloat16, 1, "sdpa-efficient"),  # no query-head groups
+        ("sdpa-flash", torch.float32, 2),  # flash takes fp16 / bf16 only
+        ("sdpa-efficient", torch.bfloat16, 1),  # no query-head groups
     ],
 )
-def test_a_forced_kernel_that_declines_n_below_m_says_why(name, dtype, kv_heads, expected):
+def test_a_forced_kernel_that_declines_n_below_m_says_why(name, dtype, kv_heads):
     q, k, v = _operands(1, 2, kv_heads, 4, 256, 64, dtype)
-    with pytest.raises(UnsupportedProblemError, match=rf"'{expected}'.*bottom-right causal, N < M"):
+    with pytest.raises(UnsupportedProblemError, match=rf"'{name}'.*bottom-right causal, N < M"):
         attnkit.attention(q, k, v, causal=True, backend=name)
 
 
