@@ -71,6 +71,17 @@ def device() -> torch.device:
     return DEVICE
 
 
+@pytest.fixture(autouse=True)
+def _return_cached_gpu_memory():
+    """Give the GPU memory a test's caching allocator kept back to the driver after the test.
+    Many xdist workers share one GPU: on the H100, 12 workers of the thorough profile each kept
+    what their largest test had reserved, and Triton then failed to load a module ("out of
+    memory") for problems of a few hundred bytes."""
+    yield
+    if DEVICE.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 class RecordOps(TorchDispatchMode):
     """Records every aten op that runs: its name (to prove validation happens before any
     compute) and the shapes of its tensor arguments and results (to prove what a kernel was
