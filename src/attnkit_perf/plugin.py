@@ -246,10 +246,22 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json:
         perf.finish_stored(output_json)
 
 
+def _stopped_early(session: pytest.Session, exitstatus) -> str | None:
+    """Why the session did not run every collected test (Ctrl-C or a job's SIGINT, ``-x`` /
+    ``--maxfail``), or None. A verdict over part of the suite must not read as a pass."""
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        return "interrupted"
+    for reason in (session.shouldstop, session.shouldfail):
+        if reason:
+            return reason if isinstance(reason, str) else "stopped"
+    return None
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus):
     perf = session.config.stash.get(SESSION, None)
     if perf is not None:
+        perf.stopped_early = _stopped_early(session, exitstatus)
         perf.close()
         # Before pytest-benchmark serialises the run: suspects get their second measurement,
         # minutes after the first, so one disturbed stretch of time cannot fail the gate.

@@ -100,6 +100,9 @@ class PerfSession:
         self.baseline_file: Path | None = None
         self.rows: list[BenchmarkVerdict] = []
         self.notes: list[str] = []
+        #: Why the session ended before running every benchmark (pytest's interrupt, ``-x``), or
+        #: None: the verdict is then incomplete, whatever the rows it holds say.
+        self.stopped_early: str | None = None
         self.suspects: list = []
         self.run_json: dict | None = None
         self.document: VerdictDocument | None = None
@@ -445,6 +448,12 @@ class PerfSession:
                 "datetime": self.baseline.get("datetime"),
             }
             versions = {k: list(v) for k, v in version_differences(recorded, self.provenance()).items()}
+        stopped = []
+        if self.stopped_early:
+            stopped.append(
+                f"the run stopped early ({self.stopped_early}): "
+                "the benchmarks after the last row have no verdict"
+            )
         thresholds = {
             "slower": self.thresholds.slower,
             "run_alpha": self.thresholds.run_alpha,
@@ -461,6 +470,6 @@ class PerfSession:
             thresholds=thresholds,
             benchmarks=list(self.rows),
             version_differences=versions,
-            notes=self.notes,
-            complete=complete,
+            notes=self.notes + stopped,
+            complete=complete and self.stopped_early is None,
         )

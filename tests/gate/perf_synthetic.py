@@ -117,7 +117,8 @@ def run_json(benchmarks: list[dict], gpu_key: str = H100_KEY) -> dict:
 
 
 #: A pytest-benchmark suite driven by the JSON in ``$ATTNKIT_SYNTH_SPEC``: ``names`` (each the
-#: backend of one benchmark), ``scale`` and ``peak`` per name, ``seed``, ``jitter``. Time moves
+#: backend of one benchmark), ``scale`` and ``peak`` per name, ``seed``, ``jitter``, ``interrupt``
+#: (names whose benchmark ends the session as Ctrl-C or SIGINT would). Time moves
 #: only when a synthetic kernel "runs", so the samples are exactly the spec's.
 SYNTHETIC_SUITE = """
 import json, os
@@ -143,6 +144,8 @@ def virtual_clock():
 def test_synthetic(benchmark, attnkit_perf, name):
     # attnkit_perf (requested, not called) marks this test as one of the run's benchmarks
     case = BenchCase(backend=name, pass_name="fwd", **SHAPE)
+    if name in SPEC.get("interrupt", ()):  # a job's time limit (SIGINT) reaching this benchmark
+        pytest.exit("interrupted by the job's time limit", returncode=pytest.ExitCode.INTERRUPTED)
     rng = np.random.default_rng([SPEC["seed"], sum(map(ord, name))])
     median = 1e-3 * SPEC["scale"].get(name, 1.0)
     jitter = SPEC["jitter"]

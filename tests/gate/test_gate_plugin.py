@@ -32,7 +32,7 @@ NAMES = ("flash_a", "cudnn_b", "tiled_c")
 CPU_KEY = gpu_key("cpu")
 
 
-def _spec(names=NAMES, scale=None, peak=None, seed=0, jitter=0.03) -> str:
+def _spec(names=NAMES, scale=None, peak=None, seed=0, jitter=0.03, interrupt=()) -> str:
     return json.dumps(
         {
             "names": list(names),
@@ -40,6 +40,7 @@ def _spec(names=NAMES, scale=None, peak=None, seed=0, jitter=0.03) -> str:
             "peak": peak or {},
             "seed": seed,
             "jitter": jitter,
+            "interrupt": list(interrupt),
             "shape": SHAPE,
         }
     )
@@ -145,6 +146,44 @@ def test_new_and_missing_are_listed_not_failed(gate_run, pytester):
     assert _outcomes(verdict) == {"flash_a": "same", "tiled_c": "new", "cudnn_b": "missing"}, verdict
     result.stdout.fnmatch_lines(["*new (not in the base):", "*fwd?tiled_c-*new*not in the baseline*"])
     result.stdout.fnmatch_lines(["*missing (in the baseline, not run):", "*fwd?cudnn_b-*missing*"])
+
+
+def test_an_interrupted_run_is_incomplete_never_passed(gate_run, pytester):
+    """A job's time limit (SIGINT) that stops the suite part-way leaves a verdict over some of
+    the benchmarks: it must say so and not pass (on the H100 one was written as complete)."""
+    _record(gate_run)
+    path = pytester.path / "verdict.json"
+    result = gate_run(
+        "--benchmark-compare", "--attnkit-allow-cpu", f"--attnkit-verdict-json={path}", interrupt=["cudnn_b"]
+    )
+    assert result.ret == pytest.ExitCode.INTERRUPTED, _output(result)
+    # What was decided before the interrupt is written, marked incomplete, never as a pass.
+    assert path.is_file(), f"no verdict written to {path}:\n{_output(result)}"
+    data = json.loads(path.read_text())
+    validate("verdict", data, str(path))
+    assert data["complete"] is False and data["passed"] is False, data
+    assert any("stopped early (interrupted)" in n for n in data["notes"]), data["notes"]
+    result.stdout.fnmatch_lines(["*attnkit perf gate (stored): INCOMPLETE*"])
+    assert "attnkit perf gate (stored): passed" not in _output(result), _output(result)
+
+
+@pytest.mark.parametrize(
+    ("status", "shouldstop", "shouldfail", "expected"),
+    [
+        (pytest.ExitCode.OK, False, False, None),
+        (pytest.ExitCode.TESTS_FAILED, False, False, None),
+        (pytest.ExitCode.INTERRUPTED, False, False, "interrupted"),
+        (pytest.ExitCode.TESTS_FAILED, False, "stopping after 1 failures", "stopping after 1 failures"),
+        (pytest.ExitCode.TESTS_FAILED, True, False, "stopped"),
+    ],
+)
+def test_a_session_stopped_before_its_end_is_recognised(status, shouldstop, shouldfail, expected):
+    from types import SimpleNamespace
+
+    from attnkit_perf.plugin import _stopped_early
+
+    session = SimpleNamespace(shouldstop=shouldstop, shouldfail=shouldfail)
+    assert _stopped_early(session, status) == expected
 
 
 def test_the_verdict_file_reads_back_into_the_model(gate_run, pytester):
