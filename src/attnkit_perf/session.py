@@ -20,6 +20,7 @@ import dataclasses
 import math
 import os
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -251,7 +252,12 @@ class PerfSession:
                 b.blocks, h.blocks, self.thresholds, alpha, limit, b.peak_bytes, h.peak_bytes
             )
 
-        results = self.paired_session().measure(case.as_dict(), settings, lambda r: decide(r).settled)
+        paired = self.paired_session()
+        start = time.perf_counter()
+        results = paired.measure(case.as_dict(), settings, lambda r: decide(r).settled)
+        # Where the gate's own time goes, per benchmark: "measure" is the first measurement, its
+        # "prepare" included; a suspect adds "restart" (fresh workers) and "confirm".
+        seconds = {"prepare": paired.last_prepare_s, "measure": time.perf_counter() - start}
         base, head = results["base"], results["head"]
         if head.unsupported:
             pytest.skip(f"{case.backend} does not support this shape: {head.unsupported}")
@@ -262,10 +268,14 @@ class PerfSession:
             if decision.outcome == "slower" and not self.opt["no_confirm"]:
                 # Every pair so far ran on the same processes, whose offsets the interval cannot
                 # see: a slowdown must show again on fresh ones (both sides restarted).
-                self._paired.restart()
-                again = self._paired.measure(case.as_dict(), settings, lambda r: decide(r).settled)
+                start = time.perf_counter()
+                paired.restart()
+                seconds["restart"] = time.perf_counter() - start
+                again = paired.measure(case.as_dict(), settings, lambda r: decide(r).settled)
+                seconds["confirm"] = time.perf_counter() - start - seconds["restart"]
                 decision = gate.confirm_slowdown(decision, decide(again))
                 base, head = again["base"], again["head"]
+        decision.extra["seconds"] = {step: round(s, 3) for step, s in seconds.items()}
         row = BenchmarkVerdict.from_decision(
             describe(case),
             decision,

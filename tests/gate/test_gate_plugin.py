@@ -557,6 +557,8 @@ def test_paired_aa_run_does_not_fail(tmp_path):
     assert result.returncode == 0 and verdict["passed"] is True, f"exit {result.returncode}\n{output[-3000:]}"
     assert verdict["thresholds"]["slower"] == 0.5, verdict["thresholds"]
     assert verdict["complete"] is True, "the session's end overwrites the progress file"
+    seconds = row["evidence"]["seconds"]
+    assert 0 < seconds["prepare"] < seconds["measure"], f"the gate's own time per step: {seconds}"
     sources = [verdict[side]["provenance"]["source"] for side in ("base", "head")]
     assert sources[0] == sources[1], f"a copy of the same code must carry the same digest: {sources}"
 

@@ -47,6 +47,12 @@ import json, sys
 doc = json.load(open(sys.argv[1]))
 bad = [b for b in doc["benchmarks"] if b["outcome"] in ("slower", "more-memory", "inconclusive")]
 print(f"   {doc['mode']} complete={doc.get('complete', True)} passed={doc['passed']} counts={doc['counts']}")
+spent = {}
+for b in doc["benchmarks"]:
+    for step, s in ((b.get("evidence") or {}).get("seconds") or {}).items():
+        spent[step] = spent.get(step, 0.0) + s
+if spent:
+    print("   seconds per step, summed over benchmarks: " + ", ".join(f"{k} {v:.0f}" for k, v in spent.items()))
 for b in bad:
     print(f"   {b['outcome']:12s} {b['name']} ratio={b['ratio']} {b['reason']}")
 PY

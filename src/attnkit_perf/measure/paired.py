@@ -210,6 +210,9 @@ class PairedSession:
         self._link_dir = link_dir
         self.workers: dict[str, list[_Worker]] = {}
         self.identity: dict[str, dict] = {}
+        #: Seconds the last :meth:`measure` spent preparing the case on every worker (building,
+        #: compiling or loading kernels, warming up) before its first pair: the gate's own cost.
+        self.last_prepare_s = 0.0
         self._start_workers()
 
     def _start_workers(self) -> None:
@@ -329,7 +332,9 @@ class PairedSession:
             return results
 
     def _measure(self, case, settings, settled) -> dict[str, SideResult]:
+        start = time.perf_counter()
         results, reps = self._prepare(case)
+        self.last_prepare_s = time.perf_counter() - start
         try:
             if any(r.unsupported for r in results.values()):
                 return results
