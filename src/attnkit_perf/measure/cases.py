@@ -205,14 +205,15 @@ def build_runner(case: BenchCase, device: torch.device | str, seed: int = 0) -> 
     def forward():
         return attend(q, k, v)
 
+    if case.pass_name != "fwd":
+        for x in (q, k, v):
+            x.requires_grad_()
     if case.pass_name == "fwd":
         runner = forward
     elif case.pass_name == "bwd":
-        q, k, v = (x.requires_grad_() for x in (q, k, v))
         out = forward()
         runner = lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
     else:
-        q, k, v = (x.requires_grad_() for x in (q, k, v))
         runner = lambda: torch.autograd.grad(forward(), (q, k, v), grad_out)
     if case.mode == "compiled":
         runner()  # compile now (forward and backward graphs), not in the first timed call
