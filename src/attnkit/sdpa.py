@@ -31,6 +31,13 @@ Two translations are needed:
   faults with "misaligned address" — poisoning the CUDA context — when a row stride is not a
   multiple of 16 bytes (e.g. every other row of a (.., 2N, D + 3) buffer). Such operands are
   copied to contiguous memory first; aligned strided views pass through untouched.
+* cuDNN's masked float16 backward. On the H100 (torch 2.11.0+cu130), cuDNN's backward with an
+  attention mask returned NaN in dq for float16 inputs with large logits (|q| ~ 30, a window of
+  one to four keys, N = 64..66, D = 16; the output, dk and dv were finite, bfloat16 was right,
+  and so was every call without a mask). A float16 call that takes a mask (a window, or causal
+  with 1 < N < M) and needs gradients is therefore declined by ``sdpa-cudnn``
+  (:func:`sdpa_attention`), and ``sdpa`` runs it with cuDNN left out of
+  PyTorch's choice (PyTorch chose cuDNN there, with the same NaN).
 * Errors. When a forced backend rejects the inputs, PyTorch raises a generic "no available
   kernel" error and explains the reason only in warnings; those warnings are captured and put
   into the error attnkit raises.
@@ -147,28 +154,30 @@ def _backend_flags():
 _FLAGS = _backend_flags()
 
 
-def _sdpa(q, k, v, scale, is_causal, backend, mask=None):
+def _sdpa(q, k, v, scale, is_causal, kernels, mask=None):
+    """SDPA restricted to ``kernels`` (a tuple of SDPBackend), or PyTorch's full choice (None)."""
+
     def call():
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
         )
 
-    if backend is None:
+    if kernels is None:
         return call()
     if _FLAGS is None or torch.compiler.is_compiling():  # dynamo traces sdpa_kernel, not the flags
-        with sdpa_kernel([backend]):
+        with sdpa_kernel(list(kernels)):
             return call()
     previous = [get() for get, _, _ in _FLAGS]
     try:
         for _, set_enabled, flag_backend in _FLAGS:
-            set_enabled(flag_backend == backend)
+            set_enabled(flag_backend in kernels)
         return call()
     finally:
         for (_, set_enabled, _), was in zip(_FLAGS, previous, strict=True):
             set_enabled(was)
 
 
-#: Signatures (backend, problem, is_causal) SDPA has already run: their calls skip recording
+#: Signatures (backend, problem, is_causal, kernels) SDPA has already run: their calls skip recording
 #: warnings (~5 us). A new signature runs once under ``catch_warnings``, so a kernel that
 #: declines it explains why in attnkit's error and prints no stray warnings. Bounded.
 _ACCEPTED: set[tuple] = set()
@@ -181,27 +190,63 @@ def _declined(name, problem, err, caught) -> UnsupportedProblemError:
     )
 
 
+#: What each attnkit name lets SDPA choose from: one forced kernel, or None (PyTorch chooses).
+_KERNELS: dict[str, tuple[SDPBackend, ...] | None] = {
+    name: None if backend is None else (backend,) for name, backend in SDPA_BACKENDS.items()
+}
+#: PyTorch's choice without cuDNN, for the calls cuDNN gets wrong (module docstring).
+_ALL_BUT_CUDNN = tuple(
+    kernel
+    for kernel in SDPBackend.__members__.values()
+    if kernel not in (SDPBackend.CUDNN_ATTENTION, SDPBackend.ERROR)
+)
+
+
+def _takes_mask(name: str, problem: AttentionProblem) -> bool:
+    """Whether :func:`sdpa_attention` hands ``name`` an attention mask for ``problem``: a window,
+    or bottom-right causal with 1 < N < M on a kernel without a bottom-right mode of its own."""
+    if problem.has_window:
+        return True
+    native = SDPA_BACKENDS[name] in (None, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
+    return problem.causal and problem.causal_offset > 0 and problem.q_len > 1 and not native
+
+
+def _float16_backward_on_cuda(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem
+) -> bool:
+    """Whether this call is float16 on CUDA and will need a backward: with a mask, the calls
+    cuDNN gets wrong (module docstring)."""
+    return (
+        problem.dtype == torch.float16
+        and q.is_cuda
+        and torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
+    )
+
+
 def _call_sdpa(name, q, k, v, problem, is_causal, mask=None):
-    backend = SDPA_BACKENDS[name]
+    kernels = _KERNELS[name]
+    if kernels is None and mask is not None and _float16_backward_on_cuda(q, k, v, problem):
+        kernels = _ALL_BUT_CUDNN
     q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
     if torch.compiler.is_compiling():  # a traced graph has no warnings to record
-        return _sdpa(q, k, v, problem.scale, is_causal, backend, mask)
+        return _sdpa(q, k, v, problem.scale, is_causal, kernels, mask)
     # The mask, if any, follows from the problem (its window), so it needs no place in the key.
-    key = (name, problem, is_causal)
+    key = (name, problem, is_causal, kernels)
     if key in _ACCEPTED:
         try:
-            return _sdpa(q, k, v, problem.scale, is_causal, backend, mask)
+            return _sdpa(q, k, v, problem.scale, is_causal, kernels, mask)
         except RuntimeError as err:  # the same shapes in another layout: gather the reasons
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 with contextlib.suppress(RuntimeError):
-                    _sdpa(q, k, v, problem.scale, is_causal, backend, mask)
+                    _sdpa(q, k, v, problem.scale, is_causal, kernels, mask)
             raise _declined(name, problem, err, caught) from err
     # PyTorch gives its reasons for declining only as warnings.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            out = _sdpa(q, k, v, problem.scale, is_causal, backend, mask)
+            out = _sdpa(q, k, v, problem.scale, is_causal, kernels, mask)
         except RuntimeError as err:
             raise _declined(name, problem, err, caught) from err
     if len(_ACCEPTED) >= 4096:
@@ -214,6 +259,16 @@ def sdpa_attention(
     name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem
 ) -> torch.Tensor:
     """SDPA with attnkit's bottom-right causal convention; shapes as in :func:`attnkit.attention`."""
+    if (
+        SDPA_BACKENDS[name] == SDPBackend.CUDNN_ATTENTION
+        and _takes_mask(name, problem)
+        and _float16_backward_on_cuda(q, k, v, problem)
+    ):
+        raise UnsupportedProblemError(
+            f"backend {name!r} does not support {problem.describe()} with gradients: cuDNN's "
+            "backward with an attention mask (a window, or causal with 1 < N < M) returned NaN dq "
+            "in float16 (H100, torch 2.11); use bfloat16, sdpa-efficient, or no gradients"
+        )
     if problem.scale < 0:
         k, problem = -k, dataclasses.replace(problem, scale=-problem.scale)
     if _zero_scale(problem.scale, problem.dtype):

@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 from conftest import RecordOps
+from strategies import Problem
 
 from attnkit import BackendUnavailableError, MultiHeadAttention, attention
 
@@ -145,3 +146,44 @@ def test_forced_backend_without_masks_declines_windows_by_name():
 def test_module_rejects_bad_head_configuration(kwargs, message):
     with pytest.raises(ValueError, match=message):
         MultiHeadAttention(**kwargs)
+
+
+#: The thorough profile's H100 case (torch 2.11): a one-key window over 64 keys, 66 float16
+#: queries with large logits (|q| ~ 30); cuDNN's backward returned NaN in dq, every time.
+CUDNN_MASKED_FLOAT16 = Problem(
+    batch=1, q_heads=1, kv_heads=1, q_len=66, kv_len=64, head_dim=16, value_dim=16, causal=False,
+    dtype=torch.float16, scale=None, q_layout="contiguous", kv_layout="contiguous", magnitude="large",
+    seed=0, window=(0, 0),
+)  # fmt: skip
+
+
+def _cudnn_masked_float16_case():
+    q, k, v, grad_out = CUDNN_MASKED_FLOAT16.tensors("cuda")
+    return (*(x.requires_grad_() for x in (q, k, v)), grad_out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.backends.cudnn.is_available()), reason="needs CUDA and cuDNN"
+)
+def test_cudnn_declines_its_masked_float16_backward_before_any_compute():
+    q, k, v, _ = _cudnn_masked_float16_case()
+    recorder = RecordOps()
+    with (
+        recorder,
+        pytest.raises(NotImplementedError, match=r"'sdpa-cudnn'.*with gradients.*NaN dq in float16"),
+    ):
+        attention(q, k, v, window=(0, 0), backend="sdpa-cudnn")
+    assert recorder.ops == [], f"ops ran before the error: {recorder.ops}"
+    with torch.no_grad():  # the forward alone was right: no gradients, no decline
+        assert torch.isfinite(attention(q, k, v, window=(0, 0), backend="sdpa-cudnn")).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch's kernel choice on CUDA")
+def test_pytorchs_choice_keeps_cudnn_out_of_masked_float16_backward():
+    """PyTorch chose cuDNN for this call (H100, torch 2.11), with NaN in dq; ``sdpa`` leaves it out."""
+    q, k, v, grad_out = _cudnn_masked_float16_case()
+    out = attention(q, k, v, window=(0, 0), backend="sdpa")
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    assert all(torch.isfinite(x).all() for x in (out, *grads)), "sdpa: NaN/inf in the output or gradients"
