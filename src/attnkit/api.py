@@ -51,31 +51,33 @@ def attention(
     if torch.compiler.is_compiling():  # traced once: the plain checks, no host-side caches
         problem = check_inputs(q, k, v, causal, scale, window)
         return _plan(backend, problem)(q, k, v, problem)
-    problem = _checked_problem(q, k, v, causal, scale, window)
-    key = (backend, problem)
-    run = _PLANS.get(key)
-    if run is None:
-        run = _plan(backend, problem)
-        if len(_PLANS) >= _CACHE_SIZE:
-            _PLANS.clear()
-        _PLANS[key] = run
+    key = _signature(q, k, v, causal, scale, window, backend)
+    planned = None if key is None else _PLANNED.get(key)
+    if planned is None:
+        problem = check_inputs(q, k, v, causal, scale, window)
+        planned = problem, _plan(backend, problem)
+        if key is not None:
+            if len(_PLANNED) >= _CACHE_SIZE:
+                _PLANNED.clear()
+            _PLANNED[key] = planned
+    problem, run = planned
     return run(q, k, v, problem)
 
 
 #: Host-side memo of what depends only on a call's signature: the validated problem, and the
 #: backend's run function once its support checks passed. A call with a known signature pays
-#: one tuple and two dict lookups (~2 us on CPU) instead of the checks (~10 us). Bounded:
-#: cleared when full. Backend availability is therefore decided once per signature.
+#: one tuple and one dict lookup (~2 us on CPU) instead of the checks and the plan (~10 us).
+#: Bounded: cleared when full. Backend availability is therefore decided once per signature.
 _CACHE_SIZE = 4096
-_PROBLEMS: dict[tuple, AttentionProblem] = {}
-_PLANS: dict[tuple, object] = {}
+_PLANNED: dict[tuple, tuple[AttentionProblem, object]] = {}
 
 
-def _checked_problem(q, k, v, causal, scale, window) -> AttentionProblem:
-    """:func:`check_inputs`, memoised on everything it reads. Only tensors, a bool causal, a
-    None/float scale and a None/(int, int) tuple window are looked up; anything else goes
-    straight to the checks, which raise the right error (``(True, 1)`` equals ``(1, 1)`` as a
-    key, so a window is looked up only when both sides are exactly ints)."""
+def _signature(q, k, v, causal, scale, window, backend) -> tuple | None:
+    """The memo key of a call: everything :func:`check_inputs` and :func:`_plan` read, or None
+    for a call that must be checked afresh. Only tensors, a bool causal, a None/float scale, a
+    None/(int, int) tuple window and a str backend are looked up; anything else goes straight to
+    the checks, which raise the right error (``(True, 1)`` equals ``(1, 1)`` as a key, so a
+    window is looked up only when both sides are exactly ints)."""
     if not (
         isinstance(q, torch.Tensor)
         and isinstance(k, torch.Tensor)
@@ -84,17 +86,24 @@ def _checked_problem(q, k, v, causal, scale, window) -> AttentionProblem:
         # |scale| > 1 is checked against the data (overflowing scores), so never memoised.
         and (scale is None or (type(scale) is float and abs(scale) <= 1.0))
         and (window is None or _exact_int_pair(window))
+        and type(backend) is str
     ):
-        return check_inputs(q, k, v, causal, scale, window)
-    shapes = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)
-    key = (*shapes, causal, scale, window)
-    problem = _PROBLEMS.get(key)
-    if problem is None:
-        problem = check_inputs(q, k, v, causal, scale, window)
-        if len(_PROBLEMS) >= _CACHE_SIZE:
-            _PROBLEMS.clear()
-        _PROBLEMS[key] = problem
-    return problem
+        return None
+    return (
+        q.shape,
+        k.shape,
+        v.shape,
+        q.dtype,
+        k.dtype,
+        v.dtype,
+        q.device,
+        k.device,
+        v.device,
+        causal,
+        scale,
+        window,
+        backend,
+    )
 
 
 def _exact_int_pair(window) -> bool:

@@ -103,13 +103,8 @@ def sdpa_problem_support(name: str, problem: AttentionProblem) -> str | None:
 
 
 def _aligned_for_fused_kernels(x: torch.Tensor) -> torch.Tensor:
-    """``x``, or a contiguous copy if its layout would misalign CUDA fused kernels' loads or
-    broadcast a dimension through a zero stride.
-
-    Under torch.compile the tensors are symbolic (no data pointer); Inductor's SDPA lowering
-    enforces the same 16-byte alignment itself."""
-    if not x.is_cuda or torch.compiler.is_compiling():
-        return x
+    """``x`` (a CUDA tensor), or a contiguous copy if its layout would misalign CUDA fused
+    kernels' loads or broadcast a dimension through a zero stride."""
     if x.data_ptr() % 16:
         return _packed(x)
     item = x.element_size()
@@ -120,11 +115,21 @@ def _aligned_for_fused_kernels(x: torch.Tensor) -> torch.Tensor:
     # backward does not (on the H100, torch 2.11, a (1, 1, 1, 16) fp16 key viewed with a row
     # stride of 38 elements had "no kernel found to launch"). A zero stride (an expanded tensor)
     # is materialised too: cuDNN (torch 2.11) crashed the process with a segmentation fault on
-    # operands expanded along the batch.
-    aligned = x.stride(-1) == 1 and all(
-        stride != 0 and (stride * item) % 16 == 0 for stride in x.stride()[:-1]
-    )
+    # operands expanded along the batch. The item size (2, 4 or 8 bytes) divides 16, so each
+    # stride is a whole number of 16-byte steps iff its low bits are zero, which their OR tests
+    # at once (x is 4-D: validated).
+    batch, heads, rows, last = x.stride()
+    aligned = last == 1 and 0 not in (batch, heads, rows) and ((batch | heads | rows) * item) % 16 == 0
     return x if aligned else _packed(x)
+
+
+def _for_fused_kernels(q, k, v):
+    """q, k, v laid out for CUDA fused kernels (:func:`_aligned_for_fused_kernels`); CPU tensors
+    as they are. Eager only: under torch.compile the tensors are symbolic (no data pointer), and
+    Inductor's SDPA lowering enforces the same 16-byte alignment itself."""
+    if not q.is_cuda:
+        return q, k, v
+    return _aligned_for_fused_kernels(q), _aligned_for_fused_kernels(k), _aligned_for_fused_kernels(v)
 
 
 def _packed(x: torch.Tensor) -> torch.Tensor:
@@ -133,52 +138,76 @@ def _packed(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
 
 
-def _backend_flags():
-    """(getter, setter, backend) of each SDPA enable-flag, looked up once: the same switches
-    ``torch.nn.attention.sdpa_kernel`` flips, without its ~20 us of generator and list work per
-    call (measured on CPU, torch 2.13)."""
+#: The choice of kernels SDPA is given for the calls cuDNN gets wrong (module docstring): every
+#: kernel but cuDNN. A label beside the backend names in :data:`_KERNELS`.
+_WITHOUT_CUDNN = "sdpa without cuDNN"
+
+#: What each choice lets SDPA pick from: an attnkit backend name (one forced kernel, or None:
+#: PyTorch chooses), or :data:`_WITHOUT_CUDNN`. Calls name their choice by its label, never by
+#: its kernels: an SDPBackend comparison or hash is a pybind call (~0.3 us each, CPU).
+_KERNELS: dict[str, tuple[SDPBackend, ...] | None] = {
+    **{name: None if backend is None else (backend,) for name, backend in SDPA_BACKENDS.items()},
+    _WITHOUT_CUDNN: tuple(
+        kernel
+        for kernel in SDPBackend.__members__.values()
+        if kernel not in (SDPBackend.CUDNN_ATTENTION, SDPBackend.ERROR)
+    ),
+}
+
+
+def _flag_switches():
+    """(getters, setters, enabled) of SDPA's enable-flags, looked up once: the switches
+    ``torch.nn.attention.sdpa_kernel`` flips, and for each restricted choice of
+    :data:`_KERNELS` the flag values that enable exactly its kernels. Without sdpa_kernel's
+    per-call generator and list work, and without comparing ``SDPBackend`` members per call:
+    saving, setting and restoring the flags costs ~2 us on CPU instead of ~17 (torch 2.13).
+    None if the private names moved (then sdpa_kernel is used)."""
     names = getattr(torch.nn.attention, "_backend_names", None)
     try:
-        return tuple(
-            (
-                getattr(torch._C, f"_get_{flag}_sdp_enabled"),
-                getattr(torch._C, f"_set_sdp_use_{flag}"),
-                getattr(SDPBackend, member),
-            )
-            for flag, member in names.items()
-        )
-    except (AttributeError, TypeError):  # private names moved: fall back to sdpa_kernel
+        getters = tuple(getattr(torch._C, f"_get_{flag}_sdp_enabled") for flag in names)
+        setters = tuple(getattr(torch._C, f"_set_sdp_use_{flag}") for flag in names)
+        members = tuple(getattr(SDPBackend, member) for member in names.values())
+    except (AttributeError, TypeError):
         return None
+    enabled = {
+        choice: tuple(member in kernels for member in members)
+        for choice, kernels in _KERNELS.items()
+        if kernels is not None
+    }
+    return getters, setters, enabled
 
 
-_FLAGS = _backend_flags()
+_SWITCHES = _flag_switches()
 
 
-def _sdpa(q, k, v, scale, is_causal, kernels, mask=None):
-    """SDPA restricted to ``kernels`` (a tuple of SDPBackend), or PyTorch's full choice (None)."""
-
-    def call():
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
-        )
-
+def _sdpa(choice, q, k, v, scale, is_causal, mask=None):
+    """SDPA restricted to the kernels of ``choice`` (a key of :data:`_KERNELS`), or PyTorch's full
+    choice; the enable-flags are restored afterwards, whatever happens."""
+    kernels = _KERNELS[choice]
     if kernels is None:
-        return call()
-    if _FLAGS is None or torch.compiler.is_compiling():  # dynamo traces sdpa_kernel, not the flags
+        return _scaled_dot_product(q, k, v, scale, is_causal, mask)
+    if _SWITCHES is None or torch.compiler.is_compiling():  # dynamo traces sdpa_kernel, not the flags
         with sdpa_kernel(list(kernels)):
-            return call()
-    previous = [get() for get, _, _ in _FLAGS]
+            return _scaled_dot_product(q, k, v, scale, is_causal, mask)
+    getters, setters, enabled = _SWITCHES
+    previous = [get() for get in getters]
     try:
-        for _, set_enabled, flag_backend in _FLAGS:
-            set_enabled(flag_backend in kernels)
-        return call()
+        for set_enabled, value in zip(setters, enabled[choice], strict=True):
+            set_enabled(value)
+        return _scaled_dot_product(q, k, v, scale, is_causal, mask)
     finally:
-        for (_, set_enabled, _), was in zip(_FLAGS, previous, strict=True):
-            set_enabled(was)
+        for set_enabled, value in zip(setters, previous, strict=True):
+            set_enabled(value)
 
 
-#: Signatures (backend, problem, is_causal, kernels) SDPA has already run: their calls skip recording
-#: warnings (~5 us). A new signature runs once under ``catch_warnings``, so a kernel that
+def _scaled_dot_product(q, k, v, scale, is_causal, mask):
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
+    )
+
+
+#: Signatures (backend, problem, is_causal, choice) SDPA has already run: their calls skip
+#: recording warnings (~5 us). A new signature runs once under ``catch_warnings``, so a kernel that
 #: declines it explains why in attnkit's error and prints no stray warnings. Bounded.
 _ACCEPTED: set[tuple] = set()
 
@@ -188,18 +217,6 @@ def _declined(name, problem, err, caught) -> UnsupportedProblemError:
     return UnsupportedProblemError(
         f"backend {name!r} cannot run {problem.describe()} on {problem.device}: {reasons}"
     )
-
-
-#: What each attnkit name lets SDPA choose from: one forced kernel, or None (PyTorch chooses).
-_KERNELS: dict[str, tuple[SDPBackend, ...] | None] = {
-    name: None if backend is None else (backend,) for name, backend in SDPA_BACKENDS.items()
-}
-#: PyTorch's choice without cuDNN, for the calls cuDNN gets wrong (module docstring).
-_ALL_BUT_CUDNN = tuple(
-    kernel
-    for kernel in SDPBackend.__members__.values()
-    if kernel not in (SDPBackend.CUDNN_ATTENTION, SDPBackend.ERROR)
-)
 
 
 def _takes_mask(name: str, problem: AttentionProblem) -> bool:
@@ -225,28 +242,28 @@ def _float16_backward_on_cuda(
 
 
 def _call_sdpa(name, q, k, v, problem, is_causal, mask=None):
-    kernels = _KERNELS[name]
-    if kernels is None and mask is not None and _float16_backward_on_cuda(q, k, v, problem):
-        kernels = _ALL_BUT_CUDNN
-    q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
+    choice = name
+    if _KERNELS[name] is None and mask is not None and _float16_backward_on_cuda(q, k, v, problem):
+        choice = _WITHOUT_CUDNN
     if torch.compiler.is_compiling():  # a traced graph has no warnings to record
-        return _sdpa(q, k, v, problem.scale, is_causal, kernels, mask)
+        return _sdpa(choice, q, k, v, problem.scale, is_causal, mask)
+    q, k, v = _for_fused_kernels(q, k, v)
     # The mask, if any, follows from the problem (its window), so it needs no place in the key.
-    key = (name, problem, is_causal, kernels)
+    key = (name, problem, is_causal, choice)
     if key in _ACCEPTED:
         try:
-            return _sdpa(q, k, v, problem.scale, is_causal, kernels, mask)
+            return _sdpa(choice, q, k, v, problem.scale, is_causal, mask)
         except RuntimeError as err:  # the same shapes in another layout: gather the reasons
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 with contextlib.suppress(RuntimeError):
-                    _sdpa(q, k, v, problem.scale, is_causal, kernels, mask)
+                    _sdpa(choice, q, k, v, problem.scale, is_causal, mask)
             raise _declined(name, problem, err, caught) from err
     # PyTorch gives its reasons for declining only as warnings.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            out = _sdpa(q, k, v, problem.scale, is_causal, kernels, mask)
+            out = _sdpa(choice, q, k, v, problem.scale, is_causal, mask)
         except RuntimeError as err:
             raise _declined(name, problem, err, caught) from err
     if len(_ACCEPTED) >= 4096:
@@ -260,23 +277,17 @@ def sdpa_attention(
 ) -> torch.Tensor:
     """SDPA with attnkit's bottom-right causal convention; shapes as in :func:`attnkit.attention`."""
     if (
-        SDPA_BACKENDS[name] == SDPBackend.CUDNN_ATTENTION
-        and _takes_mask(name, problem)
+        SDPA_BACKENDS[name] is SDPBackend.CUDNN_ATTENTION  # `is`: no pybind comparison per call
         and _float16_backward_on_cuda(q, k, v, problem)
+        and _takes_mask(name, problem)
     ):
         raise UnsupportedProblemError(
             f"backend {name!r} does not support {problem.describe()} with gradients: cuDNN's "
             "backward with an attention mask (a window, or causal with 1 < N < M) returned NaN dq "
             "in float16 (H100, torch 2.11); use bfloat16, sdpa-efficient, or no gradients"
         )
-    if problem.scale < 0:
-        k, problem = -k, dataclasses.replace(problem, scale=-problem.scale)
-    if _zero_scale(problem.scale, problem.dtype):
-        q, problem = q * 0.0, dataclasses.replace(problem, scale=1.0)
-    elif problem.scale < _SMALLEST_KERNEL_SCALE and problem.dtype in (torch.bfloat16, torch.float32):
-        # |s| = m 2^e with m in [0.5, 1): s 2^shift lands in [2^-65, 2^-64).
-        shift = -64 - math.frexp(problem.scale)[1]
-        q, problem = q * 2.0**-shift, dataclasses.replace(problem, scale=problem.scale * 2.0**shift)
+    if problem.scale < _SMALLEST_KERNEL_SCALE:  # else no kernel needs a translated scale
+        q, k, problem = _kernel_scale(q, k, problem)
     if problem.has_window:
         return _masked_attention(name, q, k, v, problem)
     if not problem.causal or problem.causal_offset == 0:
@@ -284,7 +295,8 @@ def sdpa_attention(
     if problem.causal_offset > 0:  # N < M
         if problem.q_len == 1:  # the one row sees every key
             return _call_sdpa(name, q, k, v, problem, False)
-        q, k, v = (_aligned_for_fused_kernels(x) for x in (q, k, v))
+        if not torch.compiler.is_compiling():
+            q, k, v = _for_fused_kernels(q, k, v)
         out = lower_right.native_bottom_right(name, SDPA_BACKENDS[name], q, k, v, problem)
         return _masked_attention(name, q, k, v, problem) if out is None else out
     # N > M: the last M rows are a square causal problem; the first N - M see no key and are zero.
@@ -298,6 +310,20 @@ _FLOAT32_ROUNDS_TO_ZERO = 2.0**-150
 #: The smallest scale handed to a kernel for bf16 / fp32 inputs; smaller ones are shifted into q.
 #: Its reciprocal (1.8e19) and its products with any finite score stay normal float32 numbers.
 _SMALLEST_KERNEL_SCALE = 2.0**-64
+
+
+def _kernel_scale(q, k, problem: AttentionProblem):
+    """(q, k, problem) with a scale every kernel computes exactly: negative, zero-rounding and
+    tiny scales translated (module docstring). Only scales below _SMALLEST_KERNEL_SCALE change."""
+    if problem.scale < 0:
+        k, problem = -k, dataclasses.replace(problem, scale=-problem.scale)
+    if _zero_scale(problem.scale, problem.dtype):
+        q, problem = q * 0.0, dataclasses.replace(problem, scale=1.0)
+    elif problem.scale < _SMALLEST_KERNEL_SCALE and problem.dtype in (torch.bfloat16, torch.float32):
+        # |s| = m 2^e with m in [0.5, 1): s 2^shift lands in [2^-65, 2^-64).
+        shift = -64 - math.frexp(problem.scale)[1]
+        q, problem = q * 2.0**-shift, dataclasses.replace(problem, scale=problem.scale * 2.0**shift)
+    return q, k, problem
 
 
 def _zero_scale(scale: float, dtype: torch.dtype) -> bool:

@@ -1,0 +1,156 @@
+"""What an SDPA path adds to PyTorch's own call: for a plain problem, nothing that touches tensors
+(the same aten ops, forward and backward); SDPA's global enable-flags left as the caller set
+them, whether the forced kernel ran or declined; and the fused-kernel layout rule, which decides
+per call on the host whether an operand is copied."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DEVICE, RecordOps
+from torch.nn.attention import sdpa_kernel
+
+import attnkit
+from attnkit import UnsupportedProblemError
+from attnkit.sdpa import SDPA_BACKENDS, _aligned_for_fused_kernels
+
+SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa")]
+FORCED_PATHS = [name for name in SDPA_PATHS if SDPA_BACKENDS[name] is not None]
+#: CUDA's fused kernels take fp16 / bf16 only; the CPU's flash kernel takes fp32.
+DTYPE = torch.float32 if DEVICE.type == "cpu" else torch.bfloat16
+
+
+def _skip_if_unavailable(name: str) -> None:
+    reason = attnkit.unavailable_reason(name, DEVICE)
+    if reason:
+        pytest.skip(reason)
+
+
+def _operands(shape=(1, 2, 8, 16)):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(shape, generator=gen).to(DEVICE, DTYPE).requires_grad_() for _ in range(3)]
+
+
+def _ops_forward_and_backward(run, q, k, v) -> list[str]:
+    recorder = RecordOps()
+    with recorder:
+        out = run(q, k, v)
+        # autograd.grad, not backward: no .grad accumulated, so every call's ops compare alike.
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    return recorder.ops
+
+
+@contextlib.contextmanager
+def _enable_flags_restored():
+    """Yields the current SDPA enable-flags as a reader; puts them back afterwards, so a test
+    that changes them leaves the next test (same xdist worker) the defaults."""
+    names = ("flash", "mem_efficient", "math", "cudnn")
+
+    def read():
+        return {name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")() for name in names}
+
+    saved = read()
+    try:
+        yield read
+    finally:
+        for name, enabled in saved.items():
+            getattr(torch.backends.cuda, f"enable_{name}_sdp")(enabled)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", SDPA_PATHS)
+def test_a_plain_call_runs_exactly_pytorchs_own_ops(name, causal):
+    """N == M, default scale, contiguous operands: the first call (which records PyTorch's
+    warnings) and a repeated one (memoised signature) run the ops of
+    ``F.scaled_dot_product_attention`` with the same kernel forced, forward and backward: the
+    path adds host work only, no copy, no extra op, no autograd node."""
+    _skip_if_unavailable(name)
+    q, k, v = _operands()
+    kernel = SDPA_BACKENDS[name]
+    with sdpa_kernel([kernel]) if kernel is not None else contextlib.nullcontext():
+        raw = _ops_forward_and_backward(
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), q, k, v
+        )
+    for call in ("first", "repeated"):
+        ours = _ops_forward_and_backward(
+            lambda q, k, v: attnkit.attention(q, k, v, causal=causal, backend=name), q, k, v
+        )
+        assert ours == raw, f"{name} ({call} call): attnkit ran {ours}, raw SDPA ran {raw}"
+
+
+@pytest.mark.parametrize("name", FORCED_PATHS)
+def test_forcing_a_kernel_leaves_the_callers_enable_flags(name):
+    """The caller turned PyTorch's choice down to one kernel (not the forced one); a forced call
+    runs its own kernel anyway and leaves the caller's flags as they were."""
+    _skip_if_unavailable(name)
+    q, k, v = _operands()
+    forced = SDPA_BACKENDS[name]
+    others = [kernel for kernel in SDPA_BACKENDS.values() if kernel not in (None, forced)]
+    with _enable_flags_restored() as flags, sdpa_kernel(others[:1]):
+        before = flags()
+        attnkit.attention(q, k, v, causal=True, backend=name).sum().backward()
+        assert flags() == before, f"{name}: enable-flags {before} became {flags()}"
+
+
+@pytest.mark.skipif(
+    DEVICE.type != "cpu", reason="CUDA operands are first copied to a layout the kernels take"
+)
+def test_a_known_signature_in_a_layout_the_kernel_declines_says_why():
+    """The signature ran before (no warnings recorded any more); the same shapes with a strided
+    last dimension are declined by the CPU flash kernel: the error still carries PyTorch's reason,
+    and the enable-flags are restored after the failed call."""
+    q, k, v = _operands()
+    attnkit.attention(q, k, v, causal=True, backend="sdpa-flash")
+    strided_q = torch.randn(1, 2, 8, 32, dtype=DTYPE)[..., ::2]
+    with _enable_flags_restored() as flags:
+        before = flags()
+        with pytest.raises(UnsupportedProblemError, match=r"'sdpa-flash' cannot run .*stride 1"):
+            attnkit.attention(strided_q, k, v, causal=True, backend="sdpa-flash")
+        assert flags() == before, f"enable-flags {before} became {flags()} after the declined call"
+
+
+def _row_major(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def _view(buffer_shape, index=(Ellipsis,), dtype=torch.bfloat16):
+    return torch.arange(torch.Size(buffer_shape).numel(), dtype=dtype).view(buffer_shape)[index]
+
+
+#: (operand, passes untouched). bf16: a 16-byte step is 8 elements. The rule is host arithmetic
+#: on pointers and strides, so CPU tensors pin it; only CUDA calls apply it.
+_LAYOUTS = {
+    "contiguous": (_view((1, 2, 8, 64)), True),
+    "head-dim slice of wider rows": (_view((1, 2, 8, 128), (Ellipsis, slice(0, 64))), True),
+    "row stride not a 16-byte multiple": (_view((1, 2, 8, 68), (Ellipsis, slice(0, 64))), False),
+    # is_contiguous() ignores size-1 dimensions; the efficient backward does not.
+    "odd stride in a size-1 dimension": (_view((64,)).as_strided((1, 1, 1, 16), (38, 38, 38, 1)), False),
+    "expanded batch (zero stride)": (_view((1, 2, 8, 64)).expand(3, 2, 8, 64), False),
+    "data pointer off a 16-byte boundary": (
+        _view((1 * 2 * 8 * 64 + 1,), (slice(1, None),)).view(1, 2, 8, 64),
+        False,
+    ),
+    "transposed last dimension": (_view((1, 2, 64, 8)).transpose(-1, -2), False),
+    "rows shorter than 16 bytes": (_view((1, 2, 8, 6), (Ellipsis, slice(0, 3))), False),
+}
+
+
+@pytest.mark.parametrize(("x", "passes"), list(_LAYOUTS.values()), ids=list(_LAYOUTS))
+def test_fused_kernel_layout_rule(x, passes):
+    """An operand goes to CUDA's fused kernels as it is only when its data pointer, every
+    non-last stride (size-1 dimensions' included, none zero) and its rows are whole 16-byte
+    steps and its last stride is 1; otherwise it is copied to row-major strides, same values."""
+    out = _aligned_for_fused_kernels(x)
+    if passes:
+        assert out is x, f"{tuple(x.shape)} with strides {x.stride()} was copied"
+        return
+    assert out is not x, f"{tuple(x.shape)} with strides {x.stride()} went to the kernels as it is"
+    assert out.stride() == _row_major(x.shape), f"copy has strides {out.stride()}, not row-major"
+    assert torch.equal(out, x), "the copy's values differ from the operand's"
