@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 from conftest import RecordOps
-from strategies import Problem
+from test_equivalence import EDGE_CASES
 
 from attnkit import BackendUnavailableError, MultiHeadAttention, attention
 
@@ -148,17 +148,10 @@ def test_module_rejects_bad_head_configuration(kwargs, message):
         MultiHeadAttention(**kwargs)
 
 
-#: The thorough profile's H100 case (torch 2.11): a one-key window over 64 keys, 66 float16
-#: queries with large logits (|q| ~ 30); cuDNN's backward returned NaN in dq, every time.
-CUDNN_MASKED_FLOAT16 = Problem(
-    batch=1, q_heads=1, kv_heads=1, q_len=66, kv_len=64, head_dim=16, value_dim=16, causal=False,
-    dtype=torch.float16, scale=None, q_layout="contiguous", kv_layout="contiguous", magnitude="large",
-    seed=0, window=(0, 0),
-)  # fmt: skip
-
-
 def _cudnn_masked_float16_case():
-    q, k, v, grad_out = CUDNN_MASKED_FLOAT16.tensors("cuda")
+    """The thorough profile's H100 case (torch 2.11): a one-key window over 64 keys, 66 float16
+    queries with large logits (|q| ~ 30); cuDNN's backward returned NaN in dq, every time."""
+    q, k, v, grad_out = EDGE_CASES["window-one-key-fp16-large-logits"].tensors("cuda")
     return (*(x.requires_grad_() for x in (q, k, v)), grad_out)
 
 
