@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 from conftest import RecordOps
-from test_equivalence import EDGE_CASES
+from strategies import CUDNN_MASKED_FLOAT16
 
 from attnkit import BackendUnavailableError, MultiHeadAttention, attention
 
@@ -149,9 +149,7 @@ def test_module_rejects_bad_head_configuration(kwargs, message):
 
 
 def _cudnn_masked_float16_case():
-    """The thorough profile's H100 case (torch 2.11): a one-key window over 64 keys, 66 float16
-    queries with large logits (|q| ~ 30); cuDNN's backward returned NaN in dq, every time."""
-    q, k, v, grad_out = EDGE_CASES["window-one-key-fp16-large-logits"].tensors("cuda")
+    q, k, v, grad_out = CUDNN_MASKED_FLOAT16.tensors("cuda")
     return (*(x.requires_grad_() for x in (q, k, v)), grad_out)
 
 
