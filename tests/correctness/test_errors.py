@@ -157,17 +157,25 @@ def _cudnn_masked_float16_case():
 @pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.backends.cudnn.is_available()), reason="needs CUDA and cuDNN"
 )
-def test_cudnn_declines_its_masked_float16_backward_before_any_compute():
+@pytest.mark.parametrize(
+    ("rows", "mask"),
+    [(slice(None), {"window": (0, 0)}), (slice(0, 32), {"causal": True})],
+    ids=["window", "causal-n-lt-m"],
+)
+def test_cudnn_declines_its_masked_float16_backward_before_any_compute(rows, mask):
+    """Both ways a mask reaches cuDNN: a window, and bottom-right causal with 1 < N < M (32
+    queries against 64 keys), which cuDNN has no mode of its own for."""
     q, k, v, _ = _cudnn_masked_float16_case()
+    q = q[:, :, rows]
     recorder = RecordOps()
     with (
         recorder,
         pytest.raises(NotImplementedError, match=r"'sdpa-cudnn'.*with gradients.*NaN dq in float16"),
     ):
-        attention(q, k, v, window=(0, 0), backend="sdpa-cudnn")
+        attention(q, k, v, **mask, backend="sdpa-cudnn")
     assert recorder.ops == [], f"ops ran before the error: {recorder.ops}"
-    with torch.no_grad():  # the forward alone was right: no gradients, no decline
-        assert torch.isfinite(attention(q, k, v, window=(0, 0), backend="sdpa-cudnn")).all()
+    with torch.no_grad():  # no gradients: no decline (the forward was right on the H100)
+        assert torch.isfinite(attention(q, k, v, **mask, backend="sdpa-cudnn")).all()
 
 
 @pytest.mark.gpu
