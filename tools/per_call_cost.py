@@ -8,7 +8,8 @@ For each path and size, forward and forward+backward, three figures per call:
   program sees (max of host and GPU time, roughly);
 * ``gpu_us``: the summed device time of the kernels one call launches (torch.profiler).
 
-Sizes: the issue's small problem, two larger ones, and one decode step (B8 Hq32 Hkv8, one query
+Sizes: a tiny one (host cost alone, also on the CPU), the issue's small problem, two larger
+ones, and one decode step (B8 Hq32 Hkv8, one query
 against 4096 keys: the Triton path runs it split-KV, two kernels; forward only). Causal is
 bottom-right; the raw rows pass ``is_causal`` only where N == M (for one query, bottom-right
 causal masks nothing, and PyTorch's ``is_causal`` is top-left) and ``enable_gqa`` for Hq != Hkv.
@@ -39,6 +40,9 @@ import attnkit
 from attnkit import attention
 
 SIZES = {  # name: (B, Hq, Hkv, N, M, D), causal, bf16
+    # Host cost alone on any device: on the CPU even N=128 takes the kernels hundreds of
+    # microseconds, which buries attnkit's own few (``--device cpu --sizes B1-H1-N8-D16``).
+    "B1-H1-N8-D16": (1, 1, 1, 8, 8, 16),
     "B1-H8-N128-D64": (1, 8, 8, 128, 128, 64),
     "B4-H16-N1024-D128": (4, 16, 16, 1024, 1024, 128),
     "B16-H16-N1024-D128": (16, 16, 16, 1024, 1024, 128),
@@ -185,7 +189,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed loops per row (the minimum is kept)")
     parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated subset of {list(SIZES)}")
     parser.add_argument(
-        "--device", default="cuda", help="cuda (the measurement); cpu only smoke-tests the script"
+        "--device",
+        default="cuda",
+        help="cuda (the measurement); on cpu only B1-H1-N8-D16 shows host cost (kernels dominate the rest)",
     )
     args = parser.parse_args()
     device = torch.device(args.device)
