@@ -9,10 +9,10 @@ For each path and size, forward and forward+backward, three figures per call:
 * ``gpu_us``: the summed device time of the kernels one call launches (torch.profiler).
 
 Sizes: a tiny one (host cost alone, also on the CPU), the issue's small problem, two larger
-ones, and one decode step (B8 Hq32 Hkv8, one query
-against 4096 keys: the Triton path runs it split-KV, two kernels; forward only). Causal is
-bottom-right; the raw rows pass ``is_causal`` only where N == M (for one query, bottom-right
-causal masks nothing, and PyTorch's ``is_causal`` is top-left) and ``enable_gqa`` for Hq != Hkv.
+ones, and one decode step (B8 Hq32 Hkv8, one query against 4096 keys: the Triton path runs it
+split-KV, two kernels; forward only). Causal is bottom-right; the raw rows pass ``is_causal``
+only where N == M (for one query, bottom-right causal masks nothing, and PyTorch's ``is_causal``
+is top-left) and ``enable_gqa`` for Hq != Hkv.
 
 Rows: ``triton``, each ``sdpa-*``, ``tiled`` (smallest size only), ``raw-sdpa`` (PyTorch picks),
 ``raw-<kernel>`` (the same kernel forced once, outside the loop: what forcing costs attnkit is

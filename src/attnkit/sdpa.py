@@ -219,13 +219,10 @@ def _declined(name, problem, err, caught) -> UnsupportedProblemError:
     )
 
 
-def _takes_mask(name: str, problem: AttentionProblem) -> bool:
-    """Whether :func:`sdpa_attention` hands ``name`` an attention mask for ``problem``: a window,
-    or bottom-right causal with 1 < N < M on a kernel without a bottom-right mode of its own."""
-    if problem.has_window:
-        return True
-    native = SDPA_BACKENDS[name] in (None, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
-    return problem.causal and problem.causal_offset > 0 and problem.q_len > 1 and not native
+def _cudnn_gets_mask(problem: AttentionProblem) -> bool:
+    """Whether :func:`sdpa_attention` hands cuDNN an attention mask for ``problem``: a window, or
+    bottom-right causal with 1 < N < M (cuDNN has no bottom-right mode of its own)."""
+    return problem.has_window or (problem.causal and problem.causal_offset > 0 and problem.q_len > 1)
 
 
 def _float16_backward_on_cuda(
@@ -279,7 +276,7 @@ def sdpa_attention(
     if (
         SDPA_BACKENDS[name] is SDPBackend.CUDNN_ATTENTION  # `is`: no pybind comparison per call
         and _float16_backward_on_cuda(q, k, v, problem)
-        and _takes_mask(name, problem)
+        and _cudnn_gets_mask(problem)
     ):
         raise UnsupportedProblemError(
             f"backend {name!r} does not support {problem.describe()} with gradients: cuDNN's "
