@@ -25,7 +25,7 @@ _UNAVAILABLE = (
 pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"triton on {DEVICE}: {_UNAVAILABLE}")
 
 from attnkit.triton import AttentionConfig, KernelConfig, triton_attention  # noqa: E402
-from attnkit.triton.config import default_config, family_key, padded_dim  # noqa: E402
+from attnkit.triton.config import FP32_TILE_VOLUME, default_config, family_key, padded_dim  # noqa: E402
 from attnkit.triton.launch import LaunchSetup, aligned_copy, attention_forward  # noqa: E402
 
 #: The forward's TMA-descriptor path runs on Hopper and in the interpreter, nowhere else.
@@ -200,6 +200,20 @@ def test_config_table_entry_round_trips_and_rejects_missing_kernels():
         AttentionConfig.from_dict({"fwd": config.as_dict()["fwd"], "dkdv": config.as_dict()["dkdv"]})
     assert family_key(torch.bfloat16, 80, 80, True) == "16bit-d128-causal"
     assert [padded_dim(d) for d in (1, 16, 24, 80, 256)] == [16, 16, 32, 128, 256]
+
+
+@pytest.mark.parametrize("dim", [16, 40, 64, 128, 256])
+def test_float32_default_tiles_keep_the_unrolled_dot_small(dim):
+    """float32 dots unroll into per-thread FMAs whose ptxas time grows with the tile: the
+    default float32 tiles stay under the cap, 16-bit tiles (tensor cores) are not capped."""
+    fp32 = default_config(torch.float32, dim, dim)
+    for name, cfg in fp32.as_dict().items():
+        volume = cfg["block_m"] * cfg["block_n"] * padded_dim(dim)
+        assert volume <= FP32_TILE_VOLUME, f"float32 {name} tiles {cfg} unroll {volume} multiply-adds"
+    bf16 = default_config(torch.bfloat16, dim, dim).fwd
+    assert bf16.block_m * bf16.block_n >= fp32.fwd.block_m * fp32.fwd.block_n
+    if dim >= 40:
+        assert bf16.block_m * bf16.block_n > fp32.fwd.block_m * fp32.fwd.block_n, (bf16, fp32.fwd)
 
 
 @pytest.mark.parametrize(

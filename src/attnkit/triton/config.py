@@ -91,20 +91,34 @@ def table_key(device: torch.device) -> str:
     return gpu_key(device) if device.type == "cuda" else "interpreter"
 
 
+#: float32 inputs run IEEE dots, which Triton lowers to FMAs unrolled in every thread, so the
+#: compile time (ptxas) grows with block_m x block_n x padded dim; 16-bit dots use tensor cores
+#: and do not. tools/compile_time.py (sm_90): the dK/dV kernel of dim 64 compiled in 28 s with
+#: 64 x 64 tiles and in 5 s with 32 x 32, and every new specialisation pays it again.
+FP32_TILE_VOLUME = 32 * 32 * 64
+
+
 def default_config(
     dtype: torch.dtype, head_dim: int, value_dim: int, interpreted: bool = False
 ) -> AttentionConfig:
     """A safe config for any GPU: tiles shrink until one pipeline stage of the largest kernel
-    fits in ~96 KB of shared memory. Under the interpreter, small unequal tiles (32 x 16) make
-    tiny test shapes cross block edges and the causal diagonal in every loop phase."""
+    fits in ~96 KB of shared memory, and float32 tiles until a dot unrolls into at most
+    :data:`FP32_TILE_VOLUME` multiply-adds. Under the interpreter, small unequal tiles (32 x 16)
+    make tiny test shapes cross block edges and the causal diagonal in every loop phase."""
     if interpreted:
         small = KernelConfig(32, 16, 4, 1)
         return AttentionConfig(small, KernelConfig(16, 32, 4, 1), small)
     item = 4 if dtype == torch.float32 else 2
     dim = padded_dim(max(head_dim, value_dim))
     block_m, block_n = 64, 64
-    # The dK/dV pass keeps K, V (block_n rows) and streams Q, dO (block_m rows): ~2 tiles each.
-    while (2 * block_m + 2 * block_n) * dim * item > 96 * 1024 and max(block_m, block_n) > 16:
+
+    def too_large(block_m: int, block_n: int) -> bool:
+        # The dK/dV pass keeps K, V (block_n rows) and streams Q, dO (block_m rows): ~2 tiles each.
+        shared = (2 * block_m + 2 * block_n) * dim * item
+        unrolled = block_m * block_n * dim if dtype == torch.float32 else 0
+        return shared > 96 * 1024 or unrolled > FP32_TILE_VOLUME
+
+    while too_large(block_m, block_n) and max(block_m, block_n) > 16:
         if block_n >= block_m:
             block_n //= 2
         else:
