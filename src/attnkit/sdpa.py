@@ -102,13 +102,13 @@ def sdpa_problem_support(name: str, problem: AttentionProblem) -> str | None:
     return None
 
 
-def _aligned_for_fused_kernels(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (a CUDA tensor), or a contiguous copy if its layout would misalign CUDA fused
-    kernels' loads or broadcast a dimension through a zero stride."""
+def _aligned_for_fused_kernels(x: torch.Tensor, item: int, last_dim: int) -> torch.Tensor:
+    """``x`` (a CUDA tensor of ``item``-byte elements whose last dimension is ``last_dim``: the
+    problem's, so no per-call size queries), or a contiguous copy if its layout would misalign
+    CUDA fused kernels' loads or broadcast a dimension through a zero stride."""
     if x.data_ptr() % 16:
         return _packed(x)
-    item = x.element_size()
-    if (x.shape[-1] * item) % 16:
+    if (last_dim * item) % 16:
         # Rows no layout can align: PyTorch pads the head dim itself; a copy only makes them dense.
         return x.contiguous()
     # Every stride, size-1 dimensions' included: is_contiguous ignores those, the memory-efficient
@@ -123,13 +123,18 @@ def _aligned_for_fused_kernels(x: torch.Tensor) -> torch.Tensor:
     return x if aligned else _packed(x)
 
 
-def _for_fused_kernels(q, k, v):
+def _for_fused_kernels(q, k, v, problem: AttentionProblem):
     """q, k, v laid out for CUDA fused kernels (:func:`_aligned_for_fused_kernels`); CPU tensors
     as they are. Eager only: under torch.compile the tensors are symbolic (no data pointer), and
     Inductor's SDPA lowering enforces the same 16-byte alignment itself."""
     if not q.is_cuda:
         return q, k, v
-    return _aligned_for_fused_kernels(q), _aligned_for_fused_kernels(k), _aligned_for_fused_kernels(v)
+    item = problem.dtype.itemsize
+    return (
+        _aligned_for_fused_kernels(q, item, problem.head_dim),
+        _aligned_for_fused_kernels(k, item, problem.head_dim),
+        _aligned_for_fused_kernels(v, item, problem.value_dim),
+    )
 
 
 def _packed(x: torch.Tensor) -> torch.Tensor:
@@ -244,7 +249,7 @@ def _call_sdpa(name, q, k, v, problem, is_causal, mask=None):
         choice = _WITHOUT_CUDNN
     if torch.compiler.is_compiling():  # a traced graph has no warnings to record
         return _sdpa(choice, q, k, v, problem.scale, is_causal, mask)
-    q, k, v = _for_fused_kernels(q, k, v)
+    q, k, v = _for_fused_kernels(q, k, v, problem)
     # The mask, if any, follows from the problem (its window), so it needs no place in the key.
     key = (name, problem, is_causal, choice)
     if key in _ACCEPTED:
@@ -293,7 +298,7 @@ def sdpa_attention(
         if problem.q_len == 1:  # the one row sees every key
             return _call_sdpa(name, q, k, v, problem, False)
         if not torch.compiler.is_compiling():
-            q, k, v = _for_fused_kernels(q, k, v)
+            q, k, v = _for_fused_kernels(q, k, v, problem)
         out = lower_right.native_bottom_right(name, SDPA_BACKENDS[name], q, k, v, problem)
         return _masked_attention(name, q, k, v, problem) if out is None else out
     # N > M: the last M rows are a square causal problem; the first N - M see no key and are zero.

@@ -147,7 +147,7 @@ def test_fused_kernel_layout_rule(x, passes):
     """An operand goes to CUDA's fused kernels as it is only when its data pointer, every
     non-last stride (size-1 dimensions' included, none zero) and its rows are whole 16-byte
     steps and its last stride is 1; otherwise it is copied to row-major strides, same values."""
-    out = _aligned_for_fused_kernels(x)
+    out = _aligned_for_fused_kernels(x, x.element_size(), x.shape[-1])
     if passes:
         assert out is x, f"{tuple(x.shape)} with strides {x.stride()} was copied"
         return
