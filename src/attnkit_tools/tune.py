@@ -82,7 +82,7 @@ def tune_family(dtype, head_dim, causal, seq_len, log, kernels=tuple(CANDIDATES)
             except Exception as err:  # out of shared memory / registers: not a candidate here
                 timings[kernel][label] = f"failed: {type(err).__name__}"
                 continue
-            wrong = _outside_tolerance_rule(dtype, head_dim, causal, setup.config)
+            wrong = outside_tolerance_rule(dtype, head_dim, causal, setup.config)
             if wrong:
                 timings[kernel][label] = f"wrong: {wrong}"
                 continue
@@ -97,7 +97,7 @@ def tune_family(dtype, head_dim, causal, seq_len, log, kernels=tuple(CANDIDATES)
     return chosen, timings
 
 
-def _outside_tolerance_rule(dtype, head_dim, causal, config: AttentionConfig) -> str:
+def outside_tolerance_rule(dtype, head_dim, causal, config: AttentionConfig) -> str:
     """'' if the kernels with ``config`` pass attnkit.testing's tolerance rule (the one every test
     uses) against the float64 oracle, forward and backward, on a small problem whose lengths
     cross partial blocks (N = 300, M = 333, GQA); else the failed quantities."""
