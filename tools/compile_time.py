@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import tempfile
 import time
 
@@ -33,6 +32,7 @@ from triton.compiler import ASTSource
 from attnkit.triton.backward_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
 from attnkit.triton.config import KernelConfig, default_config, padded_dim
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
+from attnkit_perf.machine import provenance
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: float32 runs IEEE dots, 16-bit inputs tensor-core dots (attnkit.triton.launch._DOT_PRECISION).
@@ -75,23 +75,6 @@ def parse_tiles(text: str) -> KernelConfig:
     return KernelConfig(block_m, block_n, 4, 2)
 
 
-def provenance() -> dict:
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = os.environ.get("ATTNKIT_COMMIT", "unknown")
-    return {
-        "commit": commit,
-        "triton": triton.__version__,
-        "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
@@ -120,7 +103,9 @@ def main() -> None:
                 row = {"dtype": dtype, "dim": dim, "kernel": name, "config": vars(config), "seconds": seconds}
                 rows.append(row)
     with open(args.out, "w") as f:
-        doc = {"arch": args.arch, "causal": args.causal, "provenance": provenance(), "rows": rows}
+        # The compile runs on the host CPU: its model and cores beside the usual provenance.
+        host = {"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
+        doc = {"arch": args.arch, "causal": args.causal, "provenance": {**provenance(), **host}, "rows": rows}
         json.dump(doc, f, indent=1)
     print(f"wrote {args.out}")
 
