@@ -48,6 +48,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnkit
 from attnkit import attention
+from attnkit_perf.machine import provenance
 
 SIZES = {  # name: (B, Hq, Hkv, N, M, D), causal, bf16
     # Host cost alone on any device: on the CPU even N=128 takes the kernels hundreds of
@@ -288,10 +289,8 @@ def main() -> None:
     direct = _direct_launches()
     print(f"Triton kernels launched directly (attnkit.triton.fast_launch): {direct}")
     report = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
+        "provenance": provenance(device),
         "python": platform.python_version(),
-        "commit": _commit(),
         "direct_launches": direct,
         "rows": rows,
         "paired": paired,
@@ -308,17 +307,6 @@ def _direct_launches() -> bool | None:
     except ImportError:
         return None
     return find_runtime() is not None
-
-
-def _commit() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 if __name__ == "__main__":
