@@ -1,8 +1,9 @@
 """Time and peak memory of the tiled path against sdpa-math and naive, forward + backward.
 
 B=1, H=16, D=128, causal, bf16, N = 1K..8K. Time: median of CUDA-event timings of one
-forward+backward step; peak: ``torch.cuda.max_memory_allocated`` beyond the inputs. The issue's
-target: tiled <= 3x sdpa-math at N=4096, and tiled's peak growing ~2x per doubling of N (O(N)).
+forward+backward step; peak: the gate's ``peak_extra_bytes`` (beyond what was live before the
+step). The issue's target: tiled <= 3x sdpa-math at N=4096, and tiled's peak growing ~2x per
+doubling of N (O(N)).
 
 Usage (on a GPU): ``PYTHONPATH=src python tools/tiled_scaling.py --out tiled.json``
 """
@@ -18,6 +19,7 @@ import torch
 from attnkit import attention
 from attnkit.inputs import check_inputs
 from attnkit.tiled import tile_shape
+from attnkit_perf.measure.timing import peak_extra_bytes
 
 BACKENDS = ("tiled", "sdpa-math", "naive")
 
@@ -45,12 +47,8 @@ def measure(backend: str, n: int, repeats: int) -> dict:
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    step()
-    torch.cuda.synchronize()
-    row = {"backend": backend, "n": n, "ms": statistics.median(times), "peak_extra_mb": 0.0}
-    row["peak_extra_mb"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+    peak = peak_extra_bytes(step, torch.device("cuda"))
+    row = {"backend": backend, "n": n, "ms": statistics.median(times), "peak_extra_mb": peak / 2**20}
     if backend == "tiled":
         row["tile"] = tile_shape(check_inputs(*inputs, True, None))
     return row
