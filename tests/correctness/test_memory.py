@@ -86,9 +86,8 @@ GPU_LENGTHS = (1024, 2048, 4096, 8192)
 
 
 def _gpu_peaks(backend: str) -> dict[int, int]:
-    """Peak extra bytes of a training step per N (the gate's own measurement, the largest of three
-    steps), after a warm-up step (allocator pools and lazy initialisation out of the
-    measurement)."""
+    """Peak extra bytes of a training step per N (the gate's own measurement), after a warm-up
+    step (allocator pools and lazy initialisation out of the measurement)."""
     device = torch.device("cuda")
     peaks = {}
     for n in GPU_LENGTHS:
@@ -105,10 +104,10 @@ def _gpu_peaks(backend: str) -> dict[int, int]:
 @pytest.mark.parametrize("backend", ["tiled", "naive"])
 def test_peak_memory_growth_on_gpu(backend, record_property):
     """Measured in a fresh process, so that nothing an earlier test left behind is in the
-    figure. Each N's figure is the largest of three steps: in H100 runs of the whole suite the
-    least of three read 3.04x for the tiled path from N=4096 to 8192, because two of the three
-    N=4096 steps started while the previous step's gradients (96 MiB) were still held by the
-    autograd engine's device thread and freed them midway (see ``peak_extra_bytes``)."""
+    figure, with the gate's ``peak_extra_bytes``. Its simpler predecessor here (one reading per
+    step, the least of three) read 3.04x for the tiled path from N=4096 to 8192 in an H100 run
+    of the whole suite: two of the three N=4096 steps began while the previous step's gradients
+    (96 MiB) were still held by the autograd engine's device thread and freed them midway."""
     script = [sys.executable, __file__, backend]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run(script, capture_output=True, text=True, env=env, check=False)
