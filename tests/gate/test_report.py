@@ -17,7 +17,7 @@ import attnkit_perf.report
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument, summary_line
 from attnkit_perf.measure.cases import BenchCase
-from attnkit_perf.report import markdown
+from attnkit_perf.report import data, markdown, plots
 from attnkit_perf.session import describe
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -257,6 +257,28 @@ def test_plots_are_written_and_linked(tmp_path):
         assert png.startswith(b"\x89PNG") and len(png) > 5_000, f"{name}: {len(png)} bytes"
         assert f"]({name})" in text, f"report.md does not link {name}"
     assert ".png)" not in (out / "summary.md").read_text(), "the job summary cannot show artifact images"
+
+
+def test_windowed_benchmarks_are_reported_and_plotted(tmp_path):
+    """A window is a (left, right) pair that comes back from JSON as a list: the report keys rows
+    and plot slices by shape, so it must read it back as a hashable tuple (an H100 gate run with
+    windowed benchmarks ended in a TypeError here)."""
+    pytest.importorskip("matplotlib")
+    doc = verdict_document(regress=False)
+    windowed = [BenchCase("triton", "fwd", 1, 2, 2, n, 32, True, "fp32", window=(64, 0)) for n in SEQ_LENS]
+    doc.benchmarks.extend(_row(case) for case in windowed)
+    out = tmp_path / "out"
+    written = markdown.write_report(str(_write(tmp_path, doc)), None, out)
+    assert {p.name for p in written} >= {"report.md", "tflops.png"}, written
+    text = (out / "report.md").read_text()
+    for case in windowed:
+        assert "same" in _table_row(text, case.name), _table_row(text, case.name)
+    measured = data.measurements_from_verdict(VerdictDocument.read(tmp_path / "verdict.json"))
+    windows = {m.shape["window"] for m in measured if m.shape.get("window")}
+    assert windows == {(64, 0)}, windows
+    assert plots.slice_label(plots.slice_of(next(m for m in measured if m.shape.get("window")))).endswith(
+        "window (64, 0)"
+    )
 
 
 def test_without_matplotlib_the_plots_are_said_to_be_skipped(tmp_path, monkeypatch):

@@ -15,9 +15,17 @@ from attnkit_perf.decide.verdict import VerdictDocument
 CaseKey = tuple[str, str, tuple[tuple[str, object], ...]]
 
 
+def shape_from_json(shape: dict) -> dict:
+    """A benchmark's shape as read from JSON, with its lists back as tuples: JSON has no tuples, so
+    a window ``(left, right)`` comes back as a list, and the shape is part of hashed keys."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in shape.items()}
+
+
 def case_key(backend: str, pass_name: str, shape: dict) -> CaseKey:
     """Join key of one benchmark; the shape dict may or may not repeat backend and pass."""
-    dims = tuple(sorted((k, v) for k, v in shape.items() if k not in ("backend", "pass_name", "pass")))
+    dims = tuple(
+        sorted((k, v) for k, v in shape_from_json(shape).items() if k not in ("backend", "pass_name", "pass"))
+    )
     return backend, pass_name, dims
 
 
@@ -79,7 +87,7 @@ def load_benchmarks(path: str | Path) -> tuple[RunInfo, list[Measurement]]:
                 name=extra.get("name") or bench["name"],
                 backend=extra["backend"],
                 pass_name=extra["pass"],
-                shape=dict(extra["shape"]),
+                shape=shape_from_json(extra["shape"]),
                 median_ms=statistics.median(bench["stats"]["data"]) * 1e3,
                 tflops=_optional_float(extra.get("tflops")),
                 peak_bytes=_optional_int(extra.get("peak_bytes")),
@@ -96,7 +104,7 @@ def measurements_from_verdict(doc: VerdictDocument) -> list[Measurement]:
             name=row.name,
             backend=row.backend,
             pass_name=row.pass_name,
-            shape=dict(row.shape),
+            shape=shape_from_json(row.shape),
             median_ms=row.head_median_ms,
             tflops=row.tflops,
             peak_bytes=row.head_peak_bytes,

@@ -49,6 +49,8 @@ def slice_label(s: Slice) -> str:
         heads = f"{heads}/{dims['kv_heads']}kv"
     parts = [str(dims.get("dtype", "")), f"D={dims.get('head_dim')}", f"H={heads}"]
     parts.append("causal" if dims.get("causal") else "full")
+    if dims.get("window"):
+        parts.append("window ({}, {})".format(*dims["window"]))
     return " ".join(p for p in parts if p)
 
 
