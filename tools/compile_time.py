@@ -24,7 +24,6 @@ import time
 # A fresh cache: a compile found in a warm one would take no time.
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnkit-compile-time-")
 
-import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -33,8 +32,8 @@ from attnkit.triton.backward_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_
 from attnkit.triton.config import KernelConfig, default_config, padded_dim
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
 from attnkit_perf.machine import provenance
+from attnkit_perf.measure.cases import DTYPES
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: float32 runs IEEE dots, 16-bit inputs tensor-core dots (attnkit.triton.launch._DOT_PRECISION).
 PRECISION = {"fp32": "ieee", "bf16": "tf32", "fp16": "tf32"}
 KERNELS = {"fwd": _attn_fwd_kernel, "dkdv": _attn_bwd_dkdv_kernel, "dq": _attn_bwd_dq_kernel}

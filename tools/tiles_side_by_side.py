@@ -32,10 +32,9 @@ from attnkit.triton.launch import (
     bwd_preprocess,
 )
 from attnkit_perf.machine import provenance
+from attnkit_perf.measure.cases import DTYPES
 from attnkit_perf.measure.timing import median_time_s
 from attnkit_tools.tune import outside_tolerance_rule
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int]:
