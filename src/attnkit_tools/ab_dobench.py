@@ -51,15 +51,19 @@ def _run_side(src: Path, names: list[str]) -> dict:
 
     env = dict(os.environ)
     perf_parent = str(Path(attnkit_perf.__file__).resolve().parent.parent)
-    # The side's src first (its attnkit), then this tree for attnkit_perf and attnkit_tools.
-    env["PYTHONPATH"] = os.pathsep.join([str(src), perf_parent])
+    # The side's src first (its attnkit), then this tree for attnkit_perf and attnkit_tools, then
+    # the caller's own path (site folders holding this tool's needs, such as jsonschema).
+    inherited = [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
+    env["PYTHONPATH"] = os.pathsep.join([str(src), perf_parent, *inherited])
     out = subprocess.run(
         [sys.executable, "-m", "attnkit_tools.ab_dobench", "--side", *names],
         env=env,
         capture_output=True,
         text=True,
-        check=True,
     )
+    if out.returncode != 0:
+        tail = "\n".join(out.stderr.strip().splitlines()[-15:])
+        raise SystemExit(f"the side at {src} failed (status {out.returncode}):\n{tail}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
