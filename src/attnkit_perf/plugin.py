@@ -38,7 +38,12 @@ _TUNABLE = (
     ("run_alpha", float, gate.Thresholds.run_alpha, "false-alarm probability allowed per run"),
     ("memory_rel", float, gate.Thresholds.memory_rel, "fail when peak memory grows by > this fraction"),
     ("memory_abs_mib", float, gate.Thresholds.memory_abs_bytes / gate.MIB, "...and by > this many MiB"),
-    ("noise_k", float, gate.Thresholds.noise_k, "A/A standard deviations a benchmark's threshold clears"),
+    (
+        "noise_k",
+        float,
+        None,
+        "A/A standard deviations a benchmark's threshold clears (default: from its alpha, see gate.noise_z)",
+    ),
     ("budget_s", float, None, "measuring time per benchmark (paired: per side pair of blocks, seconds)"),
     (
         "worker_timeout_s",

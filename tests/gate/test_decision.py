@@ -267,22 +267,55 @@ def test_the_per_benchmark_alpha_decides():
 
 
 def test_benchmark_threshold_from_aa_noise():
-    # A/A log-ratio sd of 1.5%: 4 sd is 6.2%, over the 2% practical threshold
+    # A/A log-ratio sd of 1.5%: 2.34 sd (106 benchmarks, confirmed) is 3.6%, over the 2% floor
     rng = np.random.default_rng(12)
     aa_ratios = np.exp(rng.normal(0.0, 0.015, 10))
     sd = float(np.std(np.log(aa_ratios), ddof=1))
-    assert gate.benchmark_threshold(T, sd) == pytest.approx(math.expm1(T.noise_k * sd)), f"sd {sd}"
-    assert gate.benchmark_threshold(T, sd) > T.slower, f"sd {sd}: A/A noise must raise the threshold"
-    assert gate.benchmark_threshold(T, 0.001) == T.slower, "a quiet benchmark keeps the practical threshold"
+    k = gate.noise_z(ALPHA, confirmed=True)
+    assert gate.benchmark_threshold(T, sd, ALPHA, True) == pytest.approx(math.expm1(k * sd)), f"sd {sd}"
+    assert gate.benchmark_threshold(T, sd, ALPHA, True) > T.slower, f"sd {sd}: A/A noise must raise it"
+    assert gate.benchmark_threshold(T, sd, ALPHA, False) > gate.benchmark_threshold(T, sd, ALPHA, True), (
+        "without a confirming measurement one draw must clear it alone: a larger multiple"
+    )
+    assert gate.benchmark_threshold(T, 0.001, ALPHA, True) == T.slower, "a quiet benchmark keeps the floor"
     for missing in (None, math.nan, math.inf):
-        assert gate.benchmark_threshold(T, missing) == T.slower, f"noise {missing}"
+        assert gate.benchmark_threshold(T, missing, ALPHA, True) == T.slower, f"noise {missing}"
+    fixed = gate.Thresholds(noise_k=4.0)
+    assert gate.benchmark_threshold(fixed, sd, ALPHA, True) == pytest.approx(math.expm1(4.0 * sd)), (
+        "an explicit --attnkit-noise-k wins over the derived multiple"
+    )
     # the A/A-derived threshold is what a slowdown must clear
-    noisy = gate.decide_paired(
-        *paired_blocks(rng, 32, 1.04, block_sd=0.004), T, ALPHA, gate.benchmark_threshold(T, sd)
-    )
-    assert noisy.outcome != "slower", (
-        f"4% under a {gate.benchmark_threshold(T, sd):.1%} threshold: {noisy.reason}"
-    )
+    threshold = gate.benchmark_threshold(T, sd, ALPHA, True)
+    noisy = gate.decide_paired(*paired_blocks(rng, 32, 1.025, block_sd=0.004), T, ALPHA, threshold)
+    assert noisy.outcome != "slower", f"2.5% under a {threshold:.1%} threshold: {noisy.reason}"
+
+
+def test_noise_z_is_the_normal_quantile_of_the_benchmarks_alpha():
+    """One draw beyond z sd has probability P(Z > z); a confirmed slowdown needs two."""
+    alpha = gate.per_benchmark_alpha(T, 106)
+    assert gate.noise_z(alpha, confirmed=False) == pytest.approx(stats.norm.isf(alpha))
+    assert gate.noise_z(alpha, confirmed=True) == pytest.approx(stats.norm.isf(math.sqrt(alpha)))
+    assert stats.norm.sf(gate.noise_z(alpha, True)) ** 2 == pytest.approx(alpha), "two draws at alpha"
+    assert round(gate.noise_z(alpha, True), 2) == 2.34 and round(gate.noise_z(alpha, False), 2) == 3.73
+
+
+def test_thresholds_from_aa_noise_silence_benchmarks_that_move_between_processes():
+    """Benchmarks whose worker processes differ by 3% (sd; host-bound ones moved by 2-9% between
+    A/A runs on the H100): at the 2% floor even confirmed measurements raise false alarms; held to
+    the threshold their own A/A noise gives (sd of 10 A/A measurements, k = noise_z), none in a
+    run of them, and a slowdown well beyond that noise still fails."""
+    rng = np.random.default_rng(41)
+    process_sd = 0.03
+    aa = [_measure_paired(rng, 1.0, process_sd).ratio for _ in range(10)]
+    sd = float(np.std(np.log(aa), ddof=1))
+    threshold = gate.benchmark_threshold(T, sd, ALPHA, confirmed=True)
+    floor = _simulate_paired(1.0, RUN_BENCHMARKS, 42, process_sd)
+    guarded = _simulate_paired(1.0, RUN_BENCHMARKS, 42, process_sd, threshold=threshold)
+    assert floor.count("slower") > 0, "3% process offsets must fail some benchmarks at the 2% floor"
+    alarms = guarded.count("slower")
+    assert alarms == 0, f"{alarms} alarms at the A/A threshold {threshold:.1%}"
+    slow = _simulate_paired(1.0 + 3 * threshold, 50, 43, process_sd, threshold=threshold)
+    assert slow.count("slower") >= 45, f"x{1 + 3 * threshold:.3f}: {slow.count('slower')} of 50 caught"
 
 
 # --- the statistics against independent computations ----------------------------------------
@@ -358,29 +391,34 @@ def test_sample_problem_accepts_real_samples():
 # --- simulated runs: false alarms and detection ---------------------------------------------
 
 
-def _measure_paired(rng, ratio: float, process_sd: float) -> gate.Decision:
+def _measure_paired(rng, ratio: float, process_sd: float, threshold: float = T.slower) -> gate.Decision:
     """One paired measurement as the session runs it on one set of worker processes:
     ``min_pairs``, then ``step_pairs`` more while inconclusive, up to ``max_pairs``."""
     effort = PairedSettings()
     base, head = paired_blocks(rng, effort.max_pairs, ratio, process_sd=process_sd)
     for pairs in range(effort.min_pairs, effort.max_pairs + 1, effort.step_pairs):
-        d = gate.decide_paired(base[:pairs], head[:pairs], T, ALPHA, T.slower)
+        d = gate.decide_paired(base[:pairs], head[:pairs], T, ALPHA, threshold)
         if d.settled:
             break
     return d
 
 
 def _simulate_paired(
-    ratio: float, benchmarks: int, seed: int, process_sd: float = 0.003, confirm: bool = True
+    ratio: float,
+    benchmarks: int,
+    seed: int,
+    process_sd: float = 0.003,
+    confirm: bool = True,
+    threshold: float = T.slower,
 ) -> list[str]:
     """Outcomes of ``benchmarks`` paired benchmarks as the session decides them: a slower one is
     measured again on fresh processes (new offsets) and stays slower only if that agrees."""
     rng = np.random.default_rng(seed)
     outcomes = []
     for _ in range(benchmarks):
-        d = _measure_paired(rng, ratio, process_sd)
+        d = _measure_paired(rng, ratio, process_sd, threshold)
         if confirm and d.outcome == "slower":
-            d = gate.confirm_slowdown(d, _measure_paired(rng, ratio, process_sd))
+            d = gate.confirm_slowdown(d, _measure_paired(rng, ratio, process_sd, threshold))
         outcomes.append(d.outcome)
     return outcomes
 

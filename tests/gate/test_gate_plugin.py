@@ -593,3 +593,17 @@ def test_paired_mode_rewrites_the_verdict_after_each_benchmark(tmp_path):
         )
     assert [r.name for r in session.rows] == ["fwd[x]"], session.rows
     assert written == [(str(path), 1)], written
+
+
+@pytest.mark.parametrize(
+    ("base_fraction", "head_fraction", "host_bound"),
+    [(0.2, 0.9, False), (0.9, 0.2, True), (None, 0.9, True), (None, None, False)],
+)
+def test_the_base_classifies_a_paired_benchmark_as_host_bound(base_fraction, head_fraction, host_bound):
+    """A change that adds host work to a GPU-bound benchmark must not hold itself to the loose
+    host-bound threshold: the base's host fraction decides (the head's only for a new case)."""
+    from attnkit_perf.measure.paired import SideResult
+    from attnkit_perf.session import _host_bound
+
+    base, head = SideResult(host_fraction=base_fraction), SideResult(host_fraction=head_fraction)
+    assert _host_bound(base, head) is host_bound, f"base {base_fraction}, head {head_fraction}"

@@ -39,6 +39,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from scipy.stats import norm
+
 from attnkit_perf.decide.stats import (
     bootstrap_ratio_ci,
     mann_whitney_greater,
@@ -62,18 +64,20 @@ class Thresholds:
     ``slower``: practical threshold (a fraction); a benchmark's own threshold may be larger
     (A/A noise). ``run_alpha``: the false-alarm probability allowed for a whole run, split
     evenly over its benchmarks (Bonferroni). ``noise_k``: how many A/A standard deviations a
-    benchmark's threshold must clear.
+    benchmark's threshold must clear; None (the default) derives it from the benchmark's alpha
+    (:func:`noise_z`).
     """
 
     slower: float = 0.02
     run_alpha: float = 0.01
     memory_rel: float = 0.01
     memory_abs_bytes: int = MIB
-    noise_k: float = 4.0
+    noise_k: float | None = None
     fail_on_inconclusive: bool = False
     #: Host-bound benchmarks (the Python layer and launches set their time) moved by tens of
-    #: percent between worker processes in A/A runs on the H100: without an A/A noise file they
-    #: are held to at least this, so they guard against gross per-call regressions only.
+    #: percent between worker processes in A/A runs on the H100: in paired mode they are held to at
+    #: least this (an A/A noise file may raise it), so they guard against gross per-call
+    #: regressions only.
     host_bound_slower: float = 0.25
 
     #: Stored-mode default: GPU-bound kernels differed by up to 6% between two fresh H100s in one
@@ -86,11 +90,26 @@ def per_benchmark_alpha(t: Thresholds, benchmarks: int) -> float:
     return t.run_alpha / max(1, benchmarks)
 
 
-def benchmark_threshold(t: Thresholds, noise_sd: float | None) -> float:
-    """``max(practical, noise_k x A/A standard deviation of the log ratio)``, as a fraction."""
+def noise_z(alpha: float, confirmed: bool) -> float:
+    """A/A standard deviations a benchmark's threshold must clear for noise alone to fail it with
+    probability at most ``alpha``.
+
+    An A/A run's log ratio moves by about ``sd`` between measurements (process offsets the pairs
+    cannot see). With threshold ``z x sd`` one measurement exceeds it with probability
+    ``P(Z > z)``. A paired slowdown fails only when a second measurement on fresh processes
+    (``confirmed``) exceeds it too: two independent draws, ``P(Z > z)^2 <= alpha``, so
+    ``z = isf(sqrt(alpha))``; without that confirmation ``z = isf(alpha)``. For 106 benchmarks
+    at a run alpha of 0.01 that is 2.34 and 3.73."""
+    return float(norm.isf(math.sqrt(alpha) if confirmed else alpha))
+
+
+def benchmark_threshold(t: Thresholds, noise_sd: float | None, alpha: float, confirmed: bool) -> float:
+    """``max(practical, k x A/A standard deviation of the log ratio)``, as a fraction; ``k`` is
+    ``t.noise_k`` when set, else :func:`noise_z` of the benchmark's ``alpha``."""
     if noise_sd is None or not math.isfinite(noise_sd):
         return t.slower
-    return max(t.slower, math.expm1(t.noise_k * noise_sd))
+    k = t.noise_k if t.noise_k is not None else noise_z(alpha, confirmed)
+    return max(t.slower, math.expm1(k * noise_sd))
 
 
 def memory_grew(base_peak: int | None, head_peak: int | None, t: Thresholds) -> bool:

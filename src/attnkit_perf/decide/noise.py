@@ -5,7 +5,8 @@ verdicts of N runs of the gate on unchanged code (paired mode with the base equa
 or stored mode against the committed baseline) and writes, per benchmark, the ratios seen and
 the standard deviation of their logarithm (format ``attnkit-perf-noise/1``, schema
 ``schemas/noise.schema.json``). The gate then holds each benchmark to
-``max(practical threshold, noise_k x sd)`` (:func:`attnkit_perf.decide.gate.benchmark_threshold`)
+``max(practical threshold, k x sd)``, ``k`` from the benchmark's share of the false-alarm budget
+(:func:`attnkit_perf.decide.gate.benchmark_threshold`, :func:`attnkit_perf.decide.gate.noise_z`)
 and lists the benchmarks whose noise keeps them from being guarded at the practical threshold.
 ``.ci/aa-noise.sh`` runs the whole procedure.
 """
