@@ -31,11 +31,10 @@ from triton.compiler import ASTSource
 from attnkit.triton.backward_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
 from attnkit.triton.config import KernelConfig, default_config, padded_dim
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
+from attnkit.triton.launch import _DOT_PRECISION
 from attnkit_perf.machine import provenance
 from attnkit_perf.measure.cases import DTYPES
 
-#: float32 runs IEEE dots, 16-bit inputs tensor-core dots (attnkit.triton.launch._DOT_PRECISION).
-PRECISION = {"fp32": "ieee", "bf16": "tf32", "fp16": "tf32"}
 KERNELS = {"fwd": _attn_fwd_kernel, "dkdv": _attn_bwd_dkdv_kernel, "dq": _attn_bwd_dq_kernel}
 #: Pointer arguments that always hold float32 (the log-sum-exp and the backward's row sums).
 FLOAT32_POINTERS = {"LSE", "DELTA"}
@@ -92,7 +91,7 @@ def main() -> None:
             configs = default_config(DTYPES[dtype], dim, dim)
             constants = dict(
                 HEAD_DIM=dim, HEAD_PAD=padded_dim(dim), VALUE_DIM=dim, VALUE_PAD=padded_dim(dim),
-                CAUSAL=args.causal, WINDOW=False, DOT_PRECISION=PRECISION[dtype],
+                CAUSAL=args.causal, WINDOW=False, DOT_PRECISION=_DOT_PRECISION[DTYPES[dtype]],
             )  # fmt: skip
             for name, kernel in KERNELS.items():
                 config = parse_tiles(args.tiles) if args.tiles else getattr(configs, name)

@@ -43,11 +43,11 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy import stats
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnkit
 from attnkit import attention
+from attnkit_perf.decide.stats import median_interval
 from attnkit_perf.machine import provenance
 
 SIZES = {  # name: (B, Hq, Hkv, N, M, D), causal, bf16
@@ -203,11 +203,8 @@ def _paired(path, raw, calls: int, pairs: int, device: torch.device) -> dict:
     a, b = np.array(a), np.array(b)
     result = {"path_us": a.tolist(), "raw_us": b.tolist()}
     for name, values in (("extra_us", a - b), ("ratio", a / b)):
-        interval = stats.bootstrap(
-            (values,), np.median, confidence_level=0.95, n_resamples=2000, method="percentile",
-            random_state=np.random.default_rng(0),
-        ).confidence_interval  # fmt: skip
-        result[name] = {"median": float(np.median(values)), "low": interval.low, "high": interval.high}
+        low, high = median_interval(values, confidence=0.95)
+        result[name] = {"median": float(np.median(values)), "low": low, "high": high}
     return result
 
 

@@ -55,8 +55,6 @@ def bootstrap_ratio_ci(reference, sample, confidence: float = 0.99, seed: int = 
     def ratio_of_medians(ref, new, axis=-1):
         return np.median(new, axis=axis) / np.median(ref, axis=axis)
 
-    # scipy >= 1.15 names the generator ``rng``; older releases ``random_state``.
-    seed_arg = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
     result = stats.bootstrap(
         (np.asarray(reference, float), np.asarray(sample, float)),
         ratio_of_medians,
@@ -64,9 +62,29 @@ def bootstrap_ratio_ci(reference, sample, confidence: float = 0.99, seed: int = 
         n_resamples=999,
         method="percentile",
         vectorized=True,
-        **{seed_arg: np.random.default_rng(seed)},
+        **_generator(seed),
     )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def median_interval(values, confidence: float, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the median of ``values`` (2000 resamples)."""
+    interval = stats.bootstrap(
+        (np.asarray(values, dtype=float),),
+        np.median,
+        confidence_level=confidence,
+        n_resamples=2000,
+        method="percentile",
+        **_generator(seed),
+    ).confidence_interval
+    return float(interval.low), float(interval.high)
+
+
+def _generator(seed: int) -> dict:
+    """``stats.bootstrap``'s seeded generator argument: scipy >= 1.15 names it ``rng``, older
+    releases ``random_state``."""
+    name = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
+    return {name: np.random.default_rng(seed)}
 
 
 def median(values) -> float:
@@ -104,16 +122,7 @@ def paired_ratio(base_blocks, head_blocks, confidence: float = 0.99, seed: int =
     if np.ptp(logs) == 0:
         low = high = centre
     else:
-        seed_arg = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
-        interval = stats.bootstrap(
-            (logs,),
-            np.median,
-            confidence_level=confidence,
-            n_resamples=2000,
-            method="percentile",
-            **{seed_arg: np.random.default_rng(seed)},
-        ).confidence_interval
-        low, high = float(interval.low), float(interval.high)
+        low, high = median_interval(logs, confidence, seed)
     if np.any(logs != 0):
         p_slower = float(stats.wilcoxon(logs, alternative="greater").pvalue)
         p_faster = float(stats.wilcoxon(logs, alternative="less").pvalue)
