@@ -291,6 +291,10 @@ class PerfSession:
                 decision = gate.confirm_slowdown(decision, decide(again))
                 base, head = again["base"], again["head"]
         decision.extra["seconds"] = {step: round(s, 3) for step, s in seconds.items()}
+        decision.extra["host_fraction"] = {
+            side: None if r.host_fraction is None else round(r.host_fraction, 3)
+            for side, r in (("base", base), ("head", head))
+        }
         row = BenchmarkVerdict.from_decision(
             describe(case),
             decision,
@@ -501,12 +505,17 @@ class PerfSession:
 
 
 def _fraction(base: SideResult, head: SideResult) -> float | None:
-    """The host fraction that classifies a paired benchmark: the base's, the code under review
-    being the head. Taken from the head, a change that adds host work to a GPU-bound benchmark
-    would make it host-bound and so hold itself to the loose host-bound threshold (measured on
-    the H100: zero-filled outputs slowed fwd[triton-bf16-B16-H16-N1024-D128-causal] by x1.10
-    and, classified by the head, passed as host-bound). The head's only for a benchmark new to it."""
-    return base.host_fraction if base.host_fraction is not None else head.host_fraction
+    """The host fraction that classifies a paired benchmark: the smaller of the two sides' (the
+    other side's where one has none, as for a benchmark new to the head). Host-bound means the
+    host sets the time of *both* codes. Near the 0.5 boundary the 5-call fraction flips between
+    processes (on the H100, fwd[triton-bf16-B16-H16-N1024-D128-causal], GPU 213 us per call,
+    read host-bound in 1 of 9 A/A runs), so one side alone lets a slowdown hide behind the loose
+    host-bound threshold: zero-filled outputs slowed that forward by x1.10 and passed as
+    host-bound twice, classified by the head once and by the base once. A slowdown of the GPU's
+    work lowers the head's fraction; a host-only slowdown of a GPU-bound benchmark raises it but
+    not the base's, so it is judged by the GPU rule, which is right: the benchmark got slower."""
+    fractions = [f for f in (base.host_fraction, head.host_fraction) if f is not None]
+    return min(fractions) if fractions else None
 
 
 def _host_bound(base: SideResult, head: SideResult) -> bool:

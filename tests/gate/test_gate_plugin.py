@@ -597,11 +597,18 @@ def test_paired_mode_rewrites_the_verdict_after_each_benchmark(tmp_path):
 
 @pytest.mark.parametrize(
     ("base_fraction", "head_fraction", "host_bound"),
-    [(0.2, 0.9, False), (0.9, 0.2, True), (None, 0.9, True), (None, None, False)],
+    [
+        (0.2, 0.9, False),  # a host-only slowdown of a GPU-bound benchmark: the GPU rule
+        (0.9, 0.2, False),  # a GPU slowdown lowers the head's fraction: the GPU rule
+        (0.55, 0.45, False),  # near the boundary, one side's reading is not enough
+        (0.9, 1.4, True),  # the host sets both sides' time
+        (None, 0.9, True),  # new to the head: its own fraction
+        (None, None, False),
+    ],
 )
-def test_the_base_classifies_a_paired_benchmark_as_host_bound(base_fraction, head_fraction, host_bound):
-    """A change that adds host work to a GPU-bound benchmark must not hold itself to the loose
-    host-bound threshold: the base's host fraction decides (the head's only for a new case)."""
+def test_a_paired_benchmark_is_host_bound_only_when_both_sides_are(base_fraction, head_fraction, host_bound):
+    """Neither side alone may put a benchmark under the loose host-bound threshold: a change that
+    adds host work, or one measured while the 5-call fraction reads high, would hide behind it."""
     from attnkit_perf.measure.paired import SideResult
     from attnkit_perf.session import _host_bound
 
