@@ -7,8 +7,9 @@ Two translations are needed:
   (query i sees key j iff j <= i + M - N). For N > M the first N - M rows see no key: they are
   zero, and only the last M rows go to SDPA as a square causal problem. N < M runs at the cost
   of the N x M problem: N = 1 non-causal (the one row sees every key), flash and efficient on
-  CUDA in their own bottom-right mode (:mod:`attnkit.sdpa_lower_right`), every other kernel
-  with the (N, M) visibility matrix as its mask, as for windows below.
+  CUDA in their own bottom-right mode, cuDNN as a non-causal prefix and a causal square merged
+  by their log-sum-exp (:mod:`attnkit.sdpa_lower_right`), every other kernel (and cuDNN when
+  M = N + 1 or traced) with the (N, M) visibility matrix as its mask, as for windows below.
 * Sliding windows. SDPA has no window argument: the window goes in as an explicit boolean
   ``attn_mask``, :func:`attnkit.reference.visibility` (N x M, broadcast over batch and heads),
   on the kernels that take a mask (:data:`WINDOW_MASK_KERNELS`); flash takes none and declines
@@ -34,10 +35,11 @@ Two translations are needed:
 * cuDNN's masked float16 backward. On the H100 (torch 2.11.0+cu130), cuDNN's backward with an
   attention mask returned NaN in dq for float16 inputs with large logits (|q| ~ 30, a window of
   one to four keys, N = 64..66, D = 16; the output, dk and dv were finite, bfloat16 was right,
-  and so was every call without a mask). A float16 call that takes a mask (a window, or causal
-  with 1 < N < M) and needs gradients is therefore declined by ``sdpa-cudnn``
-  (:func:`sdpa_attention`), and ``sdpa`` runs it with cuDNN left out of
-  PyTorch's choice (PyTorch chose cuDNN there, with the same NaN).
+  and so was every call without a mask). A float16 call that hands cuDNN a mask
+  (:func:`_cudnn_gets_mask`: a window; causal 1 < N < M only where the split does not run) and
+  needs gradients is therefore declined by ``sdpa-cudnn`` (:func:`sdpa_attention`), and
+  ``sdpa`` runs a masked one with cuDNN left out of PyTorch's choice (PyTorch chose cuDNN
+  there, with the same NaN).
 * Errors. When a forced backend rejects the inputs, PyTorch raises a generic "no available
   kernel" error and explains the reason only in warnings; those warnings are captured and put
   into the error attnkit raises.
@@ -226,8 +228,12 @@ def _declined(name, problem, err, caught) -> UnsupportedProblemError:
 
 def _cudnn_gets_mask(problem: AttentionProblem) -> bool:
     """Whether :func:`sdpa_attention` hands cuDNN an attention mask for ``problem``: a window, or
-    bottom-right causal with 1 < N < M (cuDNN has no bottom-right mode of its own)."""
-    return problem.has_window or (problem.causal and problem.causal_offset > 0 and problem.q_len > 1)
+    bottom-right causal with 1 < N < M where the mask-free split does not run (M = N + 1, or a
+    traced call: :func:`attnkit.sdpa_lower_right.cudnn_runs_split`)."""
+    if problem.has_window:
+        return True
+    n_below_m = problem.causal and problem.causal_offset > 0 and problem.q_len > 1
+    return n_below_m and not lower_right.cudnn_runs_split(problem)
 
 
 def _float16_backward_on_cuda(
@@ -285,8 +291,9 @@ def sdpa_attention(
     ):
         raise UnsupportedProblemError(
             f"backend {name!r} does not support {problem.describe()} with gradients: cuDNN's "
-            "backward with an attention mask (a window, or causal with 1 < N < M) returned NaN dq "
-            "in float16 (H100, torch 2.11); use bfloat16, sdpa-efficient, or no gradients"
+            "backward with an attention mask (a window; causal 1 < N < M where M = N + 1 or "
+            "traced) returned NaN dq in float16 (H100, torch 2.11); use bfloat16, sdpa-efficient, "
+            "or no gradients"
         )
     if problem.scale < _SMALLEST_KERNEL_SCALE:  # else no kernel needs a translated scale
         q, k, problem = _kernel_scale(q, k, problem)

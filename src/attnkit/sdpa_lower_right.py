@@ -11,15 +11,22 @@ calls PyTorch makes for ``torch.nn.attention.bias.causal_lower_right``):
 * **efficient**: ``aten._efficient_attention_forward`` with ``custom_mask_type`` bottom-right:
   the kernel's own mask, no mask tensor, and key blocks above the diagonal skipped.
 
-PyTorch's choice (``sdpa``) tries them in that order, as PyTorch itself does. Every other kernel
-(math, cuDNN, whose causal mask PyTorch aligns top-left, and the CPU kernels) takes the
-(N, M) visibility matrix as a mask: :func:`attnkit.sdpa.sdpa_attention` does that when
-:func:`native_bottom_right` returns None. (``causal_lower_right`` itself is not used: it picks
-its kernel ignoring a forced backend.)
+**cuDNN** (``sdpa-cudnn``), whose causal mode PyTorch aligns top-left, runs as two calls with no
+mask (:mod:`attnkit.sdpa_split_causal`): the M - N prefix keys every row sees, non-causal, and
+the last N keys, an N x N square with cuDNN's own causal mask, merged by their log-sum-exp. A
+prefix of one key (M = N + 1), which cuDNN declines, keeps the mask, as does a traced call.
 
-Before a private op runs, PyTorch's own admission check for the kernel (non-causal, no mask: the
-alignment is ours) decides; a forced kernel it declines raises :class:`UnsupportedProblemError`
-with PyTorch's reasons, so no private op sees inputs its public entry would refuse.
+PyTorch's choice (``sdpa``) tries flash, then efficient, as PyTorch itself does for
+``causal_lower_right``; cuDNN is not added to it: flash admits the problems cuDNN admits
+(fp16 / bf16, head dims up to 256), in one call where cuDNN takes two and a merge. Every other
+kernel (math and the CPU kernels) takes the (N, M) visibility matrix as a mask:
+:func:`attnkit.sdpa.sdpa_attention` does that when :func:`native_bottom_right` returns None.
+(``causal_lower_right`` itself is not used: it picks its kernel ignoring a forced backend.)
+
+Before a private op runs, PyTorch's own admission check for the kernel (with the alignment
+ours: no mask; for cuDNN each part as it is called) decides; a forced kernel it declines raises
+:class:`UnsupportedProblemError` with PyTorch's reasons, so no private op sees inputs its
+public entry would refuse.
 """
 
 from __future__ import annotations
@@ -29,9 +36,15 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
+from torch.backends.cuda import (
+    SDPAParams,
+    can_use_cudnn_attention,
+    can_use_efficient_attention,
+    can_use_flash_attention,
+)
 from torch.nn.attention import SDPBackend
 
+from attnkit import sdpa_split_causal as split_causal
 from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
 
@@ -79,9 +92,10 @@ _NATIVE: dict[SDPBackend, tuple[Callable, Callable]] = {
 }
 
 
-def _params(q, k, v, problem: AttentionProblem) -> SDPAParams:
-    """What PyTorch's admission checks read: non-causal, no mask (the alignment is ours)."""
-    return SDPAParams(q, k, v, None, 0.0, False, problem.kv_heads != problem.q_heads)
+def _params(q, k, v, problem: AttentionProblem, is_causal: bool = False) -> SDPAParams:
+    """What PyTorch's admission checks read: no mask, and non-causal unless the call itself is
+    top-left causal (the alignment is ours)."""
+    return SDPAParams(q, k, v, None, 0.0, is_causal, problem.kv_heads != problem.q_heads)
 
 
 def _reasons(check: Callable, params: SDPAParams) -> str:
@@ -92,6 +106,31 @@ def _reasons(check: Callable, params: SDPAParams) -> str:
     return "; ".join(str(w.message).strip() for w in caught) or "PyTorch's admission check declines it"
 
 
+def cudnn_runs_split(problem: AttentionProblem) -> bool:
+    """Whether :func:`native_bottom_right` runs causal N < M on cuDNN as the split, without a
+    mask: eager (a traced call keeps the mask: the admission checks are not traced), with a
+    prefix cuDNN takes (:func:`attnkit.sdpa_split_causal.splits`)."""
+    return split_causal.splits(problem) and not torch.compiler.is_compiling()
+
+
+def _cudnn(name: str, q, k, v, problem: AttentionProblem) -> torch.Tensor:
+    """The split on cuDNN (:mod:`attnkit.sdpa_split_causal`), once PyTorch admits both calls."""
+    p = problem.causal_offset
+    parts = (
+        ("its non-causal N x (M - N) prefix", k[:, :, :p], v[:, :, :p], False),
+        ("its causal N x N square", k[:, :, p:], v[:, :, p:], True),
+    )
+    for label, k_part, v_part, is_causal in parts:
+        params = _params(q, k_part, v_part, problem, is_causal)
+        if not can_use_cudnn_attention(params, False):
+            raise UnsupportedProblemError(
+                f"backend {name!r} cannot run {problem.describe()} on {problem.device} "
+                f"(bottom-right causal, N < M, run as a split: {label}): "
+                f"{_reasons(can_use_cudnn_attention, params)}"
+            )
+    return split_causal.split_causal_attention(split_causal.CUDNN, q, k, v, problem)
+
+
 def native_bottom_right(
     name: str,
     backend: SDPBackend | None,
@@ -100,9 +139,9 @@ def native_bottom_right(
     v: torch.Tensor,
     problem: AttentionProblem,
 ) -> torch.Tensor | None:
-    """Bottom-right causal N < M on a kernel's own mask (module docstring), or None where the
-    kernel has none and the visibility mask is the way. q: (B, Hq, N, D), k: (B, Hkv, M, D),
-    v: (B, Hkv, M, Dv), laid out for fused kernels; returns (B, Hq, N, Dv).
+    """Bottom-right causal N < M on a kernel's own mask or, for cuDNN, as the split (module
+    docstring); None where neither applies and the visibility mask is the way. q: (B, Hq, N, D),
+    k: (B, Hkv, M, D), v: (B, Hkv, M, Dv), laid out for fused kernels; returns (B, Hq, N, Dv).
 
     Raises UnsupportedProblemError when ``backend`` is forced and PyTorch declines the inputs."""
     if q.device.type != "cuda":
@@ -119,6 +158,8 @@ def native_bottom_right(
             if check(params, False):
                 return run(q, k, v, problem)
         return None
+    if backend == SDPBackend.CUDNN_ATTENTION:
+        return _cudnn(name, q, k, v, problem) if split_causal.splits(problem) else None
     if backend not in _NATIVE:
         return None
     check, run = _NATIVE[backend]

@@ -149,3 +149,19 @@ def windowed_problems(draw, **kwargs):
     """:func:`problems` with a window drawn by :func:`windows` (causal or not, N != M, GQA)."""
     problem = draw(problems(**kwargs))
     return dataclasses.replace(problem, window=draw(windows(problem.q_len, problem.kv_len)))
+
+
+@st.composite
+def split_causal_problems(draw, *, max_len: int = 160, max_dim: int = 128):
+    """Causal problems the mask-free cuDNN split takes (:func:`attnkit.sdpa_split_causal.splits`:
+    1 < N and M - N >= 2), otherwise drawn as :func:`problems` (GQA, dtypes, layouts, magnitudes),
+    with Dv = D (the CPU flash kernel, the split's CPU twin, takes no other) and a positive scale
+    (zero, negative and tiny scales are translated before any kernel runs: :mod:`attnkit.sdpa`)."""
+    problem = draw(problems(max_len=max_len, max_dim=max_dim))
+    kv_len = draw(_lengths(max_len).filter(lambda m: m >= 4))
+    # N = 2 (the smallest square), M - N = 2 (the smallest prefix), and anything between.
+    q_len = draw(st.one_of(st.just(2), st.just(kv_len - 2), st.integers(2, kv_len - 2)))
+    scale = draw(st.one_of(st.none(), st.floats(0.05, 2.0).map(lambda s: s / math.sqrt(problem.head_dim))))
+    return dataclasses.replace(
+        problem, causal=True, q_len=q_len, kv_len=kv_len, value_dim=problem.head_dim, scale=scale
+    )

@@ -1,0 +1,205 @@
+"""Bottom-right causal N < M as a non-causal prefix and a causal square, merged by their
+log-sum-exp (:mod:`attnkit.sdpa_split_causal`): ``sdpa-cudnn``'s path without a mask.
+
+The split, the merge and the backward (each part's kernel backward handed the merged output and
+log-sum-exp) are kernel-agnostic, so the CPU tests run them on PyTorch's CPU flash kernel against
+the float64 oracle; the cuDNN calls themselves are checked on meta tensors (PyTorch's shape
+functions bind the arguments to the ops' schemas), and on a GPU end to end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import RecordOps
+from hypothesis import given
+from strategies import CUDNN_MASKED_FLOAT16, Problem, split_causal_problems
+
+import attnkit
+from attnkit import UnsupportedProblemError, attention
+from attnkit.inputs import check_inputs
+from attnkit.sdpa import _cudnn_gets_mask
+from attnkit.sdpa_split_causal import CPU_FLASH, CUDNN, split_causal_attention, splits
+from attnkit.testing import assert_close_to_reference, compare_to_reference
+
+
+def _split(q_len, kv_len, **overrides) -> Problem:
+    base = dict(
+        batch=2, q_heads=4, kv_heads=2, q_len=q_len, kv_len=kv_len, head_dim=32, value_dim=32,
+        causal=True, dtype=torch.float32, scale=None, q_layout="contiguous", kv_layout="contiguous",
+        magnitude="unit", seed=0,
+    )  # fmt: skip
+    problem = Problem(**{**base, **overrides})
+    return dataclasses.replace(problem, value_dim=problem.head_dim)
+
+
+#: Shapes at the split's edges: the smallest square (N = 2) and prefix (M - N = 2), prefixes and
+#: squares that divide by nothing, MQA, odd head dims, every dtype the CPU kernel takes.
+SPLIT_EDGES = {
+    "n2-smallest": _split(2, 4),
+    "n2-long-prefix-gqa": _split(2, 97, q_heads=6, kv_heads=2, dtype=torch.bfloat16),
+    "prefix-2": _split(17, 19, dtype=torch.float16),
+    "prefix-129": _split(15, 144, q_heads=4, kv_heads=1, head_dim=40),
+    "head-dim-3-float64": _split(33, 101, head_dim=3, dtype=torch.float64),
+    "head-dim-59-strided": _split(29, 67, head_dim=59, q_layout="bnhd", kv_layout="strided"),
+    "large-logits-bf16": _split(16, 300, magnitude="large", dtype=torch.bfloat16),
+    "outliers-expanded-fp16": _split(
+        7, 61, magnitude="outliers", kv_layout="expanded", q_layout="expanded", dtype=torch.float16
+    ),
+    "scale-above-one": _split(9, 40, scale=0.9, head_dim=16),
+}
+
+
+def _check_split_on_cpu(problem: Problem) -> None:
+    q, k, v, grad_out = problem.tensors("cpu")
+
+    def run(a, b, c):
+        return split_causal_attention(CPU_FLASH, a, b, c, check_inputs(a, b, c, True, problem.scale))
+
+    checks = compare_to_reference(run, q, k, v, causal=True, scale=problem.scale, grad_out=grad_out)
+    assert_close_to_reference(f"the split on the CPU flash kernel, {problem}", checks)
+
+
+@pytest.mark.parametrize("edge", list(SPLIT_EDGES))
+def test_split_matches_reference_at_its_edges(edge):
+    _check_split_on_cpu(SPLIT_EDGES[edge])
+
+
+@given(problem=split_causal_problems())
+def test_split_matches_reference(problem):
+    """Output and dq, dk, dv of the merged parts against the oracle, under the one tolerance rule."""
+    _check_split_on_cpu(problem)
+
+
+def _kernel_key_lengths(calls, op: str) -> list[int]:
+    """The key length each call of ``op`` was handed (its operands are (.., S, D): key third)."""
+    return [args[2][-2] if "backward" in op else args[1][-2] for name, args, _ in calls if name == op]
+
+
+def test_the_split_runs_two_calls_and_forms_no_n_by_m_tensor():
+    """Forward and backward: one call on the M - N prefix keys, one on the last N, and nothing
+    of the visibility matrix's (N, M) shape anywhere."""
+    q_len, kv_len = 5, 23
+    q, k, v, grad_out = _split(q_len, kv_len).tensors("cpu")
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    recorder = RecordOps()
+    with recorder:
+        out = split_causal_attention(CPU_FLASH, q, k, v, check_inputs(q, k, v, True, None))
+        torch.autograd.grad(out, (q, k, v), grad_out)
+    forward = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+    backward = "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
+    for op in (forward, backward):
+        lengths = _kernel_key_lengths(recorder.calls, op)
+        assert lengths == [kv_len - q_len, q_len], f"{op} was handed key lengths {lengths}"
+    for op, args, results in recorder.calls:
+        for shape in args + results:
+            assert tuple(shape[-2:]) != (q_len, kv_len), f"{op} formed an (N, M) tensor {shape}"
+
+
+@pytest.mark.parametrize(("kv_heads", "with_grad"), [(2, True), (4, True), (1, False)])
+def test_the_cudnn_calls_match_their_schemas(kv_heads, with_grad):
+    """cuDNN's private ops on meta tensors: the arguments bind to the schemas of this PyTorch,
+    and the output and (through autograd) each gradient have their operand's shape, the key
+    gradients with Hkv heads."""
+    shapes = [(2, 4, 6, 64), (2, kv_heads, 50, 64), (2, kv_heads, 50, 64)]
+    q, k, v = (torch.empty(s, device="meta", dtype=torch.bfloat16, requires_grad=with_grad) for s in shapes)
+    out = split_causal_attention(CUDNN, q, k, v, check_inputs(q, k, v, True, None))
+    assert out.shape == q.shape and out.dtype == q.dtype, f"out {out.shape} {out.dtype}"
+    if with_grad:
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        assert [g.shape for g in grads] == [x.shape for x in (q, k, v)], f"gradients {grads}"
+
+
+@pytest.mark.parametrize(
+    ("q_len", "kv_len", "window", "split", "masked"),
+    [
+        (16, 300, None, True, False),
+        (2, 4, None, True, False),
+        (63, 64, None, False, True),  # a one-key prefix, which cuDNN declines: the mask
+        (1, 64, None, False, False),  # one row: non-causal, no mask
+        (64, 64, None, False, False),  # square: cuDNN's own causal mode
+        (70, 64, None, False, False),  # N > M: the last M rows, square
+        (16, 300, (8, -1), False, True),  # a window is a mask
+    ],
+)
+def test_which_causal_problems_hand_cudnn_a_mask(q_len, kv_len, window, split, masked):
+    """The split's domain and the float16 backward guard's (``_cudnn_gets_mask``) agree: with the
+    split, causal N < M gives cuDNN no mask."""
+    q = torch.empty(1, 2, q_len, 16, device="meta")
+    k = torch.empty(1, 2, kv_len, 16, device="meta")
+    problem = check_inputs(q, k, k, True, None, window)
+    assert splits(problem) == split, f"splits({problem.describe()}) != {split}"
+    assert _cudnn_gets_mask(problem) == masked, f"_cudnn_gets_mask({problem.describe()}) != {masked}"
+
+
+_HAS_CUDNN = torch.cuda.is_available() and torch.backends.cudnn.is_available()
+needs_cudnn = pytest.mark.skipif(not _HAS_CUDNN, reason="needs CUDA and cuDNN")
+
+#: N < M causal on cuDNN: a decode-like block against a long cache, N = 2, odd lengths with GQA,
+#: and the problem whose masked float16 backward returned NaN dq (D = 16, |q| ~ 30), made causal
+#: with 32 queries against its 64 keys: the split, with no mask, must give finite, accurate dq.
+CUDNN_CASES = {
+    "n16-m4100-gqa-d128": _split(16, 4100, batch=2, q_heads=8, kv_heads=2, head_dim=128),
+    "n2-m67-d64": _split(2, 67, q_heads=4, kv_heads=4, head_dim=64),
+    "n37-m1000-gqa-bnhd": _split(37, 1000, q_heads=6, kv_heads=2, head_dim=64, q_layout="bnhd"),
+    "large-logits-d16": dataclasses.replace(
+        CUDNN_MASKED_FLOAT16, causal=True, window=None, q_len=32, kv_len=64
+    ),
+}
+
+
+@pytest.mark.gpu
+@needs_cudnn
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", list(CUDNN_CASES))
+def test_cudnn_n_below_m_causal_matches_reference(case, dtype):
+    problem = dataclasses.replace(CUDNN_CASES[case], dtype=dtype)
+    q, k, v, grad_out = problem.tensors("cuda")
+
+    def run(a, b, c):
+        return attention(a, b, c, causal=True, scale=problem.scale, backend="sdpa-cudnn")
+
+    checks = compare_to_reference(run, q, k, v, causal=True, scale=problem.scale, grad_out=grad_out)
+    assert_close_to_reference(f"sdpa-cudnn on {problem}", checks)
+
+
+@pytest.mark.gpu
+@needs_cudnn
+def test_cudnn_n_below_m_causal_builds_no_mask(monkeypatch):
+    """Forward and backward run cuDNN's own ops twice each (prefix, square), and the visibility
+    matrix is never built."""
+
+    def no_mask(*args, **kwargs):
+        raise AssertionError("sdpa-cudnn built the visibility mask for causal N < M")
+
+    monkeypatch.setattr(attnkit.sdpa, "visibility", no_mask)
+    q_len, kv_len = 16, 300
+    q, k, v, grad_out = _split(q_len, kv_len, dtype=torch.bfloat16, head_dim=64).tensors("cuda")
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    recorder = RecordOps()
+    with recorder:
+        out = attention(q, k, v, causal=True, backend="sdpa-cudnn")
+        torch.autograd.grad(out, (q, k, v), grad_out)
+    for op in (
+        "aten._scaled_dot_product_cudnn_attention.default",
+        "aten._scaled_dot_product_cudnn_attention_backward.default",
+    ):
+        lengths = _kernel_key_lengths(recorder.calls, op)
+        assert lengths == [kv_len - q_len, q_len], f"{op} was handed key lengths {lengths}"
+
+
+@pytest.mark.gpu
+@needs_cudnn
+def test_cudnn_declines_the_split_before_any_compute():
+    """A head dim that is not a multiple of 8 (cuDNN's rule): declined with PyTorch's reason
+    before any kernel runs (the parts are views of k and v; nothing else is dispatched)."""
+    q, k, v, _ = _split(8, 40, dtype=torch.bfloat16, head_dim=20).tensors("cuda")
+    recorder = RecordOps()
+    with (
+        recorder,
+        pytest.raises(UnsupportedProblemError, match=r"'sdpa-cudnn'.*N < M, run as a split.*head_dim"),
+    ):
+        attention(q, k, v, causal=True, backend="sdpa-cudnn")
+    assert set(recorder.ops) <= {"aten.slice.Tensor"}, f"ops ran before the error: {recorder.ops}"
