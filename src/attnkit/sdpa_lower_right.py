@@ -42,7 +42,7 @@ from torch.backends.cuda import (
     can_use_efficient_attention,
     can_use_flash_attention,
 )
-from torch.nn.attention import SDPBackend
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnkit import sdpa_split_causal as split_causal
 from attnkit.errors import UnsupportedProblemError
@@ -98,12 +98,35 @@ def _params(q, k, v, problem: AttentionProblem, is_causal: bool = False) -> SDPA
     return SDPAParams(q, k, v, None, 0.0, is_causal, problem.kv_heads != problem.q_heads)
 
 
+_NO_REASONS = "PyTorch's admission check declines it"
+
+
 def _reasons(check: Callable, params: SDPAParams) -> str:
     """PyTorch's reasons for refusing ``params`` to the kernel ``check`` admits to."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         check(params, True)  # debug=True: the same checks, each refusal as a warning
-    return "; ".join(str(w.message).strip() for w in caught) or "PyTorch's admission check declines it"
+    return "; ".join(str(w.message).strip() for w in caught) or _NO_REASONS
+
+
+def _cudnn_reasons(q, k, v, problem: AttentionProblem, is_causal: bool, params: SDPAParams) -> str:
+    """PyTorch's reasons for refusing one part of the split to cuDNN. Its admission check's debug
+    mode prints them through C++ logging on torch 2.11 (not as Python warnings), so where it gives
+    none the public entry, restricted to cuDNN, is asked: it declines before any compute and
+    gives its reasons as warnings."""
+    reasons = _reasons(can_use_cudnn_attention, params)
+    if reasons != _NO_REASONS:
+        return reasons
+    with warnings.catch_warnings(record=True) as caught, sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        warnings.simplefilter("always")
+        try:
+            grouped = problem.kv_heads != problem.q_heads
+            F.scaled_dot_product_attention(
+                q, k, v, is_causal=is_causal, scale=problem.scale, enable_gqa=grouped
+            )
+        except RuntimeError as err:
+            return "; ".join(str(w.message).strip() for w in caught) or str(err)
+    return _NO_REASONS
 
 
 def cudnn_runs_split(problem: AttentionProblem) -> bool:
@@ -126,7 +149,7 @@ def _cudnn(name: str, q, k, v, problem: AttentionProblem) -> torch.Tensor:
             raise UnsupportedProblemError(
                 f"backend {name!r} cannot run {problem.describe()} on {problem.device} "
                 f"(bottom-right causal, N < M, run as a split: {label}): "
-                f"{_reasons(can_use_cudnn_attention, params)}"
+                f"{_cudnn_reasons(q, k_part, v_part, problem, is_causal, params)}"
             )
     return split_causal.split_causal_attention(split_causal.CUDNN, q, k, v, problem)
 

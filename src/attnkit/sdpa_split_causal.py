@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from attnkit.inputs import AttentionProblem
+from attnkit.triton.decode import merge_pair
 
 #: The fewest keys a part may have: cuDNN declines a key length of 1 ("cudnn SDPA does not
 #: support key/value sequence length 1", torch 2.13), so M - N = 1 has no prefix it takes.
@@ -64,6 +65,9 @@ class BlockKernel:
 
     forward: Callable[..., tuple[torch.Tensor, torch.Tensor, tuple]]
     backward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    #: ``merge(o1, lse1, o2, lse2) -> (out, lse)``, laid out as o1 and lse1: :func:`merge`, or
+    #: the same in one kernel.
+    merge: Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def _cudnn_forward(q, k, v, causal: bool, scale: float):
@@ -100,10 +104,20 @@ def _cpu_flash_backward(grad_out, q, k, v, out, lse, causal: bool, scale: float,
     )
 
 
-#: cuDNN's SDPA kernel (CUDA), through PyTorch's private ops.
-CUDNN = BlockKernel(_cudnn_forward, _cudnn_backward)
+def merge(o1, lse1, o2, lse2) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two parts' results merged (module docstring), in PyTorch ops: ~8 launches, which on
+    the GPU cost more than the square's own kernel when N is small (hence :data:`CUDNN`'s one
+    kernel)."""
+    lse = torch.logaddexp(lse1, lse2, out=torch.empty_like(lse1))
+    # o (in q's dtype) times a weight in lse's dtype computes in lse's dtype; one rounding at the end.
+    merged = (o1 * _column(lse1 - lse).exp_()).addcmul_(o2, _column(lse2 - lse).exp_())
+    return torch.empty_like(o1).copy_(merged), lse
+
+
+#: cuDNN's SDPA kernel (CUDA), through PyTorch's private ops; the merge in one Triton kernel.
+CUDNN = BlockKernel(_cudnn_forward, _cudnn_backward, merge_pair)
 #: PyTorch's CPU flash kernel: the split's CPU twin, for tests.
-CPU_FLASH = BlockKernel(_cpu_flash_forward, _cpu_flash_backward)
+CPU_FLASH = BlockKernel(_cpu_flash_forward, _cpu_flash_backward, merge)
 
 
 def splits(problem: AttentionProblem) -> bool:
@@ -139,10 +153,8 @@ def _forward(kernel: BlockKernel, q, k, v, prefix: int, scale: float):
     o1, lse1, state1 = kernel.forward(q, k[:, :, :prefix], v[:, :, :prefix], False, scale)
     o2, lse2, state2 = kernel.forward(q, k[:, :, prefix:], v[:, :, prefix:], True, scale)
     # Merged into tensors laid out as the kernel's own (module docstring: its backward's plan).
-    lse = torch.logaddexp(lse1, lse2, out=torch.empty_like(lse1))
-    # o (in q's dtype) times a weight in lse's dtype computes in lse's dtype; one rounding at the end.
-    merged = (o1 * _column(lse1 - lse).exp_()).addcmul_(o2, _column(lse2 - lse).exp_())
-    return torch.empty_like(o1).copy_(merged), lse, (state1, state2)
+    out, lse = kernel.merge(o1, lse1, o2, lse2)
+    return out, lse, (state1, state2)
 
 
 class _SplitCausalFunction(torch.autograd.Function):

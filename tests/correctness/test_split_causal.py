@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import RecordOps
+from conftest import DEVICE, RecordOps
 from hypothesis import given
 from strategies import CUDNN_MASKED_FLOAT16, Problem, split_causal_problems
 
@@ -21,8 +21,9 @@ import attnkit
 from attnkit import UnsupportedProblemError, attention
 from attnkit.inputs import check_inputs
 from attnkit.sdpa import _cudnn_gets_mask
-from attnkit.sdpa_split_causal import CPU_FLASH, CUDNN, split_causal_attention, splits
+from attnkit.sdpa_split_causal import CPU_FLASH, CUDNN, merge, split_causal_attention, splits
 from attnkit.testing import assert_close_to_reference, compare_to_reference
+from attnkit.triton.decode import merge_pair
 
 
 def _split(q_len, kv_len, **overrides) -> Problem:
@@ -96,6 +97,33 @@ def test_the_split_runs_two_calls_and_forms_no_n_by_m_tensor():
     for op, args, results in recorder.calls:
         for shape in args + results:
             assert tuple(shape[-2:]) != (q_len, kv_len), f"{op} formed an (N, M) tensor {shape}"
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value_dim", "lse_column", "transposed"),
+    [(torch.bfloat16, 128, True, False), (torch.float16, 40, False, True), (torch.float32, 3, True, True)],
+)
+def test_the_merge_kernel_matches_the_merge_in_pytorch_ops(dtype, value_dim, lse_column, transposed):
+    """cuDNN's merge (one Triton kernel) against the PyTorch ops the CPU split tests check: any
+    strides (a (B, N, H, D) layout viewed as (B, H, N, D)), either log-sum-exp shape, log-sum-exps
+    far apart (one part dominating) and close, each output laid out as its first input."""
+    gen = torch.Generator().manual_seed(0)
+    batch, heads, q_len = 2, 3, 5
+
+    def part(scale):
+        shape = (batch, q_len, heads, value_dim) if transposed else (batch, heads, q_len, value_dim)
+        o = torch.randn(shape, generator=gen).to(dtype)
+        o = o.transpose(1, 2) if transposed else o
+        lse = torch.randn(batch, heads, q_len, generator=gen) * scale
+        return o.to(DEVICE), (lse.unsqueeze(-1) if lse_column else lse).to(DEVICE)
+
+    (o1, lse1), (o2, lse2) = part(1.0), part(30.0)
+    out, lse = merge_pair(o1, lse1, o2, lse2)
+    want_out, want_lse = merge(o1, lse1, o2, lse2)
+    assert out.dtype == dtype and out.stride() == o1.stride() and lse.shape == lse1.shape
+    torch.testing.assert_close(lse, want_lse, rtol=1e-6, atol=1e-5)
+    # Both round a float32 value once; they may differ by one step of the dtype.
+    torch.testing.assert_close(out, want_out, rtol=torch.finfo(dtype).eps, atol=torch.finfo(dtype).eps)
 
 
 @pytest.mark.parametrize(("kv_heads", "with_grad"), [(2, True), (4, True), (1, False)])
@@ -194,7 +222,7 @@ def test_cudnn_n_below_m_causal_builds_no_mask(monkeypatch):
 @needs_cudnn
 def test_cudnn_declines_the_split_before_any_compute():
     """A head dim that is not a multiple of 8 (cuDNN's rule): declined with PyTorch's reason
-    before any kernel runs (the parts are views of k and v; nothing else is dispatched)."""
+    before any kernel runs (the parts are views of k and v; no kernel is dispatched)."""
     q, k, v, _ = _split(8, 40, dtype=torch.bfloat16, head_dim=20).tensors("cuda")
     recorder = RecordOps()
     with (
@@ -202,4 +230,6 @@ def test_cudnn_declines_the_split_before_any_compute():
         pytest.raises(UnsupportedProblemError, match=r"'sdpa-cudnn'.*N < M, run as a split.*head_dim"),
     ):
         attention(q, k, v, causal=True, backend="sdpa-cudnn")
-    assert set(recorder.ops) <= {"aten.slice.Tensor"}, f"ops ran before the error: {recorder.ops}"
+    # Slicing the parts, and the public entry's kernel choice asked for PyTorch's reasons.
+    ran = {op for op in recorder.ops if op != "aten.slice.Tensor" and "sdp_choice" not in op}
+    assert not ran, f"ops ran before the error: {recorder.ops}"

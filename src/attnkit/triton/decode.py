@@ -19,7 +19,7 @@ import triton
 
 from attnkit.inputs import AttentionProblem
 from attnkit.triton.config import next_power_of_2, padded_dim
-from attnkit.triton.decode_kernels import _decode_combine_kernel, _decode_split_kernel
+from attnkit.triton.decode_kernels import _decode_combine_kernel, _decode_split_kernel, _merge_pair_kernel
 from attnkit.triton.fast_launch import KernelLaunch
 from attnkit.triton.launch import _dot_precision
 
@@ -188,3 +188,24 @@ def _decode_plan(
         split=split,
         combine=combine,
     )
+
+
+def merge_pair(
+    o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two partial attention results over disjoint key sets merged by their log-sum-exp, in one
+    kernel (the combine step of a split over two parts, for kernels that return their own
+    log-sum-exp: :mod:`attnkit.sdpa_split_causal` on cuDNN). o1, o2: (B, Hq, N, Dv), lse1, lse2:
+    (B, Hq, N) or (B, Hq, N, 1) float32, natural log, finite; any strides. Returns (out, lse)
+    laid out as o1 and lse1 (``empty_like``)."""
+    out, lse = torch.empty_like(o1), torch.empty_like(lse1)
+    if o1.is_meta:  # shapes only (the split traced on meta tensors)
+        return out, lse
+    batch, heads, q_len, value_dim = o1.shape
+    rows = (lse1, lse2, lse)
+    _merge_pair_kernel[(batch * heads * q_len,)](
+        o1, lse1, o2, lse2, out, lse,
+        *o1.stride(), *o2.stride(), *out.stride(), *(s for x in rows for s in x.stride()[:3]),
+        q_len, heads, VALUE_DIM=value_dim, VALUE_PAD=next_power_of_2(value_dim),
+    )  # fmt: skip
+    return out, lse

@@ -183,3 +183,35 @@ def _decode_combine_kernel(
     tl.store(o_ptrs + offs_dv * stride_od, out.to(O.dtype.element_ty), mask=offs_dv < VALUE_DIM)
     lse = tl.where(seen, (m_safe + tl.log2(tl.where(seen, total, 1.0))) * LN2, float("inf"))
     tl.store(LSE + row, lse)
+
+
+@triton.jit
+def _merge_pair_kernel(
+    O1, L1, O2, L2, O, L,
+    s1_b, s1_h, s1_m, s1_d, s2_b, s2_h, s2_m, s2_d, so_b, so_h, so_m, so_d,
+    l1_b, l1_h, l1_m, l2_b, l2_h, l2_m, l_b, l_h, l_m,
+    q_len, q_heads,
+    VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
+):  # fmt: skip
+    """Grid (B * Hq * N,): one row of two partial results over disjoint keys, merged by their
+    log-sum-exp (natural log, finite: each part saw a key). O1, O2, O: (B, Hq, N, Dv), L1, L2,
+    L: (B, Hq, N) per-row log-sum-exp, float32, any strides each; computed in float32, O rounded
+    once to its dtype."""
+    row = tl.program_id(0)
+    query = (row % q_len).to(tl.int64)
+    bh = row // q_len
+    batch = (bh // q_heads).to(tl.int64)
+    head = (bh % q_heads).to(tl.int64)
+    lse1 = tl.load(L1 + batch * l1_b + head * l1_h + query * l1_m)
+    lse2 = tl.load(L2 + batch * l2_b + head * l2_h + query * l2_m)
+    m = tl.maximum(lse1, lse2)
+    w1 = tl.exp(lse1 - m)
+    w2 = tl.exp(lse2 - m)
+    total = w1 + w2
+    offs = tl.arange(0, VALUE_PAD)
+    ok = offs < VALUE_DIM
+    o1 = tl.load(O1 + batch * s1_b + head * s1_h + query * s1_m + offs * s1_d, mask=ok, other=0.0)
+    o2 = tl.load(O2 + batch * s2_b + head * s2_h + query * s2_m + offs * s2_d, mask=ok, other=0.0)
+    out = (w1 * o1.to(tl.float32) + w2 * o2.to(tl.float32)) / total
+    tl.store(O + batch * so_b + head * so_h + query * so_m + offs * so_d, out.to(O.dtype.element_ty), mask=ok)
+    tl.store(L + batch * l_b + head * l_h + query * l_m, m + tl.log(total))
