@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
@@ -51,34 +53,12 @@ def attention(
     if torch.compiler.is_compiling():  # traced once: the plain checks, no host-side caches
         problem = check_inputs(q, k, v, causal, scale, window)
         return _plan(backend, problem)(q, k, v, problem)
-    key = _signature(q, k, v, causal, scale, window, backend)
-    planned = None if key is None else _PLANNED.get(key)
-    if planned is None:
-        problem = check_inputs(q, k, v, causal, scale, window)
-        planned = problem, _plan(backend, problem)
-        if key is not None:
-            if len(_PLANNED) >= _CACHE_SIZE:
-                _PLANNED.clear()
-            _PLANNED[key] = planned
-    problem, run = planned
-    return run(q, k, v, problem)
-
-
-#: Host-side memo of what depends only on a call's signature: the validated problem, and the
-#: backend's run function once its support checks passed. A call with a known signature pays
-#: one tuple and one dict lookup (~2 us on CPU) instead of the checks and the plan (~10 us).
-#: Bounded: cleared when full. Backend availability is therefore decided once per signature.
-_CACHE_SIZE = 4096
-_PLANNED: dict[tuple, tuple[AttentionProblem, object]] = {}
-
-
-def _signature(q, k, v, causal, scale, window, backend) -> tuple | None:
-    """The memo key of a call: everything :func:`check_inputs` and :func:`_plan` read, or None
-    for a call that must be checked afresh. Only tensors, a bool causal, a None/float scale, a
-    None/(int, int) tuple window and a str backend are looked up; anything else goes straight to
-    the checks, which raise the right error (``(True, 1)`` equals ``(1, 1)`` as a key, so a
-    window is looked up only when both sides are exactly ints)."""
-    if not (
+    # The memo key: everything check_inputs and _plan read. Only tensors, a bool causal, a
+    # None/float scale, a None/(int, int) tuple window and a str backend are looked up; anything
+    # else goes straight to the checks, which raise the right error (``(True, 1)`` equals
+    # ``(1, 1)`` as a key, so a window is looked up only when both sides are exactly ints).
+    # Written out here rather than in a helper: the call alone was ~10% of the memo's cost.
+    if (
         isinstance(q, torch.Tensor)
         and isinstance(k, torch.Tensor)
         and isinstance(v, torch.Tensor)
@@ -88,22 +68,43 @@ def _signature(q, k, v, causal, scale, window, backend) -> tuple | None:
         and (window is None or _exact_int_pair(window))
         and type(backend) is str
     ):
-        return None
-    return (
-        q.shape,
-        k.shape,
-        v.shape,
-        q.dtype,
-        k.dtype,
-        v.dtype,
-        q.device,
-        k.device,
-        v.device,
-        causal,
-        scale,
-        window,
-        backend,
-    )
+        key = (
+            q.shape,
+            k.shape,
+            v.shape,
+            q.dtype,
+            k.dtype,
+            v.dtype,
+            q.device,
+            k.device,
+            v.device,
+            causal,
+            scale,
+            window,
+            backend,
+        )
+        planned = _PLANNED.get(key)
+    else:
+        key = planned = None
+    if planned is None:
+        problem = check_inputs(q, k, v, causal, scale, window)
+        planned = problem, _plan(backend, problem, prepared=True)
+        if key is not None:
+            if len(_PLANNED) >= _CACHE_SIZE:
+                _PLANNED.clear()
+            _PLANNED[key] = planned
+    problem, run = planned
+    return run(q, k, v, problem)
+
+
+#: Host-side memo of what depends only on a call's signature: the validated problem, and the
+#: backend's run function once its support checks passed, prepared for the problem
+#: (:meth:`Backend.prepared_run`; for ``auto``, the candidates' checks made too). A call with a
+#: known signature pays one tuple and one dict lookup (~1.5 us on CPU) instead of the checks and
+#: the plan (~10 us). Bounded: cleared when full; it holds no tensors. Backend availability is
+#: therefore decided once per signature.
+_CACHE_SIZE = 4096
+_PLANNED: dict[tuple, tuple[AttentionProblem, object]] = {}
 
 
 def _exact_int_pair(window) -> bool:
@@ -117,10 +118,13 @@ def _device_reason(backend: str, device: torch.device) -> str | None:
     return get_backend(backend).device_support(device)
 
 
-def _plan(backend: str, problem: AttentionProblem):
-    """The function that runs ``problem`` on ``backend``, or the error saying why it cannot."""
+def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
+    """The function that runs ``problem`` on ``backend``, or the error saying why it cannot;
+    ``prepared``: the eager run made for this problem (memoised), else the plain one (traced)."""
     if backend == "auto":
-        return degenerate_attention if problem.is_degenerate else _run_auto
+        if problem.is_degenerate:
+            return degenerate_attention
+        return partial(_run_first, _auto_candidates(problem, prepared))
     chosen = get_backend(backend)
     reason = _device_reason(backend, problem.device)
     if reason is not None:
@@ -130,11 +134,14 @@ def _plan(backend: str, problem: AttentionProblem):
         raise UnsupportedProblemError(f"backend {backend!r} does not support {problem.describe()}: {reason}")
     if problem.is_degenerate:  # a zero-size dimension: one answer for every path (README)
         return degenerate_attention
-    return chosen.run
+    return chosen.prepared_run(problem) if prepared else chosen.run
 
 
-def _run_auto(q, k, v, problem):
-    rejections = []
+def _auto_candidates(problem: AttentionProblem, prepared: bool) -> tuple:
+    """``backend="auto"``'s paths for ``problem`` in :data:`AUTO_ORDER`: ``(name, run)`` for one
+    whose checks pass, ``(rejection, None)`` for one that is skipped (checks that depend only on
+    the problem and the device, so made once per memoised signature)."""
+    candidates = []
     for name in AUTO_ORDER:
         try:
             candidate = get_backend(name)
@@ -146,11 +153,24 @@ def _run_auto(q, k, v, problem):
             or candidate.problem_support(problem)
         )
         if reason is None:
-            try:
-                return candidate.run(q, k, v, problem)
-            except UnsupportedProblemError as err:
-                reason = str(err)
-        rejections.append(f"{name}: {reason}")
+            candidates.append((name, candidate.prepared_run(problem) if prepared else candidate.run))
+        else:
+            candidates.append((f"{name}: {reason}", None))
+    return tuple(candidates)
+
+
+def _run_first(candidates: tuple, q, k, v, problem):
+    """The result of the first of :func:`_auto_candidates` that runs ``problem``; if none does,
+    the error listing every path's reason, in order."""
+    rejections = []
+    for name, run in candidates:
+        if run is None:
+            rejections.append(name)
+            continue
+        try:
+            return run(q, k, v, problem)
+        except UnsupportedProblemError as err:
+            rejections.append(f"{name}: {err}")
     raise UnsupportedProblemError(f"no backend supports {problem.describe()}: " + " | ".join(rejections))
 
 

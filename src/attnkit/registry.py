@@ -11,12 +11,19 @@ import torch
 from attnkit.device import default_device
 from attnkit.inputs import AttentionProblem
 from attnkit.reference import naive_attention
-from attnkit.sdpa import SDPA_BACKENDS, sdpa_attention, sdpa_device_support, sdpa_problem_support
+from attnkit.sdpa import (
+    SDPA_BACKENDS,
+    sdpa_attention,
+    sdpa_device_support,
+    sdpa_prepare,
+    sdpa_problem_support,
+)
 from attnkit.tiled import tiled_attention
 
 RunFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionProblem], torch.Tensor]
 DeviceCheck = Callable[[torch.device], "str | None"]
 ProblemCheck = Callable[[AttentionProblem], "str | None"]
+Prepare = Callable[[AttentionProblem], RunFn]
 
 
 def _always(_) -> None:
@@ -28,7 +35,10 @@ class Backend:
     """One attention path.
 
     ``device_support`` and ``problem_support`` return None when the path can run, or a
-    sentence saying why not; they are cheap and run before any kernel.
+    sentence saying why not; they are cheap and run before any kernel. ``prepare``, if given,
+    returns the eager run for one problem that passed both, with the work that depends on the
+    problem alone done up front: :func:`attnkit.attention` calls it once per call signature
+    and keeps the result (``run`` is what torch.compile traces).
     """
 
     name: str
@@ -36,6 +46,11 @@ class Backend:
     run: RunFn
     device_support: DeviceCheck = _always
     problem_support: ProblemCheck = _always
+    prepare: Prepare | None = None
+
+    def prepared_run(self, problem: AttentionProblem) -> RunFn:
+        """The eager run for ``problem``: ``prepare(problem)``, or ``run`` without one."""
+        return self.run if self.prepare is None else self.prepare(problem)
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -86,6 +101,7 @@ for _name in SDPA_BACKENDS:
             partial(sdpa_attention, _name),
             partial(sdpa_device_support, _name),
             partial(sdpa_problem_support, _name),
+            partial(sdpa_prepare, _name),
         )
     )
 

@@ -15,7 +15,8 @@ from torch.nn.attention import sdpa_kernel
 
 import attnkit
 from attnkit import UnsupportedProblemError
-from attnkit.sdpa import SDPA_BACKENDS, _aligned_for_fused_kernels
+from attnkit.inputs import check_inputs
+from attnkit.sdpa import SDPA_BACKENDS, _aligned_for_fused_kernels, _LayoutMemo
 
 SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa")]
 FORCED_PATHS = [name for name in SDPA_PATHS if SDPA_BACKENDS[name] is not None]
@@ -112,6 +113,18 @@ def test_a_known_signature_in_a_layout_the_kernel_declines_says_why():
         assert flags() == before, f"enable-flags {before} became {flags()} after the declined call"
 
 
+def test_a_declined_first_call_is_explained_again_when_repeated():
+    """A signature whose first call the kernel declined is not taken for accepted: the same call
+    again gets PyTorch's reasons again, and the flags are restored both times."""
+    strided = [torch.randn(1, 2, 8, 32, dtype=DTYPE)[..., ::2] for _ in range(3)]
+    with _enable_flags_restored() as flags:
+        before = flags()
+        for call in ("first", "repeated"):
+            with pytest.raises(UnsupportedProblemError, match=r"'sdpa-flash' cannot run .*stride 1"):
+                attnkit.attention(*strided, causal=True, backend="sdpa-flash")
+            assert flags() == before, f"{call} call: enable-flags {before} became {flags()}"
+
+
 def _row_major(shape) -> tuple[int, ...]:
     strides, step = [], 1
     for size in reversed(shape):
@@ -154,3 +167,24 @@ def test_fused_kernel_layout_rule(x, passes):
     assert out is not x, f"{tuple(x.shape)} with strides {x.stride()} went to the kernels as it is"
     assert out.stride() == _row_major(x.shape), f"copy has strides {out.stride()}, not row-major"
     assert torch.equal(out, x), "the copy's values differ from the operand's"
+
+
+def test_layout_memo_skips_the_rule_only_for_strides_it_passed():
+    """The per-problem memo of the layout rule: operands in the layout the rule last passed
+    untouched go as they are; the same strides at a pointer off a 16-byte boundary, and strides
+    the rule rejects, are still copied; a rejected layout is not remembered."""
+    q = _LAYOUTS["contiguous"][0]
+    problem = check_inputs(q, q, q, False, None)
+    memo = _LayoutMemo()
+    for call in ("first", "repeated"):
+        out = memo(q, q, q, problem)
+        assert all(o is q for o in out), f"{call} call: an aligned operand was copied"
+    offset = _LAYOUTS["data pointer off a 16-byte boundary"][0]
+    out = memo(offset, offset, offset, problem)
+    assert all(o is not offset and torch.equal(o, offset) for o in out), "a misaligned pointer went as it is"
+    odd = _LAYOUTS["row stride not a 16-byte multiple"][0]
+    for call in ("first", "repeated"):
+        out = memo(odd, odd, odd, problem)
+        assert all(o is not odd for o in out), f"{call} call: odd row strides went as they are"
+    out = memo(q, q, q, problem)
+    assert all(o is q for o in out), "the aligned layout is copied after a rejected one"
