@@ -23,7 +23,6 @@ from attnkit.inputs import check_inputs
 from attnkit.sdpa import _cudnn_gets_mask
 from attnkit.sdpa_split_causal import CPU_FLASH, CUDNN, merge, split_causal_attention, splits
 from attnkit.testing import assert_close_to_reference, compare_to_reference
-from attnkit.triton.decode import merge_pair
 
 
 def _split(q_len, kv_len, **overrides) -> Problem:
@@ -99,6 +98,10 @@ def test_the_split_runs_two_calls_and_forms_no_n_by_m_tensor():
             assert tuple(shape[-2:]) != (q_len, kv_len), f"{op} formed an (N, M) tensor {shape}"
 
 
+@pytest.mark.skipif(
+    attnkit.unavailable_reason("triton", DEVICE) is not None,
+    reason=f"triton on {DEVICE}: {attnkit.unavailable_reason('triton', DEVICE)}",
+)
 @pytest.mark.parametrize(
     ("dtype", "value_dim", "lse_column", "transposed"),
     [(torch.bfloat16, 128, True, False), (torch.float16, 40, False, True), (torch.float32, 3, True, True)],
@@ -107,6 +110,8 @@ def test_the_merge_kernel_matches_the_merge_in_pytorch_ops(dtype, value_dim, lse
     """cuDNN's merge (one Triton kernel) against the PyTorch ops the CPU split tests check: any
     strides (a (B, N, H, D) layout viewed as (B, H, N, D)), either log-sum-exp shape, log-sum-exps
     far apart (one part dominating) and close, each output laid out as its first input."""
+    from attnkit.triton.decode import merge_pair
+
     gen = torch.Generator().manual_seed(0)
     batch, heads, q_len = 2, 3, 5
 
