@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnkit_perf.decide import gate
 from attnkit_perf.decide.formats import FormatError, read_json, validate
 from attnkit_perf.decide.verdict import VerdictDocument
 
@@ -100,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf8")
     sds = sorted(((e["log_ratio_sd"], n) for n, e in doc["benchmarks"].items()), reverse=True)
+    # The paired gate's default multiple for this many benchmarks (slowdowns confirmed).
+    k = gate.noise_z(gate.per_benchmark_alpha(gate.Thresholds(), len(sds)), confirmed=True)
     print(f"wrote {out}: {len(sds)} benchmarks from {doc['runs']} runs; noisiest:")
     for sd, name in sds[:5]:
-        print(f"  {name}: sd {sd:.4f} (threshold at k=4: {math.expm1(4 * sd):.3%})")
+        print(f"  {name}: sd {sd:.4f} (paired threshold at k={k:.2f}: {math.expm1(k * sd):.3%})")
     return 0
 
 
