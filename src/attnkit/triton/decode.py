@@ -5,7 +5,9 @@ write partial results, one combine program per query row merges them. It returns
 and the log-sum-exp of :func:`attnkit.triton.launch.attention_forward`'s contract, so the
 regular backward kernels differentiate it exactly. :func:`use_split_kv` is the dispatch rule:
 few query rows per kv head (decode, speculative decoding, short chunks) against many keys, or
-any such problem whose B x Hq programs would leave most SMs idle.
+any such problem whose B x Hq programs would leave most SMs idle. :func:`merge_pair` is the
+combine step alone for two parts that come from another kernel (the cuDNN split of
+:mod:`attnkit.sdpa_split_causal`).
 """
 
 from __future__ import annotations
