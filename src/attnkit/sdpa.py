@@ -47,7 +47,6 @@ Two translations are needed:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import warnings
@@ -301,7 +300,7 @@ def _call_sdpa(name, q, k, v, problem, is_causal, mask=None):
         try:
             return _sdpa(choice, q, k, v, problem.scale, is_causal, mask)
         except RuntimeError as err:  # the same shapes in another layout: gather the reasons
-            caught = _warnings_of(lambda: _sdpa(choice, q, k, v, problem.scale, is_causal, mask))
+            caught = lower_right.warnings_of(lambda: _sdpa(choice, q, k, v, problem.scale, is_causal, mask))
             raise _declined(name, problem, err, caught) from err
     # PyTorch gives its reasons for declining only as warnings.
     with warnings.catch_warnings(record=True) as caught:
@@ -314,16 +313,6 @@ def _call_sdpa(name, q, k, v, problem, is_causal, mask=None):
         _ACCEPTED.clear()
     _ACCEPTED.add(key)
     return out
-
-
-def _warnings_of(call) -> list:
-    """The warnings ``call()`` emits, its RuntimeError suppressed: a kernel's reasons for declining
-    a call made again after it raised without them."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with contextlib.suppress(RuntimeError):
-            call()
-    return caught
 
 
 def _scale_argument(problem: AttentionProblem) -> float | None:
@@ -376,7 +365,7 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
                 return _scaled_dot_product(q, k, v, scale, is_causal, None)
             return _with_flags(toggles, q, k, v, scale, is_causal, None)
         except RuntimeError as err:  # the same shapes in another layout: gather the reasons
-            caught = _warnings_of(lambda: _sdpa(name, q, k, v, scale, is_causal))
+            caught = lower_right.warnings_of(lambda: _sdpa(name, q, k, v, scale, is_causal))
             raise _declined(name, problem, err, caught) from err
 
     return run

@@ -31,6 +31,7 @@ public entry would refuse.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable
 
@@ -98,35 +99,33 @@ def _params(q, k, v, problem: AttentionProblem, is_causal: bool = False) -> SDPA
     return SDPAParams(q, k, v, None, 0.0, is_causal, problem.kv_heads != problem.q_heads)
 
 
-_NO_REASONS = "PyTorch's admission check declines it"
-
-
-def _reasons(check: Callable, params: SDPAParams) -> str:
-    """PyTorch's reasons for refusing ``params`` to the kernel ``check`` admits to."""
+def warnings_of(call: Callable[[], object]) -> list:
+    """The warnings ``call()`` emits, its RuntimeError suppressed: PyTorch gives a kernel's
+    reasons for declining only as warnings."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        check(params, True)  # debug=True: the same checks, each refusal as a warning
-    return "; ".join(str(w.message).strip() for w in caught) or _NO_REASONS
+        with contextlib.suppress(RuntimeError):
+            call()
+    return caught
 
 
-def _cudnn_reasons(q, k, v, problem: AttentionProblem, is_causal: bool, params: SDPAParams) -> str:
-    """PyTorch's reasons for refusing one part of the split to cuDNN. Its admission check's debug
-    mode prints them through C++ logging on torch 2.11 (not as Python warnings), so where it gives
-    none the public entry, restricted to cuDNN, is asked: it declines before any compute and
-    gives its reasons as warnings."""
-    reasons = _reasons(can_use_cudnn_attention, params)
-    if reasons != _NO_REASONS:
-        return reasons
-    with warnings.catch_warnings(record=True) as caught, sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        warnings.simplefilter("always")
-        try:
-            grouped = problem.kv_heads != problem.q_heads
-            F.scaled_dot_product_attention(
-                q, k, v, is_causal=is_causal, scale=problem.scale, enable_gqa=grouped
-            )
-        except RuntimeError as err:
-            return "; ".join(str(w.message).strip() for w in caught) or str(err)
-    return _NO_REASONS
+def _reasons(check: Callable, backend: SDPBackend, params: SDPAParams, scale: float) -> str:
+    """PyTorch's reasons for refusing ``params`` to ``backend``, whose admission check is
+    ``check``: its debug mode's warnings, or, where it gives none (cuDNN's logs them through C++
+    on torch 2.11), the public entry's, restricted to ``backend``: it declines before any
+    compute and gives its reasons as warnings."""
+    caught = warnings_of(lambda: check(params, True))  # debug=True: each refusal as a warning
+    if not caught:
+
+        def public_entry():
+            with sdpa_kernel([backend]):
+                F.scaled_dot_product_attention(
+                    params.query, params.key, params.value, is_causal=params.is_causal,
+                    scale=scale, enable_gqa=params.enable_gqa,
+                )  # fmt: skip
+
+        caught = warnings_of(public_entry)
+    return "; ".join(str(w.message).strip() for w in caught) or "PyTorch's admission check declines it"
 
 
 def cudnn_runs_split(problem: AttentionProblem) -> bool:
@@ -149,7 +148,7 @@ def _cudnn(name: str, q, k, v, problem: AttentionProblem) -> torch.Tensor:
             raise UnsupportedProblemError(
                 f"backend {name!r} cannot run {problem.describe()} on {problem.device} "
                 f"(bottom-right causal, N < M, run as a split: {label}): "
-                f"{_cudnn_reasons(q, k_part, v_part, problem, is_causal, params)}"
+                f"{_reasons(can_use_cudnn_attention, SDPBackend.CUDNN_ATTENTION, params, problem.scale)}"
             )
     return split_causal.split_causal_attention(split_causal.CUDNN, q, k, v, problem)
 
@@ -190,6 +189,6 @@ def native_bottom_right(
     if not check(params, False):
         raise UnsupportedProblemError(
             f"backend {name!r} cannot run {problem.describe()} on {problem.device} "
-            f"(bottom-right causal, N < M): {_reasons(check, params)}"
+            f"(bottom-right causal, N < M): {_reasons(check, backend, params, problem.scale)}"
         )
     return run(q, k, v, problem)

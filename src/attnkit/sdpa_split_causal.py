@@ -119,7 +119,8 @@ def merge(o1, lse1, o2, lse2) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 #: cuDNN's SDPA kernel (CUDA), through PyTorch's private ops; the merge in one Triton kernel
-#: (on the H100 at B4 Hq32 Hkv8 N16 M16384: 6.8 us against 31 us for the PyTorch ops).
+#: (on the H100 at B4 Hq32 Hkv8 N16 M16384: 6.8 us against 31 us for the PyTorch ops;
+#: docs/evidence/h100-2026-11-23/session10/call5_split_profile.txt).
 CUDNN = BlockKernel(_cudnn_forward, _cudnn_backward, merge_pair or merge)
 #: PyTorch's CPU flash kernel: the split's CPU twin, for tests.
 CPU_FLASH = BlockKernel(_cpu_flash_forward, _cpu_flash_backward, merge)
