@@ -4,12 +4,17 @@
 
 For each shape family (16-bit inputs; head dims 64 and 128; causal or not) and each of the three
 kernels (forward, dK/dV, dQ), every candidate tile config is compiled, checked against the
-float64 oracle by attnkit.testing's tolerance rule (forward and backward on N = 300, M = 333),
-and timed alone with the gate's timing protocol (:func:`attnkit_perf.measure.timing.median_time_s`:
-flushed L2, CUDA events, median) at a representative shape (B=4, H*D=2048, N=4096). The
-fastest correct one is kept. The table records
-provenance (GPU, driver, CUDA, torch, triton, commit) and every timing, so a reader can see what
-was compared. Families absent from the table use :func:`attnkit.triton.config.default_config`.
+float64 oracle by attnkit.testing's tolerance rule (forward and backward on N = 300, M = 333,
+through the same addressing, TMA descriptors or pointers, as the timed run), and timed alone
+with the gate's timing protocol (:func:`attnkit_perf.measure.timing.median_time_s`: flushed L2,
+CUDA events, median) at a representative shape (B=4, H*D=2048, N=4096). The fastest correct one
+is kept. The table records provenance (GPU, driver, CUDA, torch, triton, commit) and every
+timing, so a reader can see what was compared. Families absent from the table use
+:func:`attnkit.triton.config.default_config`.
+
+Compiling dominates a tuning run (hundreds of specialisations, seconds each), and timing must
+run alone: ``--jobs`` worker processes first compile and check every candidate in parallel
+(Triton's on-disk cache keeps the binaries), then this process times them one at a time.
 
 ``--kernels fwd`` re-tunes only the forward (after a forward-only change); the other kernels keep
 their entries from the existing table, whose provenance is kept as ``previous_provenance``.
@@ -20,7 +25,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
+import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
@@ -32,17 +40,20 @@ from attnkit_perf.machine import provenance
 from attnkit_perf.measure.timing import median_time_s
 
 #: (block_m, block_n, num_warps, num_stages) tried per kernel. block_m is the query tile,
-#: block_n the key tile, in every kernel.
+#: block_n the key tile, in every kernel. Candidates that cannot fit (shared memory) fail to
+#: compile and are recorded as such; on sm_90 at D = 128 the dK/dV candidates with 4 warps
+#: and 64 key rows or more spill registers (ptxas), which only the timing can weigh.
 CANDIDATES = {
     "fwd": [
-        (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (128, 128, 4, 3),
-        (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 3)],
+        (64, 64, 4, 3), (64, 64, 4, 4), (64, 32, 4, 4), (64, 128, 4, 2), (64, 128, 4, 3),
+        (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 4, 3), (128, 128, 8, 2),
+        (128, 128, 8, 3)],
     "dkdv": [
-        (32, 64, 8, 2), (16, 64, 4, 2), (32, 128, 8, 2), (64, 128, 8, 2),
-        (64, 64, 8, 2), (32, 64, 4, 3)],
+        (16, 64, 4, 3), (32, 64, 4, 2), (32, 64, 4, 3), (32, 64, 4, 4), (64, 64, 4, 2),
+        (64, 64, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3)],
     "dq": [
-        (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 2), (128, 64, 8, 2),
-        (128, 128, 8, 2), (64, 64, 4, 3)],
+        (64, 32, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2), (64, 128, 4, 3),
+        (128, 32, 8, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3)],
 }  # fmt: skip
 
 FAMILIES = [(torch.bfloat16, d, causal) for d in (64, 128) for causal in (False, True)]
@@ -56,62 +67,116 @@ def _inputs(dtype, head_dim, causal, seq_len, batch=4):
     return q, k, v, do, check_inputs(q, k, v, causal, None)
 
 
-def tune_family(dtype, head_dim, causal, seq_len, log, kernels=tuple(CANDIDATES)) -> tuple[dict, dict]:
-    """Tune ``kernels`` of one family; returns ({kernel: KernelConfig}, {kernel: {label: ms}})."""
-    q, k, v, do, problem = _inputs(dtype, head_dim, causal, seq_len)
-    base = default_config(dtype, head_dim, head_dim)
-    ref_setup = LaunchSetup.build(problem, base)
-    ref_out, lse = attention_forward(q, k, v, ref_setup)
-    delta = bwd_preprocess(ref_setup, ref_out, do)
-    runners = {
-        "fwd": lambda s: attention_forward(q, k, v, s)[0],
-        "dkdv": lambda s: bwd_dkdv(s, q, k, v, do, lse, delta),
-        "dq": lambda s: bwd_dq(s, q, k, v, do, lse, delta),
-    }
+class _Family:
+    """One family's inputs at the tuned shape and a runner per kernel: ``run(kernel, config)``
+    launches that kernel of ``config`` (the other kernels' outputs come from the default)."""
+
+    def __init__(self, dtype, head_dim, causal, seq_len) -> None:
+        self.q, self.k, self.v, self.do, self.problem = _inputs(dtype, head_dim, causal, seq_len)
+        self.base = default_config(dtype, head_dim, head_dim)
+        ref_setup = LaunchSetup.build(self.problem, self.base)
+        out, self.lse = attention_forward(self.q, self.k, self.v, ref_setup)
+        self.delta = bwd_preprocess(ref_setup, out, self.do)
+        self.tma = ref_setup.use_tma(self.k, self.v)
+
+    def setup(self, kernel: str, cfg: KernelConfig) -> LaunchSetup:
+        return LaunchSetup.build(self.problem, dataclasses.replace(self.base, **{kernel: cfg}))
+
+    def runner(self, kernel: str, setup: LaunchSetup):
+        q, k, v, do, lse, delta = self.q, self.k, self.v, self.do, self.lse, self.delta
+        return {
+            "fwd": lambda: attention_forward(q, k, v, setup)[0],
+            "dkdv": lambda: bwd_dkdv(setup, q, k, v, do, lse, delta),
+            "dq": lambda: bwd_dq(setup, q, k, v, do, lse, delta),
+        }[kernel]
+
+
+def _label(cfg: KernelConfig) -> str:
+    return f"{cfg.block_m}x{cfg.block_n}-w{cfg.num_warps}-s{cfg.num_stages}"
+
+
+_WORKER_FAMILIES: dict = {}
+
+
+def _prepare(job) -> str:
+    """In a worker process: compile one candidate at the tuned shape (by running it once) and
+    check it against the oracle. '' when usable, else 'failed: ...' or 'wrong: ...'."""
+    dtype, head_dim, causal, seq_len, kernel, cfg = job
+    key = (dtype, head_dim, causal, seq_len)
+    if key not in _WORKER_FAMILIES:
+        _WORKER_FAMILIES.clear()  # one family's inputs at a time
+        _WORKER_FAMILIES[key] = _Family(dtype, head_dim, causal, seq_len)
+    family = _WORKER_FAMILIES[key]
+    setup = family.setup(kernel, cfg)
+    try:
+        family.runner(kernel, setup)()  # compiles; out of resources raises here
+        torch.cuda.synchronize()
+    except Exception as err:  # out of shared memory / registers: not a candidate here
+        return f"failed: {type(err).__name__}"
+    wrong = outside_tolerance_rule(dtype, head_dim, causal, setup.config, family.tma)
+    return f"wrong: {wrong}" if wrong else ""
+
+
+def prepare_all(jobs: list, workers: int, log) -> dict:
+    """{job: '' or why not} for every (dtype, head_dim, causal, seq_len, kernel, cfg) job,
+    compiled and checked by ``workers`` processes (in this process when ``workers`` <= 1)."""
+    if workers <= 1:
+        return {job: _prepare(job) for job in jobs}
+    # Jobs sorted by family so that a worker builds few families' inputs.
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        verdicts = dict(zip(jobs, pool.map(_prepare, jobs, chunksize=1), strict=True))
+    log(f"compiled and checked {len(jobs)} candidates with {workers} workers")
+    return verdicts
+
+
+def tune_family(
+    dtype, head_dim, causal, seq_len, log, kernels=tuple(CANDIDATES), verdicts=None
+) -> tuple[dict, dict]:
+    """Tune ``kernels`` of one family; returns ({kernel: KernelConfig}, {kernel: {label: ms}}).
+    ``verdicts`` (from :func:`prepare_all`) says which candidates compiled and passed the
+    check; without it each candidate is prepared here first."""
+    family = _Family(dtype, head_dim, causal, seq_len)
     best, timings = {}, {}
     for kernel in kernels:
-        candidates = CANDIDATES[kernel]
         timings[kernel] = {}
-        for bm, bn, warps, stages in candidates:
+        for bm, bn, warps, stages in CANDIDATES[kernel]:
             cfg = KernelConfig(bm, bn, warps, stages)
-            setup = LaunchSetup.build(problem, dataclasses.replace(base, **{kernel: cfg}))
-            label = f"{bm}x{bn}-w{warps}-s{stages}"
-            try:
-                runners[kernel](setup)  # compiles; out of resources raises here
-                torch.cuda.synchronize()
-            except Exception as err:  # out of shared memory / registers: not a candidate here
-                timings[kernel][label] = f"failed: {type(err).__name__}"
+            label = _label(cfg)
+            job = (dtype, head_dim, causal, seq_len, kernel, cfg)
+            verdict = verdicts[job] if verdicts is not None else _prepare(job)
+            if verdict:
+                timings[kernel][label] = verdict
+                log(f"  {kernel:5s} {label:18s} {verdict[:100]}")
                 continue
-            wrong = outside_tolerance_rule(dtype, head_dim, causal, setup.config)
-            if wrong:
-                timings[kernel][label] = f"wrong: {wrong}"
-                continue
-            ms = 1e3 * median_time_s(
-                lambda s=setup, f=runners[kernel]: f(s), torch.device("cuda"), budget_s=0.05
-            )
+            run = family.runner(kernel, family.setup(kernel, cfg))
+            ms = 1e3 * median_time_s(run, torch.device("cuda"), budget_s=0.05)
             timings[kernel][label] = round(ms, 4)
             if kernel not in best or ms < best[kernel][1]:
                 best[kernel] = (cfg, ms)
             log(f"  {kernel:5s} {label:18s} {ms:.3f} ms")
-    chosen = {name: best.get(name, (getattr(base, name), 0))[0] for name in kernels}
+    chosen = {name: best.get(name, (getattr(family.base, name), 0))[0] for name in kernels}
     return chosen, timings
 
 
-def outside_tolerance_rule(dtype, head_dim, causal, config: AttentionConfig) -> str:
+def outside_tolerance_rule(dtype, head_dim, causal, config: AttentionConfig, tma: bool = False) -> str:
     """'' if the kernels with ``config`` pass attnkit.testing's tolerance rule (the one every test
     uses) against the float64 oracle, forward and backward, on a small problem whose lengths
-    cross partial blocks (N = 300, M = 333, GQA); else the failed quantities."""
+    cross partial blocks (N = 300, M = 333, GQA), through TMA descriptors or pointers as
+    ``tma`` says; else the failed quantities."""
+    from attnkit.flash_autograd import flash_attention
     from attnkit.testing import compare_to_reference, make_tensor
-    from attnkit.triton import triton_attention
+    from attnkit.triton import TritonImplementation
 
     gen = torch.Generator().manual_seed(0)
     kw = {"dtype": dtype, "device": "cuda", "generator": gen}
     q = make_tensor((1, 4, 300, head_dim), **kw)
     k, v = (make_tensor((1, 2, 333, head_dim), **kw) for _ in range(2))
     grad_out = torch.randn(q.shape, generator=gen).to(q)
+    implementation = TritonImplementation(config, tma=tma)
 
     def run(a, b, c):
-        return triton_attention(a, b, c, check_inputs(a, b, c, causal, None), config)
+        return flash_attention(implementation, a, b, c, check_inputs(a, b, c, causal, None))
 
     checks = compare_to_reference(run, q, k, v, causal=causal, scale=None, grad_out=grad_out)
     return "; ".join(c.describe() for c in checks if not c.ok)
@@ -130,6 +195,10 @@ def _previous_table(path: str, kernels: list[str]) -> dict:
         ) from None
 
 
+def _log(text: str) -> None:
+    print(text, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnkit_tools.tune", description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="JSON table to write (default: configs/<gpu_key>.json)")
@@ -140,6 +209,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(CANDIDATES),
         default=list(CANDIDATES),
         help="kernels to tune; the others keep their entries (and timings) from the existing table",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=max(1, min(16, (os.cpu_count() or 2) - 1)),
+        help="worker processes that compile and check candidates before the timing (1: none)",
     )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -154,12 +229,17 @@ def main(argv: list[str] | None = None) -> int:
         # Kernels not re-tuned keep the configs (and evidence) of the run that chose them.
         table["previous_provenance"] = previous.get("provenance")
     table["families"], table["timings_ms"] = {}, {}
+    jobs = [
+        (dtype, head_dim, causal, args.seq_len, kernel, KernelConfig(*candidate))
+        for dtype, head_dim, causal in FAMILIES
+        for kernel in args.kernels
+        for candidate in CANDIDATES[kernel]
+    ]
+    verdicts = prepare_all(jobs, args.jobs, _log)
     for dtype, head_dim, causal in FAMILIES:
         key = family_key(dtype, head_dim, head_dim, causal)
         print(f"{key}:", flush=True)
-        chosen, timings = tune_family(
-            dtype, head_dim, causal, args.seq_len, lambda s: print(s, flush=True), args.kernels
-        )
+        chosen, timings = tune_family(dtype, head_dim, causal, args.seq_len, _log, args.kernels, verdicts)
         entry = dict(previous.get("families", {}).get(key, {}))
         entry.update({name: dataclasses.asdict(cfg) for name, cfg in chosen.items()})
         AttentionConfig.from_dict(entry)  # every kernel must have a config

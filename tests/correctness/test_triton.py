@@ -24,11 +24,12 @@ _UNAVAILABLE = (
 )
 pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"triton on {DEVICE}: {_UNAVAILABLE}")
 
-from attnkit.triton import AttentionConfig, KernelConfig, triton_attention  # noqa: E402
+from attnkit.flash_autograd import flash_attention  # noqa: E402
+from attnkit.triton import AttentionConfig, KernelConfig, TritonImplementation, triton_attention  # noqa: E402
 from attnkit.triton.config import FP32_TILE_VOLUME, default_config, family_key, padded_dim  # noqa: E402
 from attnkit.triton.launch import LaunchSetup, aligned_copy, attention_forward  # noqa: E402
 
-#: The forward's TMA-descriptor path runs on Hopper and in the interpreter, nowhere else.
+#: The TMA-descriptor paths run on Hopper and in the interpreter, nowhere else.
 _TMA_UNAVAILABLE = torch.device(DEVICE).type == "cuda" and torch.cuda.get_device_capability(DEVICE)[0] != 9
 
 
@@ -119,23 +120,25 @@ def test_matches_reference(name):
         "window-narrow",
     ],
 )
-def test_tma_forward_matches_reference(name):
-    """The forward with K and V through TMA descriptors: keys and head dims that end inside a
+def test_tma_matches_reference(name):
+    """Every kernel with its streamed tensors through TMA descriptors (forward and dQ: K and V;
+    dK/dV: Q and dO), outputs and gradients: keys, queries and head dims that end inside a
     block rely on the descriptors' zero fill instead of masks, and rows that see no key keep
     lse = +inf."""
     case = CASES[name]
-    q, k, v, _ = case.tensors()
+    q, k, v, grad_out = case.tensors()
     setup = LaunchSetup.build(check_inputs(q, k, v, case.causal, case.scale, case.window))
     checks = compare_to_reference(
-        lambda a, b, c: attention_forward(a, b, c, setup, tma=True)[0],
+        lambda a, b, c: flash_attention(TritonImplementation(tma=True), a, b, c, setup.problem),
         q,
         k,
         v,
         causal=case.causal,
         scale=case.scale,
         window=case.window,
+        grad_out=grad_out,
     )
-    assert_close_to_reference(f"triton forward via TMA {name}: {case}", checks)
+    assert_close_to_reference(f"triton via TMA {name}: {case}", checks)
     unseen = torch.isinf(attention_forward(q, k, v, setup, tma=True)[1])
     expected = torch.isinf(attention_forward(q, k, v, setup, tma=False)[1])
     assert torch.equal(unseen, expected), (

@@ -44,23 +44,29 @@ _MIN_BLOCK = 16
 class TritonImplementation:
     """Forward and backward kernels; see :class:`attnkit.flash_autograd.FlashImplementation`."""
 
-    def __init__(self, config: AttentionConfig | None = None) -> None:
+    def __init__(self, config: AttentionConfig | None = None, tma: bool | None = None) -> None:
+        """``config`` overrides the GPU's tuned table; ``tma`` forces TMA descriptors (True) or
+        pointers (False) in every kernel instead of each launcher's choice (None), so that a
+        tuner or a test checks the path it times, whatever the problem's size."""
         if config is not None and not isinstance(config, AttentionConfig):
             raise TypeError(f"config: expected an AttentionConfig or None, got {type(config).__name__}")
+        if tma not in (None, True, False):
+            raise TypeError(f"tma: expected True, False or None, got {tma!r}")
         self.config = config
-        self.op_name = "triton" if config is None else None
+        self.tma = tma
+        self.op_name = "triton" if config is None and tma is None else None
 
     @staticmethod
     def lse_dtype(dtype: torch.dtype) -> torch.dtype:
         return torch.float32
 
     def forward(self, q, k, v, problem):
-        if self.config is None and use_split_kv(problem):  # decode-shaped: split the keys
+        if self.config is None and self.tma is None and use_split_kv(problem):  # decode-shaped
             return decode_forward(q, k, v, problem)
-        return attention_forward(q, k, v, launch_setup(problem, self.config))
+        return attention_forward(q, k, v, launch_setup(problem, self.config), self.tma)
 
     def backward(self, grad_out, q, k, v, out, lse, problem):
-        return attention_backward(grad_out, q, k, v, out, lse, launch_setup(problem, self.config))
+        return attention_backward(grad_out, q, k, v, out, lse, launch_setup(problem, self.config), self.tma)
 
 
 def triton_attention(

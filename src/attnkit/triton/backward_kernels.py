@@ -22,6 +22,11 @@ the ragged end of the queries are masked again; rows past the last one that sees
 last key are never loaded. Rows past N load lse = +inf, dO = 0 and so contribute nothing.
 The dQ pass uses the forward's key phases. The band and its offsets are the forward's
 (:mod:`attnkit.triton.forward_kernels`).
+
+Addressing: each pass streams one pair of tensors (dK/dV: Q and dO; dQ: K and V) and keeps the
+other on chip. On Hopper the streamed pair is read through TMA descriptors where the launcher
+allows it (``TMA``), exactly as the forward reads K and V; the tiles loaded once per program,
+and the per-row log-sum-exp and delta, stay on pointers.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from attnkit.triton.forward_kernels import (
     DYNAMIC_INTS,
     LOG2E,
     _dot,
+    _head_rows_tile,
     _key_phases,
     _load_tile,
     _phase_bounds,
@@ -69,23 +75,26 @@ def _attn_bwd_preprocess(
 
 @triton.jit
 def _dkdv_inner(
-    dk, dv, k, v, q_head, q_offs, do_head, do_offs, lse_head, delta_head, stride_qm, stride_dom,
+    dk, dv, k, v, q_src, q_offs, do_src, do_offs, lse_head, delta_head, stride_qm, stride_dom, batch, head,
     start_m, end_m, offs_m, keys, offs_d, offs_dv, q_len, causal_offset, lower_offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    """Accumulate query rows [start_m, end_m) into dK, dV. ``*_head`` point at row 0 of the
-    query head; pointer tiles are rebuilt from int32 tile offsets every iteration (see the
-    forward's inner loop). Works on transposed tiles (keys x rows) so dK, dV accumulate
-    without transposing them."""
+    """Accumulate query rows [start_m, end_m) into dK, dV. Q and dO tiles come from
+    :func:`_head_rows_tile` (``*_src``: descriptors with TMA, else pointers at row 0 of the
+    query head). Works on transposed tiles (keys x rows) so dK, dV accumulate without
+    transposing them."""
     for start in range(start_m, end_m, BLOCK_M):
         rows = start + offs_m
-        start64 = tl.cast(start, tl.int64)
-        q = _load_tile(q_head + start64 * stride_qm + q_offs, rows, q_len, offs_d, HEAD_DIM, HEAD_PAD, MASKED)
-        do = _load_tile(
-            do_head + start64 * stride_dom + do_offs, rows, q_len, offs_dv, VALUE_DIM, VALUE_PAD, MASKED
-        )
+        q = _head_rows_tile(
+            q_src, q_offs, stride_qm, batch, head, start, rows, q_len, offs_d,
+            HEAD_DIM, HEAD_PAD, BLOCK_M, MASKED, TMA,
+        )  # fmt: skip
+        do = _head_rows_tile(
+            do_src, do_offs, stride_dom, batch, head, start, rows, q_len, offs_dv,
+            VALUE_DIM, VALUE_PAD, BLOCK_M, MASKED, TMA,
+        )  # fmt: skip
         if MASKED:
             lse = tl.load(lse_head + rows, mask=rows < q_len, other=float("inf"))
             delta = tl.load(delta_head + rows, mask=rows < q_len, other=0.0)
@@ -118,11 +127,14 @@ def _attn_bwd_dkdv_kernel(
     q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, lower_offset, qk_scale, scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(M, BLOCK_N) * B * Hkv,). DK like K, DV like V; LSE, DELTA: (B, Hq, N) float32."""
+    """Grid (cdiv(M, BLOCK_N) * B * Hkv,). DK like K, DV like V; LSE, DELTA: (B, Hq, N) float32.
+    With TMA, Q and DO (the streamed tensors) are descriptors of their (B, Hq, N, dim) shapes
+    with blocks (1, 1, BLOCK_M, padded dim), as the forward's K and V are."""
     pid_n, pid_bh = _program_coords(kv_len, BLOCK_N, False)
-    batch = (pid_bh // kv_heads).to(tl.int64)
+    batch32 = pid_bh // kv_heads
+    batch = batch32.to(tl.int64)
     kv_head = pid_bh % kv_heads
     n0 = pid_n * BLOCK_N
     offs_m = tl.arange(0, BLOCK_M)
@@ -174,9 +186,13 @@ def _attn_bwd_dkdv_kernel(
     do_offs = offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod
     # GQA: the group's query heads are summed in a fixed order, so dK, dV are deterministic.
     for g in range(group_size):
-        head = (kv_head * group_size + g).to(tl.int64)
-        q_head = Q + batch * stride_qb + head * stride_qh
-        do_head = DO + batch * stride_dob + head * stride_doh
+        head32 = kv_head * group_size + g
+        head = head32.to(tl.int64)
+        if TMA:
+            q_src, do_src = Q, DO
+        else:
+            q_src = Q + batch * stride_qb + head * stride_qh
+            do_src = DO + batch * stride_dob + head * stride_doh
         lse_head = LSE + (batch * q_heads + head) * q_len
         delta_head = DELTA + (batch * q_heads + head) * q_len
         # Phases: 0 = causal diagonal / right edge (masked), 1 = whole blocks (bare), 2 = the
@@ -193,11 +209,11 @@ def _attn_bwd_dkdv_kernel(
                 end_m = row_end
             if CAUSAL or phase != 0:
                 dk, dv = _dkdv_inner(
-                    dk, dv, k, v, q_head, q_offs, do_head, do_offs, lse_head, delta_head,
-                    stride_qm, stride_dom, start_m, end_m, offs_m, keys, offs_d, offs_dv,
+                    dk, dv, k, v, q_src, q_offs, do_src, do_offs, lse_head, delta_head,
+                    stride_qm, stride_dom, batch32, head32, start_m, end_m, offs_m, keys, offs_d, offs_dv,
                     q_len, causal_offset, lower_offset, qk_scale,
                     HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_M, phase != 1, CAUSAL, WINDOW,
-                    DOT_PRECISION,
+                    DOT_PRECISION, TMA,
                 )  # fmt: skip
 
     dk_ptrs = DK + batch * stride_dkb + kv_head.to(tl.int64) * stride_dkh + n0.to(tl.int64) * stride_dkn
@@ -210,33 +226,23 @@ def _attn_bwd_dkdv_kernel(
 
 @triton.jit
 def _dq_inner(
-    dq, q, do, lse2, delta, k_head, k_offs, v_head, v_offs, stride_kn, stride_vn, start_n, end_n,
-    rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, lower_offset, qk_scale,
+    dq, q, do, lse2, delta, k_src, k_offs, v_src, v_offs, stride_kn, stride_vn, batch, kv_head,
+    start_n, end_n, rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, lower_offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    """Accumulate keys [start_n, end_n) into dQ (pointer tiles rebuilt per iteration)."""
+    """Accumulate keys [start_n, end_n) into dQ; K and V tiles as in the forward's loop."""
     for start in range(start_n, end_n, BLOCK_N):
         cols = start + offs_n
-        k = _load_tile(
-            k_head + tl.cast(start, tl.int64) * stride_kn + k_offs,
-            cols,
-            kv_len,
-            offs_d,
-            HEAD_DIM,
-            HEAD_PAD,
-            MASKED,
-        )
-        v = _load_tile(
-            v_head + tl.cast(start, tl.int64) * stride_vn + v_offs,
-            cols,
-            kv_len,
-            offs_dv,
-            VALUE_DIM,
-            VALUE_PAD,
-            MASKED,
-        )
+        k = _head_rows_tile(
+            k_src, k_offs, stride_kn, batch, kv_head, start, cols, kv_len, offs_d,
+            HEAD_DIM, HEAD_PAD, BLOCK_N, MASKED, TMA,
+        )  # fmt: skip
+        v = _head_rows_tile(
+            v_src, v_offs, stride_vn, batch, kv_head, start, cols, kv_len, offs_dv,
+            VALUE_DIM, VALUE_PAD, BLOCK_N, MASKED, TMA,
+        )  # fmt: skip
         s = _dot(q, tl.trans(k), None, DOT_PRECISION) * qk_scale
         p = tl.exp2(s - lse2[:, None])
         if MASKED:
@@ -263,13 +269,16 @@ def _attn_bwd_dq_kernel(
     q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, lower_offset, qk_scale, scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    """Grid (cdiv(N, BLOCK_M) * B * Hq,). DQ like Q; LSE, DELTA: (B, Hq, N) float32."""
+    """Grid (cdiv(N, BLOCK_M) * B * Hq,). DQ like Q; LSE, DELTA: (B, Hq, N) float32. With TMA,
+    K and V (the streamed tensors) are descriptors, as in the forward."""
     pid_m, pid_bh = _program_coords(q_len, BLOCK_M, CAUSAL)
-    batch = (pid_bh // q_heads).to(tl.int64)
+    batch32 = pid_bh // q_heads
+    batch = batch32.to(tl.int64)
     head = pid_bh % q_heads
-    kv_head = (head // group_size).to(tl.int64)
+    kv_head32 = head // group_size
+    kv_head = kv_head32.to(tl.int64)
     head = head.to(tl.int64)
     m0 = pid_m * BLOCK_M
     offs_m = tl.arange(0, BLOCK_M)
@@ -288,10 +297,13 @@ def _attn_bwd_dq_kernel(
     lse2 = tl.load(LSE + row_ptrs, mask=rows < q_len, other=float("inf")) * LOG2E
     delta = tl.load(DELTA + row_ptrs, mask=rows < q_len, other=0.0)
 
-    k_head = K + batch * stride_kb + kv_head * stride_kh
-    k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_head = V + batch * stride_vb + kv_head * stride_vh
-    v_offs = offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
+    if TMA:
+        k_src, v_src, k_offs, v_offs = K, V, 0, 0
+    else:
+        k_src = K + batch * stride_kb + kv_head * stride_kh
+        k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+        v_src = V + batch * stride_vb + kv_head * stride_vh
+        v_offs = offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd
     dq = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
     start, left_end, free_end, kv_end = _key_phases(
         m0, kv_len, causal_offset, lower_offset, BLOCK_M, BLOCK_N, CAUSAL, WINDOW
@@ -301,10 +313,10 @@ def _attn_bwd_dq_kernel(
         start_n, end_n = _phase_bounds(start, left_end, free_end, kv_end, phase)
         if WINDOW or phase != 0:
             dq = _dq_inner(
-                dq, q, do, lse2, delta, k_head, k_offs, v_head, v_offs, stride_kn, stride_vn,
-                start_n, end_n, rows, offs_n, offs_d, offs_dv, kv_len, causal_offset, lower_offset,
-                qk_scale, HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, phase != 1, CAUSAL, WINDOW,
-                DOT_PRECISION,
+                dq, q, do, lse2, delta, k_src, k_offs, v_src, v_offs, stride_kn, stride_vn,
+                batch32, kv_head32, start_n, end_n, rows, offs_n, offs_d, offs_dv, kv_len, causal_offset,
+                lower_offset, qk_scale, HEAD_DIM, HEAD_PAD, VALUE_DIM, VALUE_PAD, BLOCK_N, phase != 1,
+                CAUSAL, WINDOW, DOT_PRECISION, TMA,
             )  # fmt: skip
 
     dq_ptrs = DQ + batch * stride_dqb + head * stride_dqh + m0.to(tl.int64) * stride_dqm

@@ -140,21 +140,23 @@ def _phase_bounds(start, left_end, free_end, kv_end, PHASE: tl.constexpr):
 
 
 @triton.jit
-def _kv_tile(
-    src, offs, stride_n, batch, kv_head, start, cols, kv_len, offs_d,
-    DIM: tl.constexpr, PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr,
+def _head_rows_tile(
+    src, offs, stride_row, batch, head, start, rows, n_rows, offs_d,
+    DIM: tl.constexpr, PAD: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
-    """Keys (or values) [start, start + BLOCK_N) of one kv head as a (BLOCK_N, PAD) tile.
-    TMA: ``src`` is a (B, Hkv, M, DIM) descriptor; the copy engine zero-fills rows past M and
-    columns past DIM, so no mask is built. Otherwise ``src`` points at key 0 of the head and
-    ``offs`` holds the int32 offsets inside one tile; the pointer tile is rebuilt from them each
-    iteration rather than carried through the loop: a carried (BLOCK_N, D) tile of 64-bit
-    pointers costs 2 registers an element and made the kernel spill."""
+    """Rows [start, start + BLOCK) of one head of a (B, H, rows, DIM) tensor as a (BLOCK, PAD)
+    tile: the keys or values a forward or dQ loop streams, the queries or output gradients a
+    dK/dV loop streams. ``batch`` and ``head`` are int32 (TMA coordinates are).
+    TMA: ``src`` is a (B, H, rows, DIM) descriptor; the copy engine zero-fills rows past the
+    end and columns past DIM, so no mask is built. Otherwise ``src`` points at row 0 of the
+    head and ``offs`` holds the int32 offsets inside one tile; the pointer tile is rebuilt from
+    them each iteration rather than carried through the loop: a carried (BLOCK, D) tile of
+    64-bit pointers costs 2 registers an element and made the kernel spill."""
     if TMA:
-        x = src.load([batch, kv_head, start, 0]).reshape(BLOCK_N, PAD)
+        x = src.load([batch, head, start, 0]).reshape(BLOCK, PAD)
     else:
         x = _load_tile(
-            src + tl.cast(start, tl.int64) * stride_n + offs, cols, kv_len, offs_d, DIM, PAD, MASKED
+            src + tl.cast(start, tl.int64) * stride_row + offs, rows, n_rows, offs_d, DIM, PAD, MASKED
         )
     return x
 
@@ -187,7 +189,7 @@ def _attn_fwd_inner(
     """Online softmax over keys [start_n, end_n); ``qk_scale >= 0`` (see the kernel)."""
     for start in range(start_n, end_n, BLOCK_N):
         cols = start + offs_n
-        k = _kv_tile(
+        k = _head_rows_tile(
             K, k_offs, stride_kn, batch, kv_head, start, cols, kv_len, offs_d,
             HEAD_DIM, HEAD_PAD, BLOCK_N, MASKED, TMA,
         )  # fmt: skip
@@ -212,7 +214,7 @@ def _attn_fwd_inner(
             p = tl.exp2(qk * qk_scale - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _kv_tile(
+        v = _head_rows_tile(
             V, v_offs, stride_vn, batch, kv_head, start, cols, kv_len, offs_dv,
             VALUE_DIM, VALUE_PAD, BLOCK_N, MASKED, TMA,
         )  # fmt: skip

@@ -2,8 +2,9 @@
 
 :class:`LaunchSetup` derives everything both directions need (padded head dims, the log2-domain
 scale, the dot precision, the tile config) once, so forward and backward cannot disagree.
-On Hopper the forward reads K and V through TMA tensor descriptors where the layout allows
-(:meth:`LaunchSetup.use_tma`); everything else, the backward included, uses pointers.
+On Hopper each kernel reads the tensors its loop streams (the forward and the dQ pass: K and V;
+the dK/dV pass: Q and dO) through TMA tensor descriptors where the layout allows
+(:meth:`LaunchSetup.use_tma`); everything else uses pointers.
 Kernels are launched through :class:`attnkit.triton.fast_launch.KernelLaunch` objects built once
 per setup, which skip Triton's per-call argument binding once a layout has been seen.
 """
@@ -74,7 +75,8 @@ class LaunchSetup:
     tma_possible: bool = False
     #: Keyword arguments (constexprs, warps, stages) of each launch, built once.
     kernel_kwargs: dict = field(default_factory=dict, compare=False)
-    #: Each kernel with those arguments ("fwd", "fwd_tma", "preprocess", "dkdv", "dq").
+    #: Each kernel with those arguments ("fwd", "preprocess", "dkdv", "dq"; "*_tma" with
+    #: descriptors for the streamed tensors).
     launches: dict = field(default_factory=dict, compare=False)
     #: What :meth:`tile_safe_all` does to each tensor, by the tensors' strides (their shapes,
     #: dtype and device are the problem's).
@@ -124,8 +126,10 @@ class LaunchSetup:
             fwd=KernelLaunch(_attn_fwd_kernel, **kwargs["fwd"], TMA=False),
             fwd_tma=KernelLaunch(_attn_fwd_kernel, **kwargs["fwd"], TMA=True),
             preprocess=KernelLaunch(_attn_bwd_preprocess, **kwargs["preprocess"]),
-            dkdv=KernelLaunch(_attn_bwd_dkdv_kernel, **kwargs["dkdv"]),
-            dq=KernelLaunch(_attn_bwd_dq_kernel, **kwargs["dq"]),
+            dkdv=KernelLaunch(_attn_bwd_dkdv_kernel, **kwargs["dkdv"], TMA=False),
+            dkdv_tma=KernelLaunch(_attn_bwd_dkdv_kernel, **kwargs["dkdv"], TMA=True),
+            dq=KernelLaunch(_attn_bwd_dq_kernel, **kwargs["dq"], TMA=False),
+            dq_tma=KernelLaunch(_attn_bwd_dq_kernel, **kwargs["dq"], TMA=True),
         )
         return setup
 
@@ -145,7 +149,7 @@ class LaunchSetup:
         )
 
     def use_tma(self, *tensors: torch.Tensor) -> bool:
-        """Whether the forward can read ``tensors`` (K and V) through TMA tensor descriptors:
+        """Whether a kernel can read ``tensors`` (the pair its loop streams) through TMA tensor descriptors:
         16-bit inputs on Hopper (where it is measured faster), at least
         :data:`TMA_MIN_SCORES` score pairs, a contiguous last dim, and
         16-byte aligned base and strides (the copy engine's rules; a zero stride, as an
@@ -327,27 +331,42 @@ def bwd_preprocess(setup: LaunchSetup, out: torch.Tensor, grad_out: torch.Tensor
     return delta
 
 
-def bwd_dkdv(setup: LaunchSetup, q, k, v, grad_out, lse, delta) -> tuple[torch.Tensor, torch.Tensor]:
-    """dk (B, Hkv, M, D) and dv (B, Hkv, M, Dv), each summed over the query-head group."""
-    p = setup.problem
+def bwd_dkdv(
+    setup: LaunchSetup, q, k, v, grad_out, lse, delta, tma: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """dk (B, Hkv, M, D) and dv (B, Hkv, M, Dv), each summed over the query-head group. ``tma``
+    as in :func:`attention_forward`, for Q and dO (the tensors this pass streams)."""
+    p, cfg = setup.problem, setup.config.dkdv
     dk = torch.empty(p.batch, p.kv_heads, p.kv_len, p.head_dim, dtype=p.dtype, device=q.device)
     dv = torch.empty(p.batch, p.kv_heads, p.kv_len, p.value_dim, dtype=p.dtype, device=q.device)
-    setup.launches["dkdv"](
+    if tma is None:
+        tma = setup.use_tma(q, grad_out)
+    q_arg, do_arg = q, grad_out
+    if tma:
+        q_arg = _descriptor(q, cfg.block_m, setup.head_pad)
+        do_arg = _descriptor(grad_out, cfg.block_m, setup.value_pad)
+    setup.launches["dkdv_tma" if tma else "dkdv"](
         setup.dkdv_grid,
-        q, k, v, grad_out, lse, delta, dk, dv,
+        q_arg, k, v, do_arg, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
         *setup.sizes, setup.qk_scale, p.scale,
     )  # fmt: skip
     return dk, dv
 
 
-def bwd_dq(setup: LaunchSetup, q, k, v, grad_out, lse, delta) -> torch.Tensor:
-    """dq (B, Hq, N, D)."""
-    p = setup.problem
+def bwd_dq(setup: LaunchSetup, q, k, v, grad_out, lse, delta, tma: bool | None = None) -> torch.Tensor:
+    """dq (B, Hq, N, D). ``tma`` as in :func:`attention_forward`, for K and V."""
+    p, cfg = setup.problem, setup.config.dq
     dq = torch.empty(p.batch, p.q_heads, p.q_len, p.head_dim, dtype=p.dtype, device=q.device)
-    setup.launches["dq"](
+    if tma is None:
+        tma = setup.use_tma(k, v)
+    k_arg, v_arg = k, v
+    if tma:
+        k_arg = _descriptor(k, cfg.block_n, setup.head_pad)
+        v_arg = _descriptor(v, cfg.block_n, setup.value_pad)
+    setup.launches["dq_tma" if tma else "dq"](
         setup.dq_grid,
-        q, k, v, grad_out, lse, delta, dq,
+        q, k_arg, v_arg, grad_out, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
         *setup.sizes, setup.qk_scale, p.scale,
     )  # fmt: skip
@@ -362,12 +381,14 @@ def attention_backward(
     out: torch.Tensor,
     lse: torch.Tensor,
     setup: LaunchSetup,
+    tma: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """grad_out, out: (B, Hq, N, Dv); lse: (B, Hq, N) from :func:`attention_forward`.
     Returns dq (B, Hq, N, D), dk (B, Hkv, M, D), dv (B, Hkv, M, Dv), contiguous, in q's dtype.
-    Deterministic: each gradient element is written by one program, in a fixed order."""
+    Deterministic: each gradient element is written by one program, in a fixed order.
+    ``tma`` forces descriptors or pointers in both passes (None: each pass decides)."""
     q, k, v, out, grad_out = setup.tile_safe_all(q, k, v, out, grad_out)
     delta = bwd_preprocess(setup, out, grad_out)
-    dk, dv = bwd_dkdv(setup, q, k, v, grad_out, lse, delta)
-    dq = bwd_dq(setup, q, k, v, grad_out, lse, delta)
+    dk, dv = bwd_dkdv(setup, q, k, v, grad_out, lse, delta, tma)
+    dq = bwd_dq(setup, q, k, v, grad_out, lse, delta, tma)
     return dq, dk, dv
