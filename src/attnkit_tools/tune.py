@@ -7,10 +7,13 @@ kernels (forward, dK/dV, dQ), every candidate tile config is compiled, checked a
 float64 oracle by attnkit.testing's tolerance rule (forward and backward on N = 300, M = 333,
 through the same addressing, TMA descriptors or pointers, as the timed run), and timed alone
 with the gate's timing protocol (:func:`attnkit_perf.measure.timing.median_time_s`: flushed L2,
-CUDA events, median) at a representative shape (B=4, H*D=2048, N=4096). The fastest correct one
-is kept. The table records provenance (GPU, driver, CUDA, torch, triton, commit) and every
-timing, so a reader can see what was compared. Families absent from the table use
-:func:`attnkit.triton.config.default_config`.
+CUDA events, median) at the grid's shapes (B=4, H*D=2048) at several sequence lengths
+(``--seq-lens``, default 1024, 4096 and 16384: the fastest tile at one length need not be
+at another). The candidate kept is the correct one with the smallest geometric mean, over the
+lengths, of its time divided by the best candidate's time at that length: the config closest
+to the best at every length, not the fastest at one. The table records provenance (GPU,
+driver, CUDA, torch, triton, commit) and every timing, so a reader can see what was compared.
+Families absent from the table use :func:`attnkit.triton.config.default_config`.
 
 Compiling dominates a tuning run (hundreds of specialisations, seconds each), and timing must
 run alone: ``--jobs`` worker processes first compile and check every candidate in parallel
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
 import sys
@@ -131,32 +135,50 @@ def prepare_all(jobs: list, workers: int, log) -> dict:
 
 
 def tune_family(
-    dtype, head_dim, causal, seq_len, log, kernels=tuple(CANDIDATES), verdicts=None
+    dtype, head_dim, causal, seq_lens, log, kernels=tuple(CANDIDATES), verdicts=None
 ) -> tuple[dict, dict]:
-    """Tune ``kernels`` of one family; returns ({kernel: KernelConfig}, {kernel: {label: ms}}).
-    ``verdicts`` (from :func:`prepare_all`) says which candidates compiled and passed the
-    check; without it each candidate is prepared here first."""
-    family = _Family(dtype, head_dim, causal, seq_len)
-    best, timings = {}, {}
+    """Tune ``kernels`` of one family; returns ({kernel: KernelConfig}, {kernel: {label:
+    {seq_len: ms} or why not}}). ``verdicts`` (from :func:`prepare_all`, prepared at
+    ``seq_lens[0]``) says which candidates compiled and passed the check; without it each
+    candidate is prepared here first."""
+    chosen, timings = {}, {}
     for kernel in kernels:
-        timings[kernel] = {}
-        for bm, bn, warps, stages in CANDIDATES[kernel]:
-            cfg = KernelConfig(bm, bn, warps, stages)
-            label = _label(cfg)
-            job = (dtype, head_dim, causal, seq_len, kernel, cfg)
+        usable, timings[kernel] = [], {}
+        for candidate in CANDIDATES[kernel]:
+            cfg = KernelConfig(*candidate)
+            job = (dtype, head_dim, causal, seq_lens[0], kernel, cfg)
             verdict = verdicts[job] if verdicts is not None else _prepare(job)
+            timings[kernel][_label(cfg)] = verdict or {}
             if verdict:
-                timings[kernel][label] = verdict
-                log(f"  {kernel:5s} {label:18s} {verdict[:100]}")
-                continue
-            run = family.runner(kernel, family.setup(kernel, cfg))
-            ms = 1e3 * median_time_s(run, torch.device("cuda"), budget_s=0.05)
-            timings[kernel][label] = round(ms, 4)
-            if kernel not in best or ms < best[kernel][1]:
-                best[kernel] = (cfg, ms)
-            log(f"  {kernel:5s} {label:18s} {ms:.3f} ms")
-    chosen = {name: best.get(name, (getattr(family.base, name), 0))[0] for name in kernels}
+                log(f"  {kernel:5s} {_label(cfg):18s} {verdict[:100]}")
+            else:
+                usable.append(cfg)
+        for seq_len in seq_lens:
+            family = _Family(dtype, head_dim, causal, seq_len)  # one length's inputs at a time
+            for cfg in usable:
+                run = family.runner(kernel, family.setup(kernel, cfg))
+                ms = 1e3 * median_time_s(run, torch.device("cuda"), budget_s=0.05)
+                timings[kernel][_label(cfg)][str(seq_len)] = round(ms, 4)
+                log(f"  {kernel:5s} {_label(cfg):18s} N={seq_len:<6d} {ms:.3f} ms")
+            del family
+        chosen[kernel] = closest_to_best(usable, timings[kernel], seq_lens) or getattr(
+            default_config(dtype, head_dim, head_dim), kernel
+        )
     return chosen, timings
+
+
+def closest_to_best(configs: list[KernelConfig], timings: dict, seq_lens) -> KernelConfig | None:
+    """The config whose times, each divided by the best time at its length, have the smallest
+    geometric mean over ``seq_lens``; None when there is none."""
+    if not configs:
+        return None
+    best = {n: min(timings[_label(cfg)][str(n)] for cfg in configs) for n in seq_lens}
+
+    def score(cfg: KernelConfig) -> float:
+        ratios = [timings[_label(cfg)][str(n)] / best[n] for n in seq_lens]
+        return math.prod(ratios) ** (1 / len(ratios))
+
+    return min(configs, key=score)
 
 
 def outside_tolerance_rule(dtype, head_dim, causal, config: AttentionConfig, tma: bool = False) -> str:
@@ -202,7 +224,9 @@ def _log(text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnkit_tools.tune", description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="JSON table to write (default: configs/<gpu_key>.json)")
-    parser.add_argument("--seq-len", type=int, default=4096, help="sequence length tuned at")
+    parser.add_argument(
+        "--seq-lens", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths tuned at"
+    )
     parser.add_argument(
         "--kernels",
         nargs="+",
@@ -223,14 +247,14 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     out = args.out or f"src/attnkit/triton/configs/{gpu_key(device)}.json"
     previous = _previous_table(out, args.kernels)
-    table = {"gpu_key": gpu_key(device), "provenance": provenance(device), "seq_len": args.seq_len}
+    table = {"gpu_key": gpu_key(device), "provenance": provenance(device), "seq_lens": args.seq_lens}
     table["kernels_tuned"] = args.kernels
     if previous:
         # Kernels not re-tuned keep the configs (and evidence) of the run that chose them.
         table["previous_provenance"] = previous.get("provenance")
     table["families"], table["timings_ms"] = {}, {}
     jobs = [
-        (dtype, head_dim, causal, args.seq_len, kernel, KernelConfig(*candidate))
+        (dtype, head_dim, causal, args.seq_lens[0], kernel, KernelConfig(*candidate))
         for dtype, head_dim, causal in FAMILIES
         for kernel in args.kernels
         for candidate in CANDIDATES[kernel]
@@ -239,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     for dtype, head_dim, causal in FAMILIES:
         key = family_key(dtype, head_dim, head_dim, causal)
         print(f"{key}:", flush=True)
-        chosen, timings = tune_family(dtype, head_dim, causal, args.seq_len, _log, args.kernels, verdicts)
+        chosen, timings = tune_family(dtype, head_dim, causal, args.seq_lens, _log, args.kernels, verdicts)
         entry = dict(previous.get("families", {}).get(key, {}))
         entry.update({name: dataclasses.asdict(cfg) for name, cfg in chosen.items()})
         AttentionConfig.from_dict(entry)  # every kernel must have a config
