@@ -9,6 +9,10 @@
 #                  run paired mode against the unchanged tree, then measure the change's true
 #                  effect with do_bench side by side (attnkit_tools.ab_dobench) on the cases the
 #                  patch names in its first line ("# cases: WORD ..."; AB=0 skips this)
+#   base:DIR       paired mode with the base another checkout DIR (holding src/), e.g. an
+#                  earlier commit's `git archive REF src`: a real change, measured, then its
+#                  true effect with do_bench side by side on the cases named by BASE_MATCH
+#                  (words matched as in attnkit_tools.ab_dobench; unset: no do_bench)
 #   stored-record  record this GPU model's baseline (pytest tests/perf --attnkit-record)
 #   stored:N       stored mode N times against that baseline: nothing may fail
 #   noise          build baselines/<gpu_key>/noise-paired.json from the aa runs' verdicts
@@ -73,6 +77,17 @@ for step in "$@"; do
   case $step in
     aa:*)
       for i in $(seq "${step#*:}"); do paired "aa$i" "$root/src" "$work/clean"; done ;;
+    base:*)
+      dir=$(realpath "${step#*:}"); name=$(basename "$dir")
+      paired "base_$name" "$root/src" "$dir"
+      if [ -n "${BASE_MATCH:-}" ]; then
+        read -r -a words <<< "$BASE_MATCH"
+        limited python3 -m attnkit_tools.ab_dobench --base "$dir/src" --head "$root/src" --match "${words[@]}" \
+          --rounds 3 --out "$out/ab_base_$name.json" > "$out/ab_base_$name.txt" 2>&1
+        log "$name -> this tree, true effect (do_bench, head/base):"; tee -a "$summary" < "$out/ab_base_$name.txt"
+        python3 -m attnkit_tools.detection --effects "$out/ab_base_$name.json" \
+          --verdict "$out/verdict_base_$name.json" --out "$out/detection_base_$name.md" | tee -a "$summary"
+      fi ;;
     change:*)
       name=${step#*:}
       patch=$root/docs/evidence/gate-changes/$name.patch
