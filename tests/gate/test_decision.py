@@ -58,6 +58,20 @@ def test_paired_outcomes(ratio, expected):
     assert d.threshold == T.slower and d.alpha == ALPHA, f"threshold {d.threshold}, alpha {d.alpha}"
 
 
+def test_a_clear_speed_up_is_measured_on_until_it_is_called_faster():
+    """Over 8 pairs the rank test cannot reach a ~100-benchmark run's alpha (its smallest p is
+    2^-8), so a x0.78 speed-up must stay unsettled there, not be reported as "same" (as a real
+    change between two commits once was on the H100), and be called faster once measured on."""
+    base, head = paired_blocks(np.random.default_rng(7), 16, 0.78)
+    first = gate.decide_paired(base[:8], head[:8], T, ALPHA, T.slower)
+    assert first.outcome == "inconclusive" and not first.settled, f"8 pairs: {first.outcome} ({first.reason})"
+    assert "looks faster" in first.reason, first.reason
+    second = gate.decide_paired(base, head, T, ALPHA, T.slower)
+    assert second.outcome == "faster", f"16 pairs: {second.outcome} ({second.reason})"
+    outcomes = _simulate_paired(0.9, 100, seed=9)
+    assert outcomes.count("faster") == len(outcomes), f"x0.9 as the session decides: {sorted(set(outcomes))}"
+
+
 def test_paired_slower_reason_has_the_numbers():
     d = _paired(1.10, seed=2)
     assert d.outcome == "slower", d.reason
