@@ -78,11 +78,11 @@ def meets_floor(row: dict) -> bool | None:
     return ratio is not None and ratio >= FLOOR[row["pass"]]
 
 
-def report(rows: list[dict], info: dict, plot_name: str | None) -> str:
+def report(rows: list[dict], info: dict, plot_name: str | None, out: str = "docs/PERFORMANCE.md") -> str:
     lines = [
         "# Performance of the Triton path",
         "",
-        "Produced by `python -m attnkit_tools.grid --out docs/PERFORMANCE.md`. bf16, B=4, H*D=2048, "
+        f"Produced by `python -m attnkit_tools.grid --out {out}`. bf16, B=4, H*D=2048, "
         "TFLOP/s = 4*B*H*N^2*D (halved when causal, x2.5 for the backward alone), "
         "median of the gate's timing protocol (L2 flushed, CUDA events), random inputs, the three "
         "providers timed in one run.",
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(rows, plot_path)
     except ImportError:
         plot_path = None
-    out.write_text(report(rows, info, plot_path.name if plot_path else None))
+    out.write_text(report(rows, info, plot_path.name if plot_path else None, args.out))
     if args.json:
         Path(args.json).write_text(json.dumps({"provenance": info, "rows": rows}, indent=1))
     print(f"wrote {out}")
