@@ -156,6 +156,17 @@ class LaunchSetup:
         expanded tensor has, is left to the pointer path). Elsewhere the pointer path runs."""
         return self.tma_possible and all(_tma_layout_ok(x) for x in tensors)
 
+    def streamed(self, x: torch.Tensor, y: torch.Tensor, block_rows: int, tma: bool | None):
+        """How a kernel gets the pair of tensors its loop streams, ``x`` of the head dim (K, or Q
+        in the dK/dV pass) and ``y`` of the value dim (V, or dO): ``(tma, x_arg, y_arg)``, the
+        arguments being TMA descriptors of (1, 1, ``block_rows``, padded dim) blocks or the
+        tensors themselves. ``tma`` forces one or the other; None asks :meth:`use_tma`."""
+        if tma is None:
+            tma = self.use_tma(x, y)
+        if not tma:
+            return False, x, y
+        return True, _descriptor(x, block_rows, self.head_pad), _descriptor(y, block_rows, self.value_pad)
+
     def tile_safe(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` itself, or a copy when its layout is one the kernels must not see:
 
@@ -305,14 +316,7 @@ def attention_forward(
     q, k, v = setup.tile_safe_all(q, k, v)
     out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=q.device)
     lse = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=q.device)
-    if tma is None:
-        tma = setup.use_tma(k, v)
-    k_arg, v_arg = k, v
-    if tma:
-        k_arg, v_arg = (
-            _descriptor(k, cfg.block_n, setup.head_pad),
-            _descriptor(v, cfg.block_n, setup.value_pad),
-        )
+    tma, k_arg, v_arg = setup.streamed(k, v, cfg.block_n, tma)
     setup.launches["fwd_tma" if tma else "fwd"](
         setup.fwd_grid,
         q, k_arg, v_arg, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
@@ -339,12 +343,7 @@ def bwd_dkdv(
     p, cfg = setup.problem, setup.config.dkdv
     dk = torch.empty(p.batch, p.kv_heads, p.kv_len, p.head_dim, dtype=p.dtype, device=q.device)
     dv = torch.empty(p.batch, p.kv_heads, p.kv_len, p.value_dim, dtype=p.dtype, device=q.device)
-    if tma is None:
-        tma = setup.use_tma(q, grad_out)
-    q_arg, do_arg = q, grad_out
-    if tma:
-        q_arg = _descriptor(q, cfg.block_m, setup.head_pad)
-        do_arg = _descriptor(grad_out, cfg.block_m, setup.value_pad)
+    tma, q_arg, do_arg = setup.streamed(q, grad_out, cfg.block_m, tma)
     setup.launches["dkdv_tma" if tma else "dkdv"](
         setup.dkdv_grid,
         q_arg, k, v, do_arg, lse, delta, dk, dv,
@@ -358,12 +357,7 @@ def bwd_dq(setup: LaunchSetup, q, k, v, grad_out, lse, delta, tma: bool | None =
     """dq (B, Hq, N, D). ``tma`` as in :func:`attention_forward`, for K and V."""
     p, cfg = setup.problem, setup.config.dq
     dq = torch.empty(p.batch, p.q_heads, p.q_len, p.head_dim, dtype=p.dtype, device=q.device)
-    if tma is None:
-        tma = setup.use_tma(k, v)
-    k_arg, v_arg = k, v
-    if tma:
-        k_arg = _descriptor(k, cfg.block_n, setup.head_pad)
-        v_arg = _descriptor(v, cfg.block_n, setup.value_pad)
+    tma, k_arg, v_arg = setup.streamed(k, v, cfg.block_n, tma)
     setup.launches["dq_tma" if tma else "dq"](
         setup.dq_grid,
         q, k_arg, v_arg, grad_out, lse, delta, dq,
