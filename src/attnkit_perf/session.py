@@ -256,12 +256,12 @@ class PerfSession:
         budget = self.opt["budget_s"]
         settings = PairedSettings(budget_s=budget) if budget else PairedSettings()
 
-        def decide(results: dict[str, SideResult]) -> gate.Decision:
+        def decide(results: dict[str, SideResult], *earlier: dict[str, SideResult]) -> gate.Decision:
             b, h = results["base"], results["head"]
             limit = threshold
             # Host-bound benchmarks keep their floor with an A/A noise file too: a few A/A runs
             # cannot bound the tails of what moved by tens of percent between worker processes.
-            if _host_bound(b, h):
+            if _host_bound_throughout(results, *earlier):
                 limit = max(threshold, self.thresholds.host_bound_slower)
             return gate.decide_paired(
                 b.blocks, h.blocks, self.thresholds, alpha, limit, b.peak_bytes, h.peak_bytes
@@ -274,6 +274,7 @@ class PerfSession:
         # "prepare" included; a suspect adds "restart" (fresh workers) and "confirm".
         seconds = {"prepare": paired.last_prepare_s, "measure": time.perf_counter() - start}
         base, head = results["base"], results["head"]
+        host_bound = _host_bound_throughout(results)
         if head.unsupported:
             pytest.skip(f"{case.backend} does not support this shape: {head.unsupported}")
         if base.unsupported:
@@ -286,9 +287,12 @@ class PerfSession:
                 start = time.perf_counter()
                 paired.restart()
                 seconds["restart"] = time.perf_counter() - start
-                again = paired.measure(case.as_dict(), settings, lambda r: decide(r).settled)
+                # Judged by the first measurement's classification too: a slowdown seen under
+                # the GPU rule must not pass because the fresh processes read host-bound.
+                again = paired.measure(case.as_dict(), settings, lambda r: decide(r, results).settled)
                 seconds["confirm"] = time.perf_counter() - start - seconds["restart"]
-                decision = gate.confirm_slowdown(decision, decide(again))
+                decision = gate.confirm_slowdown(decision, decide(again, results))
+                host_bound = _host_bound_throughout(again, results)
                 base, head = again["base"], again["head"]
         decision.extra["seconds"] = {step: round(s, 3) for step, s in seconds.items()}
         decision.extra["host_fraction"] = {
@@ -304,7 +308,7 @@ class PerfSession:
             base_peak_bytes=base.peak_bytes,
             head_peak_bytes=head.peak_bytes,
             tflops=None if head.median_s is None else case.flops / head.median_s / 1e12,
-            host_bound=None if _fraction(base, head) is None else _host_bound(base, head),
+            host_bound=None if _fraction(base, head) is None else host_bound,
         )
         node.user_properties.append((VERDICT_PROPERTY, dataclasses.asdict(row)))
         failing = gate.FAILING + (("inconclusive",) if self.thresholds.fail_on_inconclusive else ())
@@ -520,3 +524,12 @@ def _fraction(base: SideResult, head: SideResult) -> float | None:
 
 def _host_bound(base: SideResult, head: SideResult) -> bool:
     return (_fraction(base, head) or 0.0) >= HOST_BOUND_FRACTION
+
+
+def _host_bound_throughout(*measurements: dict[str, SideResult]) -> bool:
+    """Host-bound by every measurement of the benchmark (each a {"base", "head"} result): a
+    suspect's confirmation on fresh processes is judged by the strictest classification seen.
+    On the H100 a zero-filled forward (B16 N1024 D128 causal) measured x1.104 under the GPU
+    rule, then its fresh processes read host fractions 0.53 and 0.59, and it passed at x1.095
+    under the host-bound threshold."""
+    return all(_host_bound(m["base"], m["head"]) for m in measurements)

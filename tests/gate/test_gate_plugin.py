@@ -614,3 +614,25 @@ def test_a_paired_benchmark_is_host_bound_only_when_both_sides_are(base_fraction
 
     base, head = SideResult(host_fraction=base_fraction), SideResult(host_fraction=head_fraction)
     assert _host_bound(base, head) is host_bound, f"base {base_fraction}, head {head_fraction}"
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "host_bound"),
+    [
+        ((0.4, 0.45), (0.53, 0.59), False),  # GPU-bound first: fresh processes cannot loosen it
+        ((0.53, 0.59), (0.4, 0.45), False),
+        ((0.9, 0.9), (0.8, 0.95), True),
+    ],
+)
+def test_a_confirmed_benchmark_is_host_bound_only_when_every_measurement_says_so(first, second, host_bound):
+    """The confirmation of a suspect is judged by the strictest classification seen: a slowdown
+    measured under the GPU rule must not pass because fresh processes read host-bound."""
+    from attnkit_perf.measure.paired import SideResult
+    from attnkit_perf.session import _host_bound_throughout
+
+    def measurement(fractions):
+        base, head = fractions
+        return {"base": SideResult(host_fraction=base), "head": SideResult(host_fraction=head)}
+
+    assert _host_bound_throughout(measurement(first), measurement(second)) is host_bound
+    assert _host_bound_throughout(measurement(second)) is (min(second) >= 0.5)
