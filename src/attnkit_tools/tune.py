@@ -72,8 +72,9 @@ def _inputs(dtype, head_dim, causal, seq_len, batch=4):
 
 
 class _Family:
-    """One family's inputs at the tuned shape and a runner per kernel: ``run(kernel, config)``
-    launches that kernel of ``config`` (the other kernels' outputs come from the default)."""
+    """One family's inputs at one sequence length, with the forward's log-sum-exp and the
+    backward's row sums from the default config: ``runner(kernel, setup)`` launches one kernel
+    of a candidate's setup on them."""
 
     def __init__(self, dtype, head_dim, causal, seq_len) -> None:
         self.q, self.k, self.v, self.do, self.problem = _inputs(dtype, head_dim, causal, seq_len)
@@ -126,7 +127,7 @@ def prepare_all(jobs: list, workers: int, log) -> dict:
     compiled and checked by ``workers`` processes (in this process when ``workers`` <= 1)."""
     if workers <= 1:
         return {job: _prepare(job) for job in jobs}
-    # Jobs sorted by family so that a worker builds few families' inputs.
+    # The jobs come family by family, so a worker rarely rebuilds a family's inputs.
     context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
         verdicts = dict(zip(jobs, pool.map(_prepare, jobs, chunksize=1), strict=True))
@@ -141,9 +142,9 @@ def tune_family(
     {seq_len: ms} or why not}}). ``verdicts`` (from :func:`prepare_all`, prepared at
     ``seq_lens[0]``) says which candidates compiled and passed the check; without it each
     candidate is prepared here first."""
-    chosen, timings = {}, {}
+    usable, timings = {}, {}
     for kernel in kernels:
-        usable, timings[kernel] = [], {}
+        usable[kernel], timings[kernel] = [], {}
         for candidate in CANDIDATES[kernel]:
             cfg = KernelConfig(*candidate)
             job = (dtype, head_dim, causal, seq_lens[0], kernel, cfg)
@@ -152,18 +153,21 @@ def tune_family(
             if verdict:
                 log(f"  {kernel:5s} {_label(cfg):18s} {verdict[:100]}")
             else:
-                usable.append(cfg)
-        for seq_len in seq_lens:
-            family = _Family(dtype, head_dim, causal, seq_len)  # one length's inputs at a time
-            for cfg in usable:
+                usable[kernel].append(cfg)
+    for seq_len in seq_lens:
+        family = _Family(dtype, head_dim, causal, seq_len)  # one length's inputs at a time
+        for kernel in kernels:
+            for cfg in usable[kernel]:
                 run = family.runner(kernel, family.setup(kernel, cfg))
                 ms = 1e3 * median_time_s(run, torch.device("cuda"), budget_s=0.05)
                 timings[kernel][_label(cfg)][str(seq_len)] = round(ms, 4)
                 log(f"  {kernel:5s} {_label(cfg):18s} N={seq_len:<6d} {ms:.3f} ms")
-            del family
-        chosen[kernel] = closest_to_best(usable, timings[kernel], seq_lens) or getattr(
-            default_config(dtype, head_dim, head_dim), kernel
-        )
+        del family
+    default = default_config(dtype, head_dim, head_dim)
+    chosen = {
+        kernel: closest_to_best(usable[kernel], timings[kernel], seq_lens) or getattr(default, kernel)
+        for kernel in kernels
+    }
     return chosen, timings
 
 
