@@ -3,12 +3,16 @@ context length, side by side with SDPA.
 
     PYTHONPATH=src python3 tools/decode_table.py --out decode.json [--sweep]
 
-Shapes: Hq 32, Hkv 8, D 128, bf16, causal (bottom-right). Every time is the median of
-``triton.testing.do_bench`` (which flushes L2 between runs), in one process. GB/s is the bytes
-of K and V read (B x Hkv x M x D x 2 tensors x 2 bytes) over the time; "% copy" divides it by
-this device's measured copy bandwidth (bytes read + written by a 1 GiB device-to-device copy
-over its time). ``--sweep`` also times split-KV tile configs on two shapes and prints the best
-(to update ``attnkit.triton.decode.DEFAULT_DECODE_CONFIG``). Markdown on stdout, JSON to --out.
+Shapes: Hq 32, Hkv 8, D 128, bf16, causal (bottom-right). Every time is the median of the
+gate's timing protocol (:func:`attnkit_perf.measure.timing.median_time_s`: L2 flushed before
+each call, CUDA events), in one process. Columns marked "graph" replay the call from a CUDA
+graph: the kernels' own time, as a serving loop that captures its decode step sees it; the
+others are eager calls, whose host work can outlast a short kernel. GB/s is the bytes of K and
+V read (B x Hkv x M x D x 2 tensors x 2 bytes) over the time; "% copy" divides it by this
+device's measured copy bandwidth (bytes read + written by a 1 GiB device-to-device copy over
+its time). ``--sweep`` also times split-KV configs (graph replays) over the decode shapes of
+the issue and prints the one closest to the best on every shape (to update
+``attnkit.triton.decode.DEFAULT_DECODE_CONFIG``). Markdown on stdout, JSON to --out.
 """
 
 from __future__ import annotations
@@ -18,14 +22,16 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import sys
 
 import torch
-from triton.testing import do_bench
 
 import attnkit
 from attnkit.inputs import check_inputs
 from attnkit.triton.decode import DEFAULT_DECODE_CONFIG, DecodeConfig, decode_forward
+from attnkit_perf.measure.cases import captured
+from attnkit_perf.measure.timing import median_time_s
 
 HQ, HKV, D, DTYPE = 32, 8, 128, torch.bfloat16
 ISSUE_ROWS = [(8, 1, 4096), (8, 1, 32768), (1, 1, 131072), (4, 16, 16384)]  # (B, N, M)
@@ -37,7 +43,12 @@ PAGE = 256  # block size of the paged cache (FlashAttention-2's paged KV granula
 
 
 def median_us(fn) -> float:
-    return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+    return median_time_s(fn, torch.device("cuda"), budget_s=0.1) * 1e6
+
+
+def graph_us(fn) -> float:
+    """``fn`` captured in a CUDA graph, the replay timed: no host work inside the interval."""
+    return median_us(captured(fn))
 
 
 def copy_bandwidth() -> float:
@@ -90,7 +101,11 @@ def time_row(batch: int, q_len: int, kv_len: int, copy_gbs: float) -> dict:
         except attnkit.UnsupportedProblemError as err:
             row["times_us"][label] = None
             row.setdefault("errors", {})[label] = str(err)[:200]
-    # Kernel-level paged vs contiguous (same split-KV launcher, no argument checks).
+    with torch.no_grad():
+        row["times_us"]["triton graph"] = graph_us(
+            lambda: attnkit.attention(q, k, v, causal=True, backend="triton")
+        )
+    # Kernel-level paged vs contiguous (same split-KV launcher, no argument checks, replayed).
     problem = check_inputs(q, k, v, True, None)
     seqlens = torch.full((batch,), kv_len, dtype=torch.int32, device="cuda")
     k_pool, v_pool, table = paged_copy(k, v)
@@ -98,10 +113,10 @@ def time_row(batch: int, q_len: int, kv_len: int, copy_gbs: float) -> dict:
     contiguous = decode_forward(q, k, v, problem, seqlens=seqlens)[0]
     paged = decode_forward(q, k_pool, v_pool, paged_problem, seqlens=seqlens, block_table=table)[0]
     row["paged_max_abs_diff"] = (contiguous.float() - paged.float()).abs().max().item()
-    row["times_us"]["triton contiguous cache"] = median_us(
+    row["times_us"]["triton contiguous cache graph"] = graph_us(
         lambda: decode_forward(q, k, v, problem, seqlens=seqlens)
     )
-    row["times_us"]["triton paged cache"] = median_us(
+    row["times_us"]["triton paged cache graph"] = graph_us(
         lambda: decode_forward(q, k_pool, v_pool, paged_problem, seqlens=seqlens, block_table=table)
     )
     with torch.no_grad():
@@ -136,27 +151,51 @@ def tokens_per_second(batch: int = 8) -> list[dict]:
     return rows
 
 
-def sweep() -> list[dict]:
-    """Split-KV configs on a short and a long decode shape; fastest first."""
-    results = []
-    shapes = [(8, 1, 4096), (1, 1, 131072), (4, 16, 16384)]
-    grid = itertools.product((32, 64, 128), (4, 8), (2, 3), (2, 4))
-    for block_n, warps, stages, per_sm in grid:
-        config = dataclasses.replace(
-            DEFAULT_DECODE_CONFIG, block_n=block_n, num_warps=warps, num_stages=stages, programs_per_sm=per_sm
-        )
-        total = 0.0
+#: (B, N, M) of the sweep: the issue's decode range (B 1..8, N 1..16, M 4K..128K), corners and middle.
+SWEEP_SHAPES = [
+    (1, 1, 4096), (8, 1, 4096), (1, 1, 131072), (8, 1, 32768), (2, 1, 16384),
+    (4, 16, 16384), (1, 16, 65536), (8, 16, 4096),
+]  # fmt: skip
+SWEEP_GRID = {
+    "block_n": (32, 64, 128),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4),
+    "programs_per_sm": (2, 4, 8),
+}
+
+
+def sweep(copy_gbs: float) -> list[dict]:
+    """Every split-KV config of :data:`SWEEP_GRID` on every shape of :data:`SWEEP_SHAPES`, from CUDA
+    graph replays; sorted by the geometric mean over the shapes of time / the best time on that
+    shape (the config closest to the best everywhere first). Each entry also holds its lowest
+    % of copy bandwidth over the shapes."""
+    results, times = [], {}
+    shapes = {shape: operands(*shape) for shape in SWEEP_SHAPES}
+    for values in itertools.product(*SWEEP_GRID.values()):
+        config = dataclasses.replace(DEFAULT_DECODE_CONFIG, **dict(zip(SWEEP_GRID, values, strict=True)))
         try:
-            for batch, q_len, kv_len in shapes:
-                q, k, v = operands(batch, q_len, kv_len)
+            per_shape = {}
+            for shape, (q, k, v) in shapes.items():
                 problem = check_inputs(q, k, v, True, None)
-                run = functools.partial(decode_forward, q, k, v, problem, config=config)
-                total += median_us(run) / kv_bytes(batch, kv_len)
+                per_shape[shape] = graph_us(
+                    functools.partial(decode_forward, q, k, v, problem, config=config)
+                )
         except Exception as err:  # a config that does not compile is skipped, named
-            print(f"skipped {config}: {type(err).__name__}", file=sys.stderr)
+            print(f"skipped {config}: {type(err).__name__}: {str(err)[:120]}", file=sys.stderr)
             continue
-        results.append({"config": dataclasses.asdict(config), "us_per_byte_sum": total})
-    return sorted(results, key=lambda r: r["us_per_byte_sum"])
+        times[config] = per_shape
+    best = {shape: min(t[shape] for t in times.values()) for shape in SWEEP_SHAPES}
+    for config, per_shape in times.items():
+        ratios = [per_shape[shape] / best[shape] for shape in SWEEP_SHAPES]
+        pct = [100 * kv_bytes(s[0], s[2]) / (per_shape[s] * 1e3) / copy_gbs for s in SWEEP_SHAPES]
+        results.append({
+            "config": dataclasses.asdict(config),
+            "geomean_time_over_best": math.prod(ratios) ** (1 / len(ratios)),
+            "min_pct_copy": min(pct),
+            "times_us": {f"B{b} N{n} M{m}": per_shape[(b, n, m)] for b, n, m in SWEEP_SHAPES},
+            "pct_copy": {f"B{b} N{n} M{m}": p for (b, n, m), p in zip(SWEEP_SHAPES, pct, strict=True)},
+        })  # fmt: skip
+    return sorted(results, key=lambda r: r["geomean_time_over_best"])
 
 
 def markdown(rows: list[dict], tokens: list[dict], copy_gbs: float) -> str:
@@ -185,7 +224,8 @@ def markdown(rows: list[dict], tokens: list[dict], copy_gbs: float) -> str:
             causal, plain = row["times_us"].get(name), row["times_us"].get(f"{name} non-causal")
             if causal and plain:
                 ratios.append(f"{name} {causal / plain:.2f}")
-        paged, contiguous = row["times_us"]["triton paged cache"], row["times_us"]["triton contiguous cache"]
+        paged = row["times_us"]["triton paged cache graph"]
+        contiguous = row["times_us"]["triton contiguous cache graph"]
         lines.append(
             f"- B{row['B']} N{row['N']} M{row['M']}: " + ", ".join(ratios)
             + f"; paged / contiguous {paged / contiguous:.2f}"
@@ -213,12 +253,17 @@ def main(argv: list[str] | None = None) -> int:
     result = {"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "rows": rows, "tokens": tokens}
     result["config"] = dataclasses.asdict(DEFAULT_DECODE_CONFIG)
     if args.sweep:
-        result["sweep"] = sweep()
+        result["sweep"] = sweep(copy_gbs)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(markdown(rows, tokens, copy_gbs))
     if args.sweep and result["sweep"]:
-        print("\nFastest split-KV config:", DecodeConfig(**result["sweep"][0]["config"]))
+        top = result["sweep"][0]
+        print(
+            f"\nClosest to the best on every shape: {DecodeConfig(**top['config'])} "
+            f"(x{top['geomean_time_over_best']:.3f} of the best, lowest {top['min_pct_copy']:.0f}% of copy): "
+            + ", ".join(f"{s} {p:.0f}%" for s, p in top["pct_copy"].items())
+        )
     return 0
 
 

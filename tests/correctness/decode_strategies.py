@@ -97,7 +97,7 @@ def cache_cases(draw, *, max_capacity: int = 40, dtypes=(torch.float16, torch.bf
     batch = draw(st.integers(1, 3))
     q_len = draw(st.sampled_from([1, 1, 2, 4]))
     new_len = draw(st.sampled_from([0, 0, q_len]))
-    block_size = draw(st.sampled_from([0, 0, 1, 4, 16]))
+    block_size = draw(st.sampled_from([0, 0, 1, 4, 16, 32]))
     if block_size:
         max_blocks = draw(st.integers(1, max(1, max_capacity // block_size)))
         capacity = max_blocks * block_size

@@ -66,8 +66,22 @@ _triton_reason = (
 needs_triton = pytest.mark.skipif(_triton_reason is not None, reason=f"triton on {DEVICE}: {_triton_reason}")
 
 
+#: Pages holding whole 16-key blocks (one table read per block), one or two blocks per page,
+#: shuffled, lengths ending mid-page.
+_WHOLE_BLOCK_PAGES = CacheCase(
+    batch=2, q_heads=4, kv_heads=2, q_len=2, head_dim=16, value_dim=16, seqlens=(45, 17), new_len=0,
+    capacity=48, block_size=16, table=((4, 0, 2), (5, 1, 3)), num_blocks=6, causal=True,
+    dtype=torch.float16, seed=11,
+)  # fmt: skip
+_TWO_BLOCKS_PER_PAGE = dataclasses.replace(
+    _WHOLE_BLOCK_PAGES, seqlens=(60, 33), capacity=64, block_size=32, table=((3, 0), (1, 2)), num_blocks=4
+)
+
+
 @needs_triton
 @given(case=cache_cases(), splits=st.integers(1, 5))
+@example(case=_WHOLE_BLOCK_PAGES, splits=2)
+@example(case=_TWO_BLOCKS_PER_PAGE, splits=3)
 def test_split_kernel_many_splits_dense_and_paged(case: CacheCase, splits: int):
     """The split-KV kernel with 16-key blocks, so that tiny caches still cut into several
     splits (some empty), read in place, dense or through the block table, with ragged lengths."""

@@ -113,12 +113,14 @@ def decode_forward(
     dtype and lse (B, Hq, N) float32 (natural log, +inf for rows that see no key).
     """
     p = problem
-    plan = _decode_plan(p, config, num_splits, block_table is not None, seqlens is not None)
+    paged = block_table is not None
+    # A page holding whole key blocks is looked up once per block, not once per key.
+    page_aligned = paged and k.shape[2] % config.block_n == 0
+    plan = _decode_plan(p, config, num_splits, paged, page_aligned, seqlens is not None)
     # The partial results never leave this function: one allocation holds both.
     parts = torch.empty(plan.part_elements, dtype=torch.float32, device=q.device)
     o_part = parts[: plan.o_part_shape.numel()].view(plan.o_part_shape)
     lse_part = parts[plan.lse_offset :].view(plan.lse_part_shape)
-    paged = block_table is not None
     table = block_table if paged else q  # an unused pointer argument when not paged
     plan.split(
         plan.split_grid,
@@ -154,7 +156,12 @@ class _DecodePlan:
 
 @functools.lru_cache(maxsize=1024)
 def _decode_plan(
-    p: AttentionProblem, config: DecodeConfig, num_splits: int | None, paged: bool, has_seqlens: bool
+    p: AttentionProblem,
+    config: DecodeConfig,
+    num_splits: int | None,
+    paged: bool,
+    page_aligned: bool,
+    has_seqlens: bool,
 ) -> _DecodePlan:
     rows = p.group_size * p.q_len
     if num_splits is None:
@@ -170,6 +177,7 @@ def _decode_plan(
         HEAD_DIM=p.head_dim, HEAD_PAD=head_pad, VALUE_DIM=p.value_dim, VALUE_PAD=value_pad,
         BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=config.block_n, CAUSAL=p.causal,
         DOT_PRECISION=_dot_precision(p), HAS_SEQLENS=has_seqlens, PAGED=paged,
+        PAGE_ALIGNED=page_aligned,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     combine = KernelLaunch(

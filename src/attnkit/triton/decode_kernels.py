@@ -35,14 +35,25 @@ DECODE_DYNAMIC_INTS = ["q_len", "kv_len", "group_size", "kv_heads", "chunk", "bl
 
 @triton.jit
 def _kv_rows(
-    TABLE, stride_tb, batch, cols, kv_len, stride_b, stride_n, block_size, PAGED: tl.constexpr
+    TABLE, stride_tb, batch, start, cols, kv_len, stride_b, stride_n, block_size,
+    PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr,
 ):  # fmt: skip
-    """int64 offset of key row ``cols`` of sequence ``batch`` (before the head offset)."""
+    """int64 offset of key row ``cols`` (= ``start`` + 0..BLOCK_N-1) of sequence ``batch``
+    (before the head offset). PAGE_ALIGNED: ``block_size`` is a multiple of BLOCK_N, so the
+    whole key block lies in one page and one table entry is read, not one per key (the key
+    loads then wait on a single scalar load)."""
     if PAGED:
-        page = tl.load(
-            TABLE + batch.to(tl.int64) * stride_tb + cols // block_size, mask=cols < kv_len, other=0
-        )
-        rows = page.to(tl.int64) * stride_b + (cols % block_size).to(tl.int64) * stride_n
+        if PAGE_ALIGNED:
+            page = tl.load(TABLE + batch.to(tl.int64) * stride_tb + start // block_size)
+            rows = (
+                page.to(tl.int64) * stride_b
+                + (cols - (start // block_size) * block_size).to(tl.int64) * stride_n
+            )
+        else:
+            page = tl.load(
+                TABLE + batch.to(tl.int64) * stride_tb + cols // block_size, mask=cols < kv_len, other=0
+            )
+            rows = page.to(tl.int64) * stride_b + (cols % block_size).to(tl.int64) * stride_n
     else:
         rows = batch.to(tl.int64) * stride_b + cols.to(tl.int64) * stride_n
     return rows
@@ -58,7 +69,7 @@ def _decode_split_kernel(
     q_len, kv_len, group_size, kv_heads, chunk, block_size, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HAS_SEQLENS: tl.constexpr, PAGED: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr,
 ):  # fmt: skip
     """Grid (num_splits, B * Hkv). Q: (B, Hq, N, D); K, V: (B, Hkv, M, D|Dv) or, PAGED, pools
     (num_blocks, Hkv, block_size, D|Dv) read through TABLE (B, max_blocks) int32.
@@ -99,7 +110,9 @@ def _decode_split_kernel(
     for start in range(start_n, end_n, BLOCK_N):
         cols = start + offs_n
         col_ok = cols < end_n
-        k_rows = _kv_rows(TABLE, stride_tb, batch, cols, end_n, stride_kb, stride_kn, block_size, PAGED)
+        k_rows = _kv_rows(
+            TABLE, stride_tb, batch, start, cols, end_n, stride_kb, stride_kn, block_size, PAGED, PAGE_ALIGNED
+        )
         # Row masks only (constant along the head dim, so loads stay vectorised); the head-dim
         # mask only where D is padded.
         k = _load_tile(
@@ -122,7 +135,9 @@ def _decode_split_kernel(
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_rows = _kv_rows(TABLE, stride_tb, batch, cols, end_n, stride_vb, stride_vn, block_size, PAGED)
+        v_rows = _kv_rows(
+            TABLE, stride_tb, batch, start, cols, end_n, stride_vb, stride_vn, block_size, PAGED, PAGE_ALIGNED
+        )
         v = _load_tile(
             v_base + v_rows[:, None] + offs_dv[None, :] * stride_vd,
             cols,

@@ -200,7 +200,7 @@ def build_runner(case: BenchCase, device: torch.device | str, seed: int = 0) -> 
     if case.mode == "compiled":
         attend = torch.compile(attend, fullgraph=True)
     if case.mode == "graph":
-        return _captured(lambda: attend(q, k, v))
+        return captured(lambda: attend(q, k, v))
 
     def forward():
         return attend(q, k, v)
@@ -225,7 +225,7 @@ def build_runner(case: BenchCase, device: torch.device | str, seed: int = 0) -> 
 _CAPTURE_WARMUP_CALLS = 3
 
 
-def _captured(forward: Callable[[], object]) -> Callable[[], None]:
+def captured(forward: Callable[[], object]) -> Callable[[], None]:
     """``forward`` captured once in a CUDA graph; the returned callable replays it (same input
     and output buffers each time)."""
     side = torch.cuda.Stream()
