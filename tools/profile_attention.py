@@ -101,6 +101,9 @@ COLUMNS = [
     ("launch__grid_size", "grid"),
     ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "SM %"),
     ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", "mem %"),
+    # Hopper: cycles the tensor pipe was busy (any MMA), and warpgroup MMA issue rate.
+    ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active", "tensor pipe %"),
+    ("sm__inst_executed_pipe_tensor_op_gmma.avg.pct_of_peak_sustained_active", "wgmma issue %"),
 ]
 _STALL = ("smsp__average_warps_issue_stalled_", "_per_issue_active.ratio")
 
@@ -128,35 +131,31 @@ def summarize(counters_csv: str, cases_json: str) -> str:
             "the rows cannot be matched to the cases"
         )
     index = {name: i for i, name in enumerate(header)}
-    tensor = [
-        name for name in header if "pipe_tensor" in name and name.endswith("pct_of_peak_sustained_active")
-    ]
     stalls = [name for name in header if name.startswith(_STALL[0]) and name.endswith(_STALL[1])]
     out = [
         "| case | kernel | "
         + " | ".join(label for _, label in COLUMNS)
-        + " | tensor pipe % | top stalls (warps per issue) |",
-        "|---" * (len(COLUMNS) + 4) + "|",
+        + " | top stalls (warps per issue) |",
+        "|---" * (len(COLUMNS) + 3) + "|",
     ]
     for owner, row in zip(owners, data, strict=True):
         name = row[index["Kernel Name"]] if "Kernel Name" in index else "?"
         cells = []
         for column, _ in COLUMNS:
             value = row[index[column]] if column in index else ""
-            if column == "gpu__time_duration.sum" and column in index and units[index[column]] == "ns":
-                value = f"{_number(value) / 1e3:.1f}"
+            if column == "gpu__time_duration.sum" and column in index:
+                scale = {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "msecond": 1e3, "ms": 1e3}.get(
+                    units[index[column]]
+                )
+                number = _number(value)
+                value = f"{number * scale:.1f}" if scale and number is not None else value
             cells.append(value)
-        pipe = ", ".join(
-            f"{name.split('__')[1].split('.')[0].replace('pipe_tensor_op_', '')} {row[index[name]]}"
-            for name in tensor
-            if _number(row[index[name]])
-        )
         ranked = sorted(
             ((_number(row[index[s]]) or 0.0, s[len(_STALL[0]) : -len(_STALL[1])]) for s in stalls),
             reverse=True,
         )
         top = ", ".join(f"{reason} {value:.2f}" for value, reason in ranked[:4])
-        out.append(f"| {owner} | {name[:48]} | " + " | ".join(cells) + f" | {pipe} | {top} |")
+        out.append(f"| {owner} | {name[:48]} | " + " | ".join(cells) + f" | {top} |")
     return "\n".join(out)
 
 

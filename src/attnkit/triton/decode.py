@@ -36,11 +36,16 @@ class DecodeConfig:
     ``min_keys_per_split`` keys (below that the combine costs more than the parallelism gains)
     and there are at most ``max_splits``. ``min_keys_per_row`` makes any problem with that many
     keys per query row count as decode-shaped even on a full GPU.
+
+    The tile (32 keys, 4 warps, 3 stages, 2 programs per SM) is the one closest to the best on
+    every shape of ``tools/decode_table.py --sweep`` on the H100 (B 1..8, N 1..16, M 4K..128K;
+    docs/evidence/h100-2026-11-24/session12). The previous tile, 64 keys with 2 stages, took
+    1.07x the best time on average and reached 0.81x this tile's bandwidth at B4 N16 M16384.
     """
 
-    block_n: int = 64
+    block_n: int = 32
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3
     max_rows: int = 64
     programs_per_sm: int = 2
     min_keys_per_split: int = 256
