@@ -12,7 +12,8 @@ V read (B x Hkv x M x D x 2 tensors x 2 bytes) over the time; "% copy" divides i
 device's measured copy bandwidth (bytes read + written by a 1 GiB device-to-device copy over
 its time). ``--sweep`` also times split-KV configs (graph replays) over the decode shapes of
 the issue and prints the one closest to the best on every shape (to update
-``attnkit.triton.decode.DEFAULT_DECODE_CONFIG``). Markdown on stdout, JSON to --out.
+``attnkit.triton.decode.DEFAULT_DECODE_CONFIG``); ``--sweep-paged`` does the same through a
+shuffled block table (``DEFAULT_PAGED_DECODE_CONFIG``). Markdown on stdout, JSON to --out.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ import torch
 
 import attnkit
 from attnkit.inputs import check_inputs
-from attnkit.triton.decode import DEFAULT_DECODE_CONFIG, DecodeConfig, decode_forward
+from attnkit.triton.decode import (
+    DEFAULT_DECODE_CONFIG,
+    DEFAULT_PAGED_DECODE_CONFIG,
+    DecodeConfig,
+    decode_forward,
+)
 from attnkit_perf.measure.cases import captured
 from attnkit_perf.measure.timing import median_time_s
 
@@ -175,22 +181,33 @@ SWEEP_GRID = {
 }
 
 
-def sweep(copy_gbs: float) -> list[dict]:
+def sweep(copy_gbs: float, paged: bool = False) -> list[dict]:
     """Every split-KV config of :data:`SWEEP_GRID` on every shape of :data:`SWEEP_SHAPES`, from CUDA
-    graph replays; sorted by the geometric mean over the shapes of time / the best time on that
-    shape (the config closest to the best everywhere first). Each entry also holds its lowest
-    % of copy bandwidth over the shapes."""
+    graph replays, reading a contiguous cache or (``paged``) the same keys through a shuffled
+    block table of :data:`PAGE`-key pages; sorted by the geometric mean over the shapes of time
+    / the best time on that shape (the config closest to the best everywhere first). Each entry
+    also holds its lowest % of copy bandwidth over the shapes."""
     results, times = [], {}
-    shapes = {shape: operands(*shape) for shape in SWEEP_SHAPES}
+    runs = {}
+    for shape in SWEEP_SHAPES:
+        q, k, v = operands(*shape)
+        problem = check_inputs(q, k, v, True, None)
+        if paged:
+            k_pool, v_pool, table = paged_copy(k, v)
+            seqlens = torch.full((shape[0],), shape[2], dtype=torch.int32, device="cuda")
+            problem = dataclasses.replace(problem, kv_len=table.shape[1] * PAGE)
+            runs[shape] = functools.partial(
+                decode_forward, q, k_pool, v_pool, problem, seqlens=seqlens, block_table=table
+            )
+        else:
+            runs[shape] = functools.partial(decode_forward, q, k, v, problem)
+    base = DEFAULT_PAGED_DECODE_CONFIG if paged else DEFAULT_DECODE_CONFIG
     for values in itertools.product(*SWEEP_GRID.values()):
-        config = dataclasses.replace(DEFAULT_DECODE_CONFIG, **dict(zip(SWEEP_GRID, values, strict=True)))
+        config = dataclasses.replace(base, **dict(zip(SWEEP_GRID, values, strict=True)))
         try:
-            per_shape = {}
-            for shape, (q, k, v) in shapes.items():
-                problem = check_inputs(q, k, v, True, None)
-                per_shape[shape] = graph_us(
-                    functools.partial(decode_forward, q, k, v, problem, config=config)
-                )
+            per_shape = {
+                shape: graph_us(functools.partial(run, config=config)) for shape, run in runs.items()
+            }
         except Exception as err:  # a config that does not compile is skipped, named
             print(f"skipped {config}: {type(err).__name__}: {str(err)[:120]}", file=sys.stderr)
             continue
@@ -257,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--sweep", action="store_true", help="also time split-KV tile configs")
+    parser.add_argument(
+        "--sweep-paged", action="store_true", help="also time split-KV tile configs through a block table"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
@@ -265,15 +285,17 @@ def main(argv: list[str] | None = None) -> int:
     tokens = tokens_per_second()
     result = {"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "rows": rows, "tokens": tokens}
     result["config"] = dataclasses.asdict(DEFAULT_DECODE_CONFIG)
-    if args.sweep:
-        result["sweep"] = sweep(copy_gbs)
+    result["paged_config"] = dataclasses.asdict(DEFAULT_PAGED_DECODE_CONFIG)
+    sweeps = {"sweep": args.sweep, "sweep_paged": args.sweep_paged}
+    for key in (key for key, wanted in sweeps.items() if wanted):
+        result[key] = sweep(copy_gbs, paged=key == "sweep_paged")
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(markdown(rows, tokens, copy_gbs))
-    if args.sweep and result["sweep"]:
-        top = result["sweep"][0]
+    for key in (key for key in sweeps if result.get(key)):
+        top = result[key][0]
         print(
-            f"\nClosest to the best on every shape: {DecodeConfig(**top['config'])} "
+            f"\n{key}: closest to the best on every shape: {DecodeConfig(**top['config'])} "
             f"(x{top['geomean_time_over_best']:.3f} of the best, lowest {top['min_pct_copy']:.0f}% of copy): "
             + ", ".join(f"{s} {p:.0f}%" for s, p in top["pct_copy"].items())
         )

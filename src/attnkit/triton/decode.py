@@ -55,6 +55,9 @@ class DecodeConfig:
 
 
 DEFAULT_DECODE_CONFIG = DecodeConfig()
+#: The tile through a block table (``tools/decode_table.py --sweep-paged``): a key block there
+#: waits on its page's table entry, which favours other tiles than the contiguous cache.
+DEFAULT_PAGED_DECODE_CONFIG = DecodeConfig()
 
 
 @functools.cache
@@ -105,7 +108,7 @@ def decode_forward(
     seqlens: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
     num_splits: int | None = None,
-    config: DecodeConfig = DEFAULT_DECODE_CONFIG,
+    config: DecodeConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-KV attention forward.
 
@@ -114,11 +117,14 @@ def decode_forward(
     block_size, Dv) pools, key j of sequence b at page ``block_table[b, j // block_size]``.
     ``seqlens`` (B,) int32: keys per sequence (default: ``problem.kv_len`` for every one);
     causal is bottom-right per sequence. ``problem.kv_len`` is the key capacity (it sets the
-    split length). Inputs are validated by the caller. Returns out (B, Hq, N, Dv) in q's
+    split length). ``config`` defaults to :data:`DEFAULT_PAGED_DECODE_CONFIG` when paged, else
+    :data:`DEFAULT_DECODE_CONFIG`. Inputs are validated by the caller. Returns out (B, Hq, N, Dv) in q's
     dtype and lse (B, Hq, N) float32 (natural log, +inf for rows that see no key).
     """
     p = problem
     paged = block_table is not None
+    if config is None:
+        config = DEFAULT_PAGED_DECODE_CONFIG if paged else DEFAULT_DECODE_CONFIG
     # A page holding whole key blocks is looked up once per block, not once per key.
     page_aligned = paged and k.shape[2] % config.block_n == 0
     plan = _decode_plan(p, config, num_splits, paged, page_aligned, seqlens is not None)
