@@ -36,6 +36,7 @@ from attnkit.triton.decode import (
     DecodeConfig,
     decode_forward,
 )
+from attnkit_perf.machine import provenance
 from attnkit_perf.measure.cases import captured
 from attnkit_perf.measure.timing import median_time_s
 
@@ -273,6 +274,7 @@ def markdown(rows: list[dict], tokens: list[dict], copy_gbs: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--md", help="also write the tables, with provenance, to this Markdown file")
     parser.add_argument("--sweep", action="store_true", help="also time split-KV tile configs")
     parser.add_argument(
         "--sweep-paged", action="store_true", help="also time split-KV tile configs through a block table"
@@ -283,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     copy_gbs = copy_bandwidth()
     rows = [time_row(b, n, m, copy_gbs) for b, n, m in ISSUE_ROWS]
     tokens = tokens_per_second()
-    result = {"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs, "rows": rows, "tokens": tokens}
+    info = provenance(torch.device("cuda"))
+    result = {"provenance": info, "copy_gbs": copy_gbs, "rows": rows, "tokens": tokens}
     result["config"] = dataclasses.asdict(DEFAULT_DECODE_CONFIG)
     result["paged_config"] = dataclasses.asdict(DEFAULT_PAGED_DECODE_CONFIG)
     sweeps = {"sweep": args.sweep, "sweep_paged": args.sweep_paged}
@@ -291,7 +294,22 @@ def main(argv: list[str] | None = None) -> int:
         result[key] = sweep(copy_gbs, paged=key == "sweep_paged")
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    print(markdown(rows, tokens, copy_gbs))
+    tables = markdown(rows, tokens, copy_gbs)
+    print(tables)
+    if args.md:
+        header = [
+            "# Decode and KV-cache attention",
+            "",
+            f"Produced by `PYTHONPATH=src python tools/decode_table.py --out decode.json --md {args.md}` "
+            "(the tool's docstring says how each figure is measured).",
+            "",
+            "| | |",
+            "| --- | --- |",
+            *(f"| {key} | {value} |" for key, value in info.items()),
+            "",
+        ]
+        with open(args.md, "w") as f:
+            f.write("\n".join(header) + "\n" + tables + "\n")
     for key in (key for key in sweeps if result.get(key)):
         top = result[key][0]
         print(
