@@ -1,7 +1,8 @@
 """Decode / KV-cache throughput on one GPU: the table of the decode issue, and tokens/s against
 context length, side by side with SDPA.
 
-    PYTHONPATH=src python3 tools/decode_table.py --out decode.json [--sweep]
+    PYTHONPATH=src python3 tools/decode_table.py --out decode.json [--md docs/DECODE.md] \
+        [--sweep] [--sweep-paged]
 
 Shapes: Hq 32, Hkv 8, D 128, bf16, causal (bottom-right). Every time is the median of the
 gate's timing protocol (:func:`attnkit_perf.measure.timing.median_time_s`: L2 flushed before
@@ -23,22 +24,17 @@ import dataclasses
 import functools
 import itertools
 import json
-import math
 import sys
 
 import torch
 
 import attnkit
 from attnkit.inputs import check_inputs
-from attnkit.triton.decode import (
-    DEFAULT_DECODE_CONFIG,
-    DEFAULT_PAGED_DECODE_CONFIG,
-    DecodeConfig,
-    decode_forward,
-)
+from attnkit.triton.decode import DecodeConfig, decode_config, decode_forward
 from attnkit_perf.machine import provenance
 from attnkit_perf.measure.cases import captured
 from attnkit_perf.measure.timing import median_time_s
+from attnkit_tools.tune import time_over_best
 
 HQ, HKV, D, DTYPE = 32, 8, 128, torch.bfloat16
 ISSUE_ROWS = [(8, 1, 4096), (8, 1, 32768), (1, 1, 131072), (4, 16, 16384)]  # (B, N, M)
@@ -202,7 +198,7 @@ def sweep(copy_gbs: float, paged: bool = False) -> list[dict]:
             )
         else:
             runs[shape] = functools.partial(decode_forward, q, k, v, problem)
-    base = DEFAULT_PAGED_DECODE_CONFIG if paged else DEFAULT_DECODE_CONFIG
+    base = decode_config(paged)
     for values in itertools.product(*SWEEP_GRID.values()):
         config = dataclasses.replace(base, **dict(zip(SWEEP_GRID, values, strict=True)))
         try:
@@ -213,13 +209,12 @@ def sweep(copy_gbs: float, paged: bool = False) -> list[dict]:
             print(f"skipped {config}: {type(err).__name__}: {str(err)[:120]}", file=sys.stderr)
             continue
         times[config] = per_shape
-    best = {shape: min(t[shape] for t in times.values()) for shape in SWEEP_SHAPES}
+    scores = time_over_best(times)
     for config, per_shape in times.items():
-        ratios = [per_shape[shape] / best[shape] for shape in SWEEP_SHAPES]
         pct = [100 * kv_bytes(s[0], s[2]) / (per_shape[s] * 1e3) / copy_gbs for s in SWEEP_SHAPES]
         results.append({
             "config": dataclasses.asdict(config),
-            "geomean_time_over_best": math.prod(ratios) ** (1 / len(ratios)),
+            "geomean_time_over_best": scores[config],
             "min_pct_copy": min(pct),
             "times_us": {f"B{b} N{n} M{m}": per_shape[(b, n, m)] for b, n, m in SWEEP_SHAPES},
             "pct_copy": {f"B{b} N{n} M{m}": p for (b, n, m), p in zip(SWEEP_SHAPES, pct, strict=True)},
@@ -287,8 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     tokens = tokens_per_second()
     info = provenance(torch.device("cuda"))
     result = {"provenance": info, "copy_gbs": copy_gbs, "rows": rows, "tokens": tokens}
-    result["config"] = dataclasses.asdict(DEFAULT_DECODE_CONFIG)
-    result["paged_config"] = dataclasses.asdict(DEFAULT_PAGED_DECODE_CONFIG)
+    result["config"] = dataclasses.asdict(decode_config(paged=False))
+    result["paged_config"] = dataclasses.asdict(decode_config(paged=True))
     sweeps = {"sweep": args.sweep, "sweep_paged": args.sweep_paged}
     for key in (key for key, wanted in sweeps.items() if wanted):
         result[key] = sweep(copy_gbs, paged=key == "sweep_paged")

@@ -82,9 +82,9 @@ def attention_with_kvcache(
         _append(cache, k_cache, v_cache, k, v, block_table)
     if name == "triton":
         # Imported here: the triton package is optional, and "triton" is only picked when present.
-        from attnkit.triton.decode import DEFAULT_DECODE_CONFIG, decode_forward
+        from attnkit.triton.decode import decode_config, decode_forward
 
-        if cache.problem.group_size * cache.problem.q_len <= DEFAULT_DECODE_CONFIG.max_rows:
+        if cache.problem.group_size * cache.problem.q_len <= decode_config(block_table is not None).max_rows:
             seqlens = cache.lengths.to(device=q.device, dtype=torch.int32)
             table = None if block_table is None else block_table.to(torch.int32)
             return decode_forward(q, k_cache, v_cache, cache.problem, seqlens=seqlens, block_table=table)[0]

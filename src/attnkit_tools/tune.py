@@ -171,18 +171,25 @@ def tune_family(
     return chosen, timings
 
 
+def time_over_best(times: dict) -> dict:
+    """{candidate: geometric mean over the points of its time / the best candidate's time at
+    that point} from ``times`` = {candidate: {point: time}}, every candidate timed at the same
+    points. The ranking rule of every config choice here and in ``tools/decode_table.py``."""
+    points = next(iter(times.values()), {})
+    best = {n: min(per_point[n] for per_point in times.values()) for n in points}
+    return {
+        candidate: math.prod(per_point[n] / best[n] for n in points) ** (1 / len(points))
+        for candidate, per_point in times.items()
+    }
+
+
 def closest_to_best(configs: list[KernelConfig], timings: dict, seq_lens) -> KernelConfig | None:
     """The config whose times, each divided by the best time at its length, have the smallest
-    geometric mean over ``seq_lens``; None when there is none."""
+    geometric mean over ``seq_lens`` (:func:`time_over_best`); None when there is none."""
     if not configs:
         return None
-    best = {n: min(timings[_label(cfg)][str(n)] for cfg in configs) for n in seq_lens}
-
-    def score(cfg: KernelConfig) -> float:
-        ratios = [timings[_label(cfg)][str(n)] / best[n] for n in seq_lens]
-        return math.prod(ratios) ** (1 / len(ratios))
-
-    return min(configs, key=score)
+    scores = time_over_best({cfg: {n: timings[_label(cfg)][str(n)] for n in seq_lens} for cfg in configs})
+    return min(configs, key=scores.__getitem__)
 
 
 def outside_tolerance_rule(dtype, head_dim, causal, config: AttentionConfig, tma: bool = False) -> str:

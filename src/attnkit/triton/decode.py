@@ -62,6 +62,11 @@ DEFAULT_DECODE_CONFIG = DecodeConfig()
 DEFAULT_PAGED_DECODE_CONFIG = DecodeConfig(block_n=64, num_stages=2, programs_per_sm=4)
 
 
+def decode_config(paged: bool) -> DecodeConfig:
+    """The split-KV config :func:`decode_forward` runs by default, through a block table or not."""
+    return DEFAULT_PAGED_DECODE_CONFIG if paged else DEFAULT_DECODE_CONFIG
+
+
 @functools.cache
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of ``device``; 1 for the CPU interpreter."""
@@ -119,14 +124,14 @@ def decode_forward(
     block_size, Dv) pools, key j of sequence b at page ``block_table[b, j // block_size]``.
     ``seqlens`` (B,) int32: keys per sequence (default: ``problem.kv_len`` for every one);
     causal is bottom-right per sequence. ``problem.kv_len`` is the key capacity (it sets the
-    split length). ``config`` defaults to :data:`DEFAULT_PAGED_DECODE_CONFIG` when paged, else
-    :data:`DEFAULT_DECODE_CONFIG`. Inputs are validated by the caller. Returns out (B, Hq, N, Dv) in q's
-    dtype and lse (B, Hq, N) float32 (natural log, +inf for rows that see no key).
+    split length). ``config`` defaults to :func:`decode_config`. Inputs are validated by the
+    caller. Returns out (B, Hq, N, Dv) in q's dtype and lse (B, Hq, N) float32 (natural log,
+    +inf for rows that see no key).
     """
     p = problem
     paged = block_table is not None
     if config is None:
-        config = DEFAULT_PAGED_DECODE_CONFIG if paged else DEFAULT_DECODE_CONFIG
+        config = decode_config(paged)
     # A page holding whole key blocks is looked up once per block, not once per key.
     page_aligned = paged and k.shape[2] % config.block_n == 0
     plan = _decode_plan(p, config, num_splits, paged, page_aligned, seqlens is not None)
