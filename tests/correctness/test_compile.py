@@ -110,10 +110,17 @@ def test_opcheck(path):
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a CUDA device")
 
 
+#: (N, M) of the graph tests: a square problem, and one query against many keys, which the
+#: Triton path runs split-KV (two kernels, the second a programmatic dependent launch on Hopper).
+_GRAPH_SHAPES = {"square": (64, 64), "decode": (1, 700)}
+
+
 @gpu_only
+@pytest.mark.parametrize("shape", list(_GRAPH_SHAPES.values()), ids=list(_GRAPH_SHAPES))
 @pytest.mark.parametrize("backend", backend_params())
-def test_cuda_graph_capture_and_replay(backend):
-    q, k, v, grad_out = _problem(n=64, m=64, d=64, kv_heads=4)
+def test_cuda_graph_capture_and_replay(backend, shape):
+    n, m = shape
+    q, k, v, grad_out = _problem(n=n, m=m, d=64, kv_heads=4)
     _skip_if_eager_declines(backend, q, k, v)
     sample = tuple(x.detach().requires_grad_(True) for x in (q, k, v))
     graphed = torch.cuda.make_graphed_callables(_fn(backend), sample)

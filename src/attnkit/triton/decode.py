@@ -23,7 +23,7 @@ from attnkit.inputs import AttentionProblem
 from attnkit.triton.config import next_power_of_2, padded_dim
 from attnkit.triton.decode_kernels import _decode_combine_kernel, _decode_split_kernel, _merge_pair_kernel
 from attnkit.triton.fast_launch import KernelLaunch
-from attnkit.triton.launch import _dot_precision
+from attnkit.triton.launch import _capability, _dot_precision
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,9 @@ class DecodeConfig:
     batch x heads < 0.8 x SMs: the GPU would not be filled). A split holds at least
     ``min_keys_per_split`` keys (below that the combine costs more than the parallelism gains)
     and there are at most ``max_splits``. ``min_keys_per_row`` makes any problem with that many
-    keys per query row count as decode-shaped even on a full GPU.
+    keys per query row count as decode-shaped even on a full GPU. ``pdl``: launch the combine
+    as a programmatic dependent launch where the GPU has it (compute capability 9.0 and later;
+    see :mod:`attnkit.triton.decode_kernels`).
 
     The tile (32 keys, 4 warps, 3 stages, 2 programs per SM) is the one closest to the best on
     every shape of ``tools/decode_table.py --sweep`` on the H100 (B 1..8, N 1..16, M 4K..128K;
@@ -52,6 +54,7 @@ class DecodeConfig:
     max_splits: int = 128
     min_keys_per_row: int = 64
     fill_fraction: float = 0.8
+    pdl: bool = True
 
 
 DEFAULT_DECODE_CONFIG = DecodeConfig()
@@ -190,18 +193,19 @@ def _decode_plan(
     o_part_shape = torch.Size((p.batch, p.kv_heads, rows, num_splits, p.value_dim))
     lse_part_shape = torch.Size((p.batch, p.kv_heads, rows, num_splits))
     lse_offset = -(-o_part_shape.numel() // 4) * 4  # float32: 4 to 16 bytes
+    pdl = config.pdl and p.device.type == "cuda" and _capability(p.device)[0] >= 9
     split = KernelLaunch(
         _decode_split_kernel,
         HEAD_DIM=p.head_dim, HEAD_PAD=head_pad, VALUE_DIM=p.value_dim, VALUE_PAD=value_pad,
         BLOCK_M=max(16, next_power_of_2(rows)), BLOCK_N=config.block_n, CAUSAL=p.causal,
         DOT_PRECISION=_dot_precision(p), HAS_SEQLENS=has_seqlens, PAGED=paged,
-        PAGE_ALIGNED=page_aligned,
+        PAGE_ALIGNED=page_aligned, PDL=pdl,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     combine = KernelLaunch(
         _decode_combine_kernel,
-        VALUE_DIM=p.value_dim, VALUE_PAD=value_pad, SPLIT_PAD=max(2, next_power_of_2(num_splits)),
-        num_warps=1,
+        VALUE_DIM=p.value_dim, VALUE_PAD=value_pad, SPLIT_PAD=max(2, next_power_of_2(num_splits)), PDL=pdl,
+        num_warps=1, **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
     return _DecodePlan(
         num_splits=num_splits,

@@ -12,7 +12,12 @@ here:
   BLOCK_N), one per program along grid axis 0, so B x Hkv x splits programs fill the GPU;
 * each program writes its partial output, normalised, and its log-sum-exp (log2 domain, -inf
   when it saw no key); :func:`_decode_combine_kernel` merges the splits of a row by their
-  log-sum-exp (the merge is exact: ``out = sum_s 2^(lse_s - lse) o_s``).
+  log-sum-exp (the merge is exact: ``out = sum_s 2^(lse_s - lse) o_s``);
+* ``PDL`` (Hopper and later): the combine is a programmatic dependent launch. The split
+  programs allow it to start as soon as they have all started, so its launch and scheduling
+  overlap their memory-bound loop instead of following their last store; each combine program
+  waits (``griddepcontrol.wait``) for the whole split grid to finish, with its stores visible,
+  before it reads a partial result.
 
 Keys are addressed either in a contiguous (B, Hkv, M, D) tensor or through a block table into a
 paged pool (num_blocks, Hkv, block_size, D): key j of sequence b lives in page
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from attnkit.triton.forward_kernels import LN2, _dot, _load_tile
 
@@ -69,12 +75,14 @@ def _decode_split_kernel(
     q_len, kv_len, group_size, kv_heads, chunk, block_size, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HAS_SEQLENS: tl.constexpr, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Grid (num_splits, B * Hkv). Q: (B, Hq, N, D); K, V: (B, Hkv, M, D|Dv) or, PAGED, pools
     (num_blocks, Hkv, block_size, D|Dv) read through TABLE (B, max_blocks) int32.
     SEQLENS: (B,) int32 key counts (else ``kv_len`` for all). Writes O_PART
     (B, Hkv, G*N, splits, Dv) and LSE_PART (B, Hkv, G*N, splits) float32, contiguous."""
+    if PDL:  # the combine may launch now; it waits for this grid's end before reading
+        gdc_launch_dependents()
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     num_splits = tl.num_programs(0)
@@ -167,7 +175,7 @@ def _decode_combine_kernel(
     O_PART, LSE_PART, O, LSE,
     stride_ob, stride_oh, stride_om, stride_od,
     q_len, q_heads, num_splits,
-    VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr,
+    VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Grid (B * Hq * N,): merge one row's splits. O: (B, Hq, N, Dv) in the output dtype, any
     strides; LSE: (B, Hq, N) float32 natural log, +inf for a row that saw no key (the shared
@@ -180,6 +188,8 @@ def _decode_combine_kernel(
     offs_s = tl.arange(0, SPLIT_PAD)
     offs_dv = tl.arange(0, VALUE_PAD)
     base = row.to(tl.int64) * num_splits
+    if PDL:  # launched while the split grid runs: wait until its partial results are complete
+        gdc_wait()
     lse_s = tl.load(LSE_PART + base + offs_s, mask=offs_s < num_splits, other=float("-inf"))
     m = tl.max(lse_s, 0)
     seen = m > float("-inf")
