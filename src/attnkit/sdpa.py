@@ -326,6 +326,62 @@ def _scale_argument(problem: AttentionProblem) -> float | None:
     return problem.scale
 
 
+def _kernel_op(name: str, problem: AttentionProblem):
+    """The ATen op SDPA itself calls for forced backend ``name`` on ``problem``'s plain calls
+    (no mask), as ``op(q, k, v, needs_grad, is_causal, scale) -> out``, or None where SDPA
+    would do more than call it.
+
+    Why: ``F.scaled_dot_product_attention`` chooses its kernel on every call, and forcing one
+    means saving, setting and restoring five enable-flags around it; once the first calls of a
+    problem have shown that the kernel takes it, calling the op SDPA would call skips both
+    (torch 2.11 / 2.13 ``aten/src/ATen/native/transformers/attention.cpp``: for these kernels
+    SDPA's only other work is padding a head dim that is not a multiple of 8 for flash, and
+    GQA expansion, both excluded here). Autograd reaches the same backward kernels: the ops
+    have their own derivatives. Not for PyTorch's choice, a mask, or an MPS tensor (SDPA's math
+    path differs there)."""
+    backend = SDPA_BACKENDS[name]
+    if problem.q_heads != problem.kv_heads and backend != SDPBackend.MATH:
+        return None
+    if backend == SDPBackend.FLASH_ATTENTION and (problem.head_dim % 8 or problem.value_dim % 8):
+        return None
+    op, aten_name, on_cpu = _KERNEL_OPS.get(backend, (None, None, False))
+    if op is None or not hasattr(torch, aten_name) or problem.device.type == "mps":
+        return None
+    return op if problem.device.type == "cuda" or on_cpu else None
+
+
+def _flash_op(q, k, v, needs_grad, is_causal, scale):
+    return torch._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, scale=scale)[0]
+
+
+def _efficient_op(q, k, v, needs_grad, is_causal, scale):
+    return torch._scaled_dot_product_efficient_attention(
+        q, k, v, None, needs_grad, 0.0, is_causal, scale=scale
+    )[0]
+
+
+def _cudnn_op(q, k, v, needs_grad, is_causal, scale):
+    return torch._scaled_dot_product_cudnn_attention(
+        q, k, v, None, needs_grad, 0.0, is_causal, False, scale=scale
+    )[0]
+
+
+def _math_op(q, k, v, needs_grad, is_causal, scale):
+    return torch._scaled_dot_product_attention_math(
+        q, k, v, None, 0.0, is_causal, None, scale=scale, enable_gqa=True
+    )[0]
+
+
+#: Each forced kernel's call, the ATen op it makes, and whether SDPA calls that op on the CPU
+#: too (its CPU flash is another op, ``_scaled_dot_product_flash_attention_for_cpu``).
+_KERNEL_OPS = {
+    SDPBackend.FLASH_ATTENTION: (_flash_op, "_scaled_dot_product_flash_attention", False),
+    SDPBackend.EFFICIENT_ATTENTION: (_efficient_op, "_scaled_dot_product_efficient_attention", False),
+    SDPBackend.CUDNN_ATTENTION: (_cudnn_op, "_scaled_dot_product_cudnn_attention", False),
+    SDPBackend.MATH: (_math_op, "_scaled_dot_product_attention_math", True),
+}
+
+
 def sdpa_prepare(name: str, problem: AttentionProblem):
     """The eager run of backend ``name`` for ``problem`` (validated and supported), which
     :func:`attnkit.attention` makes once per call signature and keeps.
@@ -333,12 +389,14 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
     A plain problem (no window, not causal or N == M, a scale no kernel needs translated) is
     :func:`sdpa_attention`'s first case: one SDPA call on the operands as they are. Its run
     takes every decision that depends on the problem alone here, once: the flags to set, the
-    scale argument, whether the fused-kernel layout rule applies (CUDA). The first call goes
-    through :func:`_call_sdpa`, which records PyTorch's warnings should the kernel decline;
-    later calls skip that (~5 us), and one the kernel declines after all (another layout) is
-    still explained. Any other problem runs :func:`sdpa_attention`. On the CPU (torch 2.13,
-    B1 H1 N8 D16 bf16) a repeated plain call's run adds ~0.4 us to raw SDPA for PyTorch's
-    choice and ~1.5 us with a forced kernel (the flags)."""
+    scale argument, whether the fused-kernel layout rule applies (CUDA). The first call in each
+    state SDPA's kernel choice reads besides the operands (gradients needed or not,
+    deterministic algorithms on or off) goes through :func:`_call_sdpa`, which records
+    PyTorch's warnings should the kernel decline; later calls skip that (~5 us), and a forced
+    kernel is then called as its ATen op (:func:`_kernel_op`) without SDPA's choice and flags.
+    One the kernel declines after all (another layout) is still explained. Any other problem
+    runs :func:`sdpa_attention`. On the CPU (torch 2.13, B1 H1 N8 D16 bf16) a repeated plain
+    call's run adds ~0.4 us to raw SDPA for PyTorch's choice."""
     forced = _KERNELS[name] is not None
     if (
         problem.has_window
@@ -348,19 +406,24 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
     ):
         return partial(sdpa_attention, name)
     toggles = _SWITCHES[1][name] if forced else None
+    kernel_op = _kernel_op(name, problem) if forced else None
     is_causal, scale = problem.causal, _scale_argument(problem)
     layout = _LayoutMemo() if problem.device.type == "cuda" else None
-    first = True
+    accepted_states: set[tuple[bool, bool]] = set()
+    deterministic = torch.are_deterministic_algorithms_enabled
 
     def run(q, k, v, problem):
-        nonlocal first
-        if first:
+        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        state = (needs_grad, deterministic())
+        if state not in accepted_states:
             out = _call_sdpa(name, q, k, v, problem, is_causal)
-            first = False
+            accepted_states.add(state)
             return out
         if layout is not None:
             q, k, v = layout(q, k, v, problem)
         try:
+            if kernel_op is not None:
+                return kernel_op(q, k, v, needs_grad, is_causal, scale)
             if toggles is None:
                 return _scaled_dot_product(q, k, v, scale, is_causal, None)
             return _with_flags(toggles, q, k, v, scale, is_causal, None)

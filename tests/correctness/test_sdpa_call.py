@@ -12,11 +12,13 @@ import torch
 import torch.nn.functional as F
 from conftest import DEVICE, RecordOps
 from torch.nn.attention import sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit
+import attnkit.sdpa
 from attnkit import UnsupportedProblemError
 from attnkit.inputs import check_inputs
-from attnkit.sdpa import SDPA_BACKENDS, _aligned_for_fused_kernels, _LayoutMemo
+from attnkit.sdpa import SDPA_BACKENDS, _aligned_for_fused_kernels, _kernel_op, _LayoutMemo
 
 SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa")]
 FORCED_PATHS = [name for name in SDPA_PATHS if SDPA_BACKENDS[name] is not None]
@@ -80,6 +82,91 @@ def test_a_plain_call_runs_exactly_pytorchs_own_ops(name, causal):
             lambda q, k, v: attnkit.attention(q, k, v, causal=causal, backend=name), q, k, v
         )
         assert ours == raw, f"{name} ({call} call): attnkit ran {ours}, raw SDPA ran {raw}"
+
+
+class _RecordCalls(TorchDispatchMode):
+    """Every aten op that runs with its arguments other than tensors (flags, scale, dropout)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        plain = [a for a in args if not isinstance(a, torch.Tensor)]
+        named = sorted((key, a) for key, a in kwargs.items() if not isinstance(a, torch.Tensor))
+        self.calls.append((str(func), plain, named))
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("needs_grad", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("name", FORCED_PATHS)
+def test_repeated_forced_calls_call_the_kernels_op_as_sdpa_does(name, causal, needs_grad, monkeypatch):
+    """Once a signature's first call went through SDPA, a forced kernel is called as its ATen op
+    (no kernel choice, no enable-flags): the repeated calls run the ops raw SDPA runs with the
+    kernel forced, arguments other than tensors included (the log-sum-exp flag follows whether
+    gradients are needed), forward and backward, with bitwise equal results."""
+    _skip_if_unavailable(name)
+    q, k, v = _operands()
+    if _kernel_op(name, check_inputs(q, k, v, causal, None)) is None:
+        pytest.skip(f"{name} goes through SDPA's choice on {DEVICE.type}")
+    for x in (q, k, v):
+        x.requires_grad_(needs_grad)
+    grad_out = torch.randn_like(q)
+
+    def run(attend):
+        recorder = _RecordCalls()
+        with recorder:
+            out = attend(q, k, v)
+            grads = torch.autograd.grad(out, (q, k, v), grad_out) if needs_grad else ()
+        return recorder.calls, (out, *grads)
+
+    with sdpa_kernel([SDPA_BACKENDS[name]]):
+        raw_calls, raw = run(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    run(lambda q, k, v: attnkit.attention(q, k, v, causal=causal, backend=name))  # the first call
+
+    def no_sdpa_call(*args, **kwargs):
+        raise AssertionError("a repeated call went through SDPA's checked call")
+
+    monkeypatch.setattr(attnkit.sdpa, "_call_sdpa", no_sdpa_call)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", no_sdpa_call)
+    for call in ("second", "third"):
+        calls, ours = run(lambda q, k, v: attnkit.attention(q, k, v, causal=causal, backend=name))
+        assert calls == raw_calls, f"{name} ({call} call): attnkit ran {calls}, raw SDPA ran {raw_calls}"
+        for what, a, b in zip(("out", "dq", "dk", "dv")[: len(raw)], ours, raw, strict=True):
+            assert torch.equal(a, b), f"{name} ({call} call): {what} differs from raw SDPA's"
+
+
+@pytest.mark.parametrize("name", FORCED_PATHS)
+def test_a_new_grad_or_determinism_state_is_checked_by_sdpa_first(name, monkeypatch):
+    """SDPA's kernel choice reads more than the operands: whether gradients are needed and
+    whether deterministic algorithms are on. The first call of a known signature in a state not
+    seen yet goes through SDPA's checked call again; the next in that state does not."""
+    _skip_if_unavailable(name)
+    q, k, v = _operands(shape=(2, 3, 5, 16))  # a signature no other test calls: no state known
+    attnkit.attention(q, k, v, causal=True, backend=name)  # grad needed, determinism off
+    checked = []
+    real = attnkit.sdpa._call_sdpa
+    monkeypatch.setattr(attnkit.sdpa, "_call_sdpa", lambda *a, **kw: checked.append(1) or real(*a, **kw))
+    attnkit.attention(q, k, v, causal=True, backend=name)
+    assert not checked, f"{name}: a call in a known state went through SDPA's checked call"
+    with torch.no_grad():
+        for _ in range(2):
+            attnkit.attention(q, k, v, causal=True, backend=name)
+    assert len(checked) == 1, f"{name}: no-grad calls went {len(checked)} times through the checked call"
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        for _ in range(2):
+            attnkit.attention(q, k, v, causal=True, backend=name)
+    except UnsupportedProblemError:  # a kernel PyTorch declines when determinism is asked for
+        pass
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+    assert len(checked) == 2, (
+        f"{name}: deterministic calls went {len(checked) - 1} times through the checked call"
+    )
 
 
 @pytest.mark.parametrize("name", FORCED_PATHS)
