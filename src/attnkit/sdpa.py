@@ -351,6 +351,8 @@ def _kernel_op(name: str, problem: AttentionProblem):
 
 
 def _flash_op(q, k, v, needs_grad, is_causal, scale):
+    # SDPA hands flash its scale explicitly, 1 / sqrt(D) computed in double when not given.
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     return torch._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, scale=scale)[0]
 
 

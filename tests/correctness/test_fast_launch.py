@@ -369,6 +369,60 @@ def test_find_runtime_declines_without_cuda_or_when_disabled(monkeypatch):
     assert fast_launch.find_runtime() is None, f"{fast_launch.DISABLE_ENV}=0 must disable the path"
 
 
+def _closure_like_triton36(launcher, tensordesc_indices, tensordesc_meta):
+    """A launcher object shaped as triton 3.6's ``CudaLauncher``: ``launch`` is the closure
+    ``wrap_handle_tensordesc`` returns, over the raw launcher and the descriptors' metadata."""
+
+    def inner(*args):
+        return launcher, tensordesc_indices, tensordesc_meta
+
+    return types.SimpleNamespace(
+        launch=inner, global_scratch_size=0, profile_scratch_size=0,
+        launch_cooperative_grid=False, launch_pdl=True,
+    )  # fmt: skip
+
+
+def test_descriptor_expansion_follows_triton36_make_tensordesc_arg():
+    """The direct launch's TMA path, without a GPU: the plan read from a 3.6-shaped launcher
+    (positions, swizzle, element size, dtype code through Triton's device-to-host table, box),
+    and each descriptor tensor expanded in place to (encoded map, *shape, *strides) with the
+    encoder called as Triton calls it; a launcher of another shape, scratch memory, or a
+    descriptor Triton did not lower to TMA gives no plan (the compiled launcher expands)."""
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [1, 1, 64, 64], "fp4_padded": False}
+    runtime = TritonRuntime(
+        knobs=None, current_device=None, current_stream=None, jit_function=object, descriptor=None,
+        fill_tma=object(), tma_dtype_codes={9: 8},
+    )  # fmt: skip
+    raw = object.__new__(type("Raw", (), {"__call__": lambda self, *a: None}))
+    launcher = _closure_like_triton36(raw, {1, 3}, [meta, dict(meta, swizzle=2)])
+    got = fast_launch._raw_descriptor_launch(launcher, [1, 3], runtime)
+    assert got is not None, "a 3.6-shaped launcher gave no plan"
+    assert got[0] is raw and got[1] == (False, True)
+    assert got[2] == ((1, 3, 2, 8, [1, 1, 64, 64]), (3, 2, 2, 8, [1, 1, 64, 64]))
+    for bad in (
+        _closure_like_triton36(raw, {1, 2}, [meta, meta]),  # other positions
+        _closure_like_triton36(raw, {1, 3}, [meta, None]),  # one descriptor not lowered to TMA
+        _closure_like_triton36(raw, {1, 3}, [meta, dict(meta, fp4_padded=True)]),
+        types.SimpleNamespace(**{**vars(launcher), "global_scratch_size": 128}),
+        types.SimpleNamespace(launch=lambda *a: None),  # no closure: another Triton
+    ):
+        assert fast_launch._raw_descriptor_launch(bad, [1, 3], runtime) is None
+
+    calls = []
+
+    def fill(*args):
+        calls.append(args)
+        return f"map{len(calls)}"
+
+    k, v = torch.zeros(2, 3, 40, 16)[..., :8], torch.zeros(2, 3, 40, 8)
+    expanded = fast_launch._expand_descriptors(("q", k, "o", v, 7), got[2], fill)
+    assert expanded == ["q", "map1", 2, 3, 40, 8, *k.stride(), "o", "map2", 2, 3, 40, 8, *v.stride(), 7]
+    assert calls == [
+        (k.data_ptr(), 3, 2, 8, [1, 1, 64, 64], k.shape, k.stride(), 0),
+        (v.data_ptr(), 2, 2, 8, [1, 1, 64, 64], v.shape, v.stride(), 0),
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # On the GPU: the direct path is taken, and gives the normal path's results bit for bit.
 
@@ -428,6 +482,10 @@ GPU_CASES = [
     ((2, 8, 2, 1, 1000, 128), "contiguous", torch.bfloat16, True),  # split-KV decode
     ((2, 8, 2, 1, 1000, 128), "offset", torch.bfloat16, True),  # decode reads unaligned bases
     ((2, 8, 2, 3, 700, 64), "rows_not_16", torch.float16, False),
+    # 2**24 score pairs: on Hopper every kernel but the preprocess reads its streamed pair
+    # through TMA descriptors, which the direct path encodes itself (triton 3.6).
+    ((1, 4, 2, 2048, 2048, 64), "contiguous", torch.bfloat16, True),
+    ((1, 4, 2, 2048, 2048, 64), "bnhd", torch.float16, False),
 ]
 
 

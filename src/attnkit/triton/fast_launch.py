@@ -36,6 +36,21 @@ the kernel's parameters are: adding an argument to a kernel needs no change here
 keyword arguments (constexprs and options) are fixed per :class:`KernelLaunch`, whose cache is
 its own; the device, the option knobs and ``kernel.debug`` are keyed on every call.
 
+Tensor descriptors (TMA). A :class:`KernelLaunch` built with ``tensor_descriptors={position:
+block shape}`` takes plain tensors at those positions. The normal path wraps each in Triton's
+``TensorDescriptor`` (which validates it); Triton's launcher then expands every descriptor
+argument on every call (``wrap_handle_tensordesc``: a Python loop over all the arguments, and
+the TMA encoding, ``fill_tma_descriptor``). On the H100 host that cost a launch about 35 us of
+host time against the same launch with pointers, and a backward 100 us. On a known key the
+direct launch makes that expansion itself, for triton 3.6 only: it reads the raw launcher and
+each descriptor's encoding parameters (swizzle, element size and type, box) from the compiled
+launcher's expansion closure once, then per call encodes each tensor with Triton's own
+``fill_tma_descriptor``, as ``make_tensordesc_arg`` does. The strides of the descriptor tensors
+are part of the key, so the first call with a new layout takes the normal path, whose
+``TensorDescriptor`` validates it. Where that closure is not as read (another Triton version,
+scratch memory, a descriptor Triton did not lower to TMA), the direct launch passes
+``TensorDescriptor`` objects to the compiled launcher instead.
+
 Fallbacks to ``kernel[grid](...)`` (the normal path, always correct):
 
 * anything this module relies on is missing or unverified: triton other than 3.6 / 3.9, no
@@ -54,6 +69,7 @@ Fallbacks to ``kernel[grid](...)`` (the normal path, always correct):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -86,6 +102,9 @@ class TritonRuntime:
     current_stream: Callable[[int], int]
     jit_function: type
     descriptor: type | None  # triton.tools.tensor_descriptor.TensorDescriptor
+    #: triton 3.6's TMA encoder and its device-to-host dtype codes; None elsewhere.
+    fill_tma: Callable | None = None
+    tma_dtype_codes: dict | None = None
 
     def options(self) -> tuple | None:
         """The launch options Triton reads from its knobs on every call (part of its key), or
@@ -130,12 +149,20 @@ def find_runtime() -> TritonRuntime | None:
             return None
         from triton.tools.tensor_descriptor import TensorDescriptor  # in every verified version
 
+        fill_tma, dtype_codes = None, None
+        if version == (3, 6):
+            from triton.backends.nvidia import driver as nvidia_driver
+
+            fill_tma = active.utils.fill_tma_descriptor
+            dtype_codes = dict(nvidia_driver.TMA_DTYPE_DEVICE_TO_HOST)
         runtime = TritonRuntime(
             knobs=knobs,
             current_device=active.get_current_device,
             current_stream=active.get_current_stream,
             jit_function=JITFunction,
             descriptor=TensorDescriptor,
+            fill_tma=fill_tma,
+            tma_dtype_codes=dtype_codes,
         )
         runtime.options()  # every knob it reads exists
         return runtime
@@ -196,6 +223,11 @@ class _Entry:
     packed_metadata: Any
     constexprs: tuple  # the keyword parameters' values, in signature order
     kernel_globals: tuple  # (dict, name, object) of each global the kernel reads
+    #: triton 3.6, descriptor arguments: the raw launcher, its (cooperative, pdl) flags and the
+    #: (position, swizzle, element size, dtype code, box) of each descriptor (module docstring).
+    raw_launch: Callable | None = None
+    raw_flags: tuple = ()
+    tma_plan: tuple = ()
 
     def globals_unchanged(self) -> bool:
         return all(scope.get(name, _MISSING) is value for scope, name, value in self.kernel_globals)
@@ -203,11 +235,16 @@ class _Entry:
 
 class KernelLaunch:
     """``kernel`` with fixed keyword arguments; ``launch(grid, *args)`` runs
-    ``kernel[grid](*args, **kwargs)``, directly on a known key (module docstring)."""
+    ``kernel[grid](*args, **kwargs)``, directly on a known key (module docstring).
+    ``tensor_descriptors`` maps positions of tensor arguments to the block shape of the TMA
+    descriptor the kernel reads them through."""
 
-    def __init__(self, kernel, **kwargs) -> None:
+    def __init__(
+        self, kernel, *, tensor_descriptors: dict[int, tuple[int, ...]] | None = None, **kwargs
+    ) -> None:
         self.kernel = kernel
         self.kwargs = kwargs
+        self.descriptor_blocks = {p: list(block) for p, block in sorted((tensor_descriptors or {}).items())}
         # Fixed for the object's life, so they need no place in its keys; plain values only,
         # so nothing in them can change behind the cache's back.
         self._plain_keywords = all(type(v) in _PLAIN for v in kwargs.values())
@@ -226,27 +263,51 @@ class KernelLaunch:
         ):
             options = runtime.options()
         if options is None:
-            kernel[grid](*args, **self.kwargs)
+            kernel[grid](*self._with_descriptors(args), **self.kwargs)
             return
         device = runtime.current_device()
         try:
             key = (device, options, kernel.debug, launch_key(args, runtime.descriptor))
+            if self.descriptor_blocks:  # a new layout is validated by the normal path first
+                key = (*key, *[args[p].stride() for p in self.descriptor_blocks])
         except _Uncacheable:
-            kernel[grid](*args, **self.kwargs)
+            kernel[grid](*self._with_descriptors(args), **self.kwargs)
             return
         entry = self._entries.get(key)
         if entry is None or not entry.globals_unchanged():
             self._launch_and_remember(key, grid, args)
             return
+        stream = runtime.current_stream(device)
+        grid_y, grid_z = grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+        if entry.raw_launch is not None:
+            entry.raw_launch(
+                grid[0], grid_y, grid_z, stream, entry.function, *entry.raw_flags,
+                None, None,  # global and profile scratch: none (checked when the entry was made)
+                entry.packed_metadata, None, None, None,  # launch metadata, enter / exit hooks
+                *_expand_descriptors(args, entry.tma_plan, runtime.fill_tma), *entry.constexprs,
+            )  # fmt: skip
+            return
         entry.launcher(
-            grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-            runtime.current_stream(device), entry.function, entry.packed_metadata,
+            grid[0], grid_y, grid_z, stream, entry.function, entry.packed_metadata,
             None, None, None,  # launch metadata and enter / exit hooks: none set (checked above)
-            *args, *entry.constexprs,
+            *self._with_descriptors(args), *entry.constexprs,
         )  # fmt: skip
 
+    def _with_descriptors(self, args: tuple) -> tuple:
+        """``args`` with the tensors at descriptor positions wrapped in Triton's
+        ``TensorDescriptor`` (whole tensor, zero padding), which validates their layout."""
+        if not self.descriptor_blocks:
+            return args
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        wrapped = list(args)
+        for position, block in self.descriptor_blocks.items():
+            x = args[position]
+            wrapped[position] = TensorDescriptor(x, list(x.shape), list(x.stride()), block)
+        return tuple(wrapped)
+
     def _launch_and_remember(self, key: tuple, grid: tuple, args: tuple) -> None:
-        compiled = self.kernel[grid](*args, **self.kwargs)
+        compiled = self.kernel[grid](*self._with_descriptors(args), **self.kwargs)
         entry = self._entry(compiled, len(args))
         if entry is not None:
             if len(self._entries) >= MAX_ENTRIES:
@@ -276,4 +337,57 @@ class KernelLaunch:
             return None
         if not callable(launcher) or entry.function is None or hasattr(compiled, "result"):
             return None
+        if self.descriptor_blocks:
+            raw = _raw_descriptor_launch(launcher, list(self.descriptor_blocks), _get_runtime())
+            if raw is not None:
+                entry = dataclasses.replace(entry, raw_launch=raw[0], raw_flags=raw[1], tma_plan=raw[2])
         return entry
+
+
+def _raw_descriptor_launch(launcher, positions: list[int], runtime: TritonRuntime | None):
+    """(raw launcher, (cooperative, pdl), plan) of a triton 3.6 ``CudaLauncher`` whose
+    descriptor arguments are exactly ``positions``, each lowered to a TMA descriptor, with no
+    scratch memory; None otherwise (then the compiled launcher expands the descriptors)."""
+    if runtime is None or runtime.fill_tma is None:
+        return None
+    try:
+        expand = launcher.launch  # triton 3.6: wrap_handle_tensordesc's ``inner``
+        cells = dict(
+            zip(expand.__code__.co_freevars, [c.cell_contents for c in expand.__closure__ or ()], strict=True)
+        )
+        raw, indices, metas = cells["launcher"], cells["tensordesc_indices"], cells["tensordesc_meta"]
+        if (
+            sorted(indices) != positions
+            or len(metas) != len(positions)
+            or launcher.global_scratch_size
+            or launcher.profile_scratch_size
+            or not callable(raw)
+        ):
+            return None
+        plan = []
+        for position, meta in zip(positions, metas, strict=True):
+            if meta is None or meta["fp4_padded"]:
+                return None
+            code = runtime.tma_dtype_codes[meta["elem_type"]]
+            plan.append((position, meta["swizzle"], meta["elem_size"], code, list(meta["block_size"])))
+        flags = (launcher.launch_cooperative_grid, launcher.launch_pdl)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return raw, flags, tuple(plan)
+
+
+def _expand_descriptors(args: tuple, plan: tuple, fill_tma: Callable) -> list:
+    """``args`` with each descriptor tensor replaced by what triton 3.6's launcher takes for a
+    TMA descriptor (``make_tensordesc_arg``): the encoded map, then the shape and the strides."""
+    expanded = []
+    previous = 0
+    for position, swizzle, elem_size, dtype_code, box in plan:
+        expanded.extend(args[previous:position])
+        x = args[position]
+        shape, strides = x.shape, x.stride()
+        expanded.append(fill_tma(x.data_ptr(), swizzle, elem_size, dtype_code, box, shape, strides, 0))
+        expanded.extend(shape)
+        expanded.extend(strides)
+        previous = position + 1
+    expanded.extend(args[previous:])
+    return expanded

@@ -122,14 +122,29 @@ class LaunchSetup:
             VALUE_DIM=p.value_dim, VALUE_PAD=value_pad, BLOCK_M=config.dq.block_m, num_warps=4
         )
         kwargs = setup.kernel_kwargs
+
+        def streamed_blocks(x_position: int, y_position: int, block_rows: int) -> dict:
+            """The descriptors of a kernel's streamed pair (:meth:`use_descriptors`): (1, 1,
+            ``block_rows``, padded dim) blocks of the head-dim tensor and the value-dim one."""
+            return {
+                x_position: (1, 1, block_rows, head_pad),
+                y_position: (1, 1, block_rows, value_pad),
+            }
+
+        # Positions of the streamed pair in each kernel's arguments: K, V (forward, dQ), Q, dO (dK/dV).
+        fwd_tma = streamed_blocks(1, 2, config.fwd.block_n)
+        dkdv_tma = streamed_blocks(0, 3, config.dkdv.block_m)
+        dq_tma = streamed_blocks(1, 2, config.dq.block_n)
         setup.launches.update(
             fwd=KernelLaunch(_attn_fwd_kernel, **kwargs["fwd"], TMA=False),
-            fwd_tma=KernelLaunch(_attn_fwd_kernel, **kwargs["fwd"], TMA=True),
+            fwd_tma=KernelLaunch(_attn_fwd_kernel, tensor_descriptors=fwd_tma, **kwargs["fwd"], TMA=True),
             preprocess=KernelLaunch(_attn_bwd_preprocess, **kwargs["preprocess"]),
             dkdv=KernelLaunch(_attn_bwd_dkdv_kernel, **kwargs["dkdv"], TMA=False),
-            dkdv_tma=KernelLaunch(_attn_bwd_dkdv_kernel, **kwargs["dkdv"], TMA=True),
+            dkdv_tma=KernelLaunch(
+                _attn_bwd_dkdv_kernel, tensor_descriptors=dkdv_tma, **kwargs["dkdv"], TMA=True
+            ),
             dq=KernelLaunch(_attn_bwd_dq_kernel, **kwargs["dq"], TMA=False),
-            dq_tma=KernelLaunch(_attn_bwd_dq_kernel, **kwargs["dq"], TMA=True),
+            dq_tma=KernelLaunch(_attn_bwd_dq_kernel, tensor_descriptors=dq_tma, **kwargs["dq"], TMA=True),
         )
         return setup
 
@@ -156,16 +171,13 @@ class LaunchSetup:
         expanded tensor has, is left to the pointer path). Elsewhere the pointer path runs."""
         return self.tma_possible and all(_tma_layout_ok(x) for x in tensors)
 
-    def streamed(self, x: torch.Tensor, y: torch.Tensor, block_rows: int, tma: bool | None):
-        """How a kernel gets the pair of tensors its loop streams, ``x`` of the head dim (K, or Q
-        in the dK/dV pass) and ``y`` of the value dim (V, or dO): ``(tma, x_arg, y_arg)``, the
-        arguments being TMA descriptors of (1, 1, ``block_rows``, padded dim) blocks or the
-        tensors themselves. ``tma`` forces one or the other; None asks :meth:`use_tma`."""
-        if tma is None:
-            tma = self.use_tma(x, y)
-        if not tma:
-            return False, x, y
-        return True, _descriptor(x, block_rows, self.head_pad), _descriptor(y, block_rows, self.value_pad)
+    def use_descriptors(self, x: torch.Tensor, y: torch.Tensor, tma: bool | None) -> bool:
+        """Whether a kernel reads the pair of tensors its loop streams, ``x`` of the head dim (K,
+        or Q in the dK/dV pass) and ``y`` of the value dim (V, or dO), through TMA descriptors:
+        then it is launched through its ``*_tma`` launch, which describes them as (1, 1, block
+        rows, padded dim) blocks (:meth:`build`). ``tma`` forces one or the other; None asks
+        :meth:`use_tma`."""
+        return self.use_tma(x, y) if tma is None else tma
 
     def tile_safe(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` itself, or a copy when its layout is one the kernels must not see:
@@ -296,14 +308,6 @@ def _tma_layout_ok(x: torch.Tensor) -> bool:
     )
 
 
-def _descriptor(x: torch.Tensor, block_rows: int, pad: int):
-    """A (B, H, rows, dim) descriptor of ``x`` loading (1, 1, block_rows, pad) blocks; reads
-    past the tensor's rows or dim return 0."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    return TensorDescriptor(x, list(x.shape), list(x.stride()), [1, 1, block_rows, pad])
-
-
 def attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, setup: LaunchSetup, tma: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -312,14 +316,13 @@ def attention_forward(
     rows that see no key). ``tma`` forces K and V through TMA descriptors or pointers (tests
     run descriptors in the interpreter); None picks descriptors where
     :meth:`LaunchSetup.use_tma` allows."""
-    p, cfg = setup.problem, setup.config.fwd
+    p = setup.problem
     q, k, v = setup.tile_safe_all(q, k, v)
     out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=q.device)
     lse = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=q.device)
-    tma, k_arg, v_arg = setup.streamed(k, v, cfg.block_n, tma)
-    setup.launches["fwd_tma" if tma else "fwd"](
+    setup.launches["fwd_tma" if setup.use_descriptors(k, v, tma) else "fwd"](
         setup.fwd_grid,
-        q, k_arg, v_arg, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *setup.sizes, abs(setup.qk_scale),
     )  # fmt: skip
     return out, lse
@@ -340,13 +343,12 @@ def bwd_dkdv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dk (B, Hkv, M, D) and dv (B, Hkv, M, Dv), each summed over the query-head group. ``tma``
     as in :func:`attention_forward`, for Q and dO (the tensors this pass streams)."""
-    p, cfg = setup.problem, setup.config.dkdv
+    p = setup.problem
     dk = torch.empty(p.batch, p.kv_heads, p.kv_len, p.head_dim, dtype=p.dtype, device=q.device)
     dv = torch.empty(p.batch, p.kv_heads, p.kv_len, p.value_dim, dtype=p.dtype, device=q.device)
-    tma, q_arg, do_arg = setup.streamed(q, grad_out, cfg.block_m, tma)
-    setup.launches["dkdv_tma" if tma else "dkdv"](
+    setup.launches["dkdv_tma" if setup.use_descriptors(q, grad_out, tma) else "dkdv"](
         setup.dkdv_grid,
-        q_arg, k, v, do_arg, lse, delta, dk, dv,
+        q, k, v, grad_out, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dk.stride(), *dv.stride(),
         *setup.sizes, setup.qk_scale, p.scale,
     )  # fmt: skip
@@ -355,12 +357,11 @@ def bwd_dkdv(
 
 def bwd_dq(setup: LaunchSetup, q, k, v, grad_out, lse, delta, tma: bool | None = None) -> torch.Tensor:
     """dq (B, Hq, N, D). ``tma`` as in :func:`attention_forward`, for K and V."""
-    p, cfg = setup.problem, setup.config.dq
+    p = setup.problem
     dq = torch.empty(p.batch, p.q_heads, p.q_len, p.head_dim, dtype=p.dtype, device=q.device)
-    tma, k_arg, v_arg = setup.streamed(k, v, cfg.block_n, tma)
-    setup.launches["dq_tma" if tma else "dq"](
+    setup.launches["dq_tma" if setup.use_descriptors(k, v, tma) else "dq"](
         setup.dq_grid,
-        q, k_arg, v_arg, grad_out, lse, delta, dq,
+        q, k, v, grad_out, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *grad_out.stride(), *dq.stride(),
         *setup.sizes, setup.qk_scale, p.scale,
     )  # fmt: skip
