@@ -40,8 +40,9 @@ Tensor descriptors (TMA). A :class:`KernelLaunch` built with ``tensor_descriptor
 block shape}`` takes plain tensors at those positions. The normal path wraps each in Triton's
 ``TensorDescriptor`` (which validates it); Triton's launcher then expands every descriptor
 argument on every call (``wrap_handle_tensordesc``: a Python loop over all the arguments, and
-the TMA encoding, ``fill_tma_descriptor``). On the H100 host that cost a launch about 35 us of
-host time against the same launch with pointers, and a backward 100 us. On a known key the
+the TMA encoding, ``fill_tma_descriptor``). On the H100 host (B4 H16 N1024 D128) that cost a
+launch about 35 us of host time against the same launch with pointers, and a backward 97 us;
+with the expansion below, 13-23 us and 40 us (docs/evidence/h100-2026-11-24/session13). On a known key the
 direct launch makes that expansion itself, for triton 3.6 only: it reads the raw launcher and
 each descriptor's encoding parameters (swizzle, element size and type, box) from the compiled
 launcher's expansion closure once, then per call encodes each tensor with Triton's own
