@@ -51,7 +51,7 @@ from attnkit_perf.measure.paired import (
     shard_problem,
     visible_gpus,
 )
-from attnkit_perf.measure.timing import HOST_BOUND_FRACTION
+from attnkit_perf.measure.timing import HOST_BOUND_FRACTION, TIMING_PROTOCOL
 
 VERDICT_PROPERTY = "attnkit_verdict"
 
@@ -170,7 +170,9 @@ class PerfSession:
                     f"path of a baseline JSON, or no value for {default})"
                 )
         try:
-            self.baseline = load_baseline(path, self.gpu_key, self.opt["allow_other_gpu"])
+            self.baseline = load_baseline(
+                path, self.gpu_key, self.opt["allow_other_gpu"], timing_protocol=TIMING_PROTOCOL
+            )
         except FormatError as err:
             raise pytest.UsageError(f"attnkit perf gate: {err}; re-record it with: {RECORD_COMMAND}") from err
         self.baseline_file = path
@@ -189,8 +191,9 @@ class PerfSession:
         self.notes.append(f"A/A noise from {path}: {len(self.noise)} benchmarks")
 
     def provenance(self) -> dict:
+        """:func:`attnkit_perf.machine.provenance` and the timing protocol of this run."""
         if self._provenance is None:
-            self._provenance = provenance(self.device)
+            self._provenance = {**provenance(self.device), "timing": TIMING_PROTOCOL}
         return self._provenance
 
     @property

@@ -21,6 +21,7 @@ import numpy as np
 
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.measure.paired import PROCESSES_PER_SIDE
+from attnkit_perf.measure.timing import TIMING_PROTOCOL
 
 #: The GPU key the synthetic runs claim (the spelling of attnkit.device.gpu_key).
 H100_KEY = "nvidia-h100-80gb-hbm3"
@@ -107,7 +108,12 @@ def run_json(benchmarks: list[dict], gpu_key: str = H100_KEY) -> dict:
     return {
         "machine_info": {
             "node": "synthetic",
-            "attnkit": {"gpu_key": gpu_key, "device_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0"},
+            "attnkit": {
+                "gpu_key": gpu_key,
+                "device_name": "NVIDIA H100 80GB HBM3",
+                "torch": "2.11.0",
+                "timing": TIMING_PROTOCOL,
+            },
         },
         "commit_info": {"id": "a" * 40, "branch": "main", "dirty": False},
         "benchmarks": benchmarks,

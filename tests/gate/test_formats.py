@@ -12,12 +12,13 @@ import pytest
 from perf_synthetic import H100_KEY, bench_entry, case_for, noisy_samples, paired_blocks, run_json
 
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.baseline import load_baseline, save_baseline
+from attnkit_perf.decide.baseline import UNNAMED_TIMING_PROTOCOL, load_baseline, save_baseline
 from attnkit_perf.decide.formats import FormatError, validate
 from attnkit_perf.decide.noise import FORMAT as NOISE_FORMAT
 from attnkit_perf.decide.noise import load_noise
 from attnkit_perf.decide.verdict import FORMAT as VERDICT_FORMAT
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.measure.timing import TIMING_PROTOCOL
 from attnkit_perf.session import describe
 
 T = gate.Thresholds()
@@ -138,6 +139,21 @@ def test_another_gpus_baseline_is_refused_unless_allowed(tmp_path):
     with pytest.raises(FormatError, match=f"recorded on '{H100_KEY}', this run is on 'nvidia-h200'"):
         load_baseline(file, "nvidia-h200")
     assert load_baseline(file, "nvidia-h200", allow_other_gpu=True)["benchmarks"], "allowed: loaded"
+
+
+def test_a_baseline_timed_with_another_protocol_is_refused(tmp_path):
+    file = save_baseline(_baseline(), tmp_path / "b.json")
+    assert load_baseline(file, H100_KEY, timing_protocol=TIMING_PROTOCOL)["benchmarks"], "same protocol"
+    with pytest.raises(
+        FormatError, match=f"timed with the '{TIMING_PROTOCOL}' protocol, this run times with 'x'"
+    ):
+        load_baseline(file, H100_KEY, timing_protocol="x")
+    # Recorded before protocols were named: timed with the zeroing flush, not this one.
+    unnamed = _baseline()
+    del unnamed["machine_info"]["attnkit"]["timing"]
+    file = save_baseline(unnamed, tmp_path / "old.json")
+    with pytest.raises(FormatError, match=f"timed with the '{UNNAMED_TIMING_PROTOCOL}' protocol"):
+        load_baseline(file, H100_KEY, timing_protocol=TIMING_PROTOCOL)
 
 
 def test_save_baseline_refuses_an_invalid_run(tmp_path):

@@ -24,6 +24,7 @@ from attnkit_perf.decide.formats import validate
 from attnkit_perf.decide.verdict import VerdictDocument
 from attnkit_perf.machine import gpu_key
 from attnkit_perf.measure.paired import PairedSettings
+from attnkit_perf.measure.timing import TIMING_PROTOCOL
 
 REPO = Path(__file__).resolve().parents[2]
 USAGE = pytest.ExitCode.USAGE_ERROR
@@ -105,6 +106,7 @@ def test_record_writes_a_valid_baseline_with_samples_and_provenance(gate_run):
     assert all(len(b["stats"]["data"]) == 60 for b in data["benchmarks"]), "per-round samples must be stored"
     info = data["machine_info"]["attnkit"]
     assert info["gpu_key"] == CPU_KEY and info["torch"], info
+    assert info["timing"] == TIMING_PROTOCOL, info
 
 
 def test_unchanged_code_passes(gate_run, pytester):
@@ -323,6 +325,17 @@ def test_another_gpus_baseline(gate_run, pytester):
     # ... also when it sits where this GPU's baseline belongs
     _write_baseline(gate_run, _valid_baseline("nvidia-h200"))
     _usage_error(gate_run("--benchmark-compare", "--attnkit-allow-cpu"), "was recorded on 'nvidia-h200'")
+
+
+def test_a_baseline_timed_with_another_protocol(gate_run):
+    old = _valid_baseline()
+    del old["machine_info"]["attnkit"]["timing"]  # recorded before protocols were named
+    _write_baseline(gate_run, old)
+    _usage_error(
+        gate_run("--benchmark-compare", "--attnkit-allow-cpu"),
+        f"timed with the 'flush-by-zeroing' protocol, this run times with '{TIMING_PROTOCOL}'",
+        "re-record it with",
+    )
 
 
 def test_compare_without_a_baseline_for_this_gpu(gate_run):

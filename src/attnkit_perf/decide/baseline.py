@@ -16,6 +16,10 @@ from attnkit_perf.decide.formats import FormatError, read_json, validate
 
 BASELINE_FILE = "baseline.json"
 RECORD_COMMAND = "pytest tests/perf --attnkit-record   (tox -e baseline)"
+#: The timing protocol of a baseline that names none (``machine_info["attnkit"]["timing"]``,
+#: :data:`attnkit_perf.measure.timing.TIMING_PROTOCOL`): recorded before protocols were named,
+#: with an L2 flush that wrote zeros.
+UNNAMED_TIMING_PROTOCOL = "flush-by-zeroing"
 
 
 def baseline_path(root: Path | str, key: str) -> Path:
@@ -30,9 +34,16 @@ def missing_message(root: Path | str, key: str) -> str:
     )
 
 
-def load_baseline(path: Path | str, expected_key: str | None, allow_other_gpu: bool = False) -> dict:
+def load_baseline(
+    path: Path | str,
+    expected_key: str | None,
+    allow_other_gpu: bool = False,
+    timing_protocol: str | None = None,
+) -> dict:
     """Read and validate a baseline file; raise :class:`FormatError` saying why it cannot be used
-    (missing, not JSON, not a baseline, or recorded on another GPU model unless allowed)."""
+    (missing, not JSON, not a baseline, recorded on another GPU model unless allowed, or timed
+    with another protocol than ``timing_protocol``: one that is not this run's measures the same
+    code at another time, e.g. with a flush's write-back inside every call)."""
     data = read_json(path, "baseline")
     validate("baseline", data, f"baseline {path}")
     recorded = recorded_gpu_key(data)
@@ -41,11 +52,23 @@ def load_baseline(path: Path | str, expected_key: str | None, allow_other_gpu: b
             f"baseline {path} was recorded on {recorded!r}, this run is on {expected_key!r}: timings "
             "of another GPU model are not comparable (pass --attnkit-allow-other-gpu to compare anyway)"
         )
+    protocol = recorded_timing_protocol(data)
+    if timing_protocol is not None and protocol != timing_protocol:
+        raise FormatError(
+            f"baseline {path} was timed with the {protocol!r} protocol, this run times with "
+            f"{timing_protocol!r}: the same code measures differently under the two"
+        )
     return data
 
 
 def recorded_gpu_key(run: dict) -> str | None:
     return ((run.get("machine_info") or {}).get("attnkit") or {}).get("gpu_key")
+
+
+def recorded_timing_protocol(run: dict) -> str:
+    """The timing protocol a run names (``machine_info["attnkit"]["timing"]``); a run that names
+    none was timed before protocols were named, with the zeroing flush."""
+    return ((run.get("machine_info") or {}).get("attnkit") or {}).get("timing") or UNNAMED_TIMING_PROTOCOL
 
 
 def save_baseline(run: dict, path: Path | str) -> Path:

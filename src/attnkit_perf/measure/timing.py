@@ -4,7 +4,7 @@ warm-up and round planning, and peak-memory measurement.
 One round (one pytest-benchmark sample) is ``reps`` repetitions enqueued back to back, the way
 ``triton.testing.do_bench`` times:
 
-    for each repetition:  flush L2 (write zeros over 256 MiB) -> start event -> call -> end event
+    for each repetition:  flush L2 (read 256 MiB) -> start event -> call -> end event
     then one synchronise; the round's value is the mean of the end - start intervals.
 
 The flush is outside every interval, and because the host enqueues the next repetition while
@@ -31,6 +31,12 @@ import torch
 #: do_bench's flush size: 256 MB, five times the H100's 50 MB L2.
 _FLUSH_BYTES_MIN = 256 * 1024 * 1024
 
+#: The name of this module's protocol, stored with every baseline (``machine_info["attnkit"]
+#: ["timing"]``): timings taken under another one are not compared
+#: (:func:`attnkit_perf.decide.baseline.load_baseline`). The L2 is evicted by reading
+#: (:class:`L2Flusher`); baselines that name no protocol were timed with a zeroing flush.
+TIMING_PROTOCOL = "flush-by-read"
+
 
 class _GpuTimeClock:
     """Seconds of GPU time per call, accumulated by :func:`make_round`."""
@@ -50,7 +56,16 @@ def clock_for(device: torch.device) -> Callable[[], float]:
 
 
 class L2Flusher:
-    """Evicts the L2 cache by writing zeros over a buffer several times its size."""
+    """Evicts the L2 cache by reading a buffer several times its size.
+
+    Reading, not writing: a flush that writes (``triton.testing.do_bench`` zeroes its buffer)
+    leaves the L2 full of dirty lines, and their write-back to memory then happens inside the
+    next timed call. Measured on the H100 (docs/evidence/h100-2026-11-24/session14): a split-KV
+    decode reading 134 MB of keys and values took 63.6 us after a zeroing flush and 53.8 us
+    after a reading one (the same as zeroing then reading), B8 N1 M32768 371.7 against 361.8 us;
+    a 1 GiB copy moved 3003 against 3013 GB/s. So every call paid ~10 us of someone else's
+    write-back, which also dilutes a relative slowdown of a memory-bound kernel. The buffer is
+    written once, here; a read leaves only clean lines, which the next call evicts for free."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -58,11 +73,12 @@ class L2Flusher:
         if device.type == "cuda":
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0
             nbytes = max(_FLUSH_BYTES_MIN, 4 * l2)
-            self._buffer = torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+            self._buffer = torch.ones(nbytes // 4, dtype=torch.int32, device=device)
+            self._sink = torch.empty((), dtype=torch.int32, device=device)
 
     def flush(self) -> None:
         if self._buffer is not None:
-            self._buffer.zero_()
+            torch.amax(self._buffer, dim=0, out=self._sink)
 
 
 def synchronize(device: torch.device) -> None:

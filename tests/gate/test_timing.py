@@ -1,0 +1,72 @@
+"""The timing protocol on a GPU: the L2 flush evicts what a call read, and leaves the next timed
+call nothing to write back (:class:`attnkit_perf.measure.timing.L2Flusher`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnkit_perf.measure.timing import L2Flusher, measure_samples
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the L2 flush acts on a CUDA device")
+
+
+class _Idle(L2Flusher):
+    """Keeps the GPU busy between calls (so the host's launches stay hidden, as with a flush)
+    without touching memory: the L2 keeps what the last call read."""
+
+    def flush(self) -> None:
+        torch.cuda._sleep(100_000)
+
+
+class _Zeroing(L2Flusher):
+    """The flush ``triton.testing.do_bench`` makes: zeros written over the buffer."""
+
+    def flush(self) -> None:
+        self._buffer.zero_()
+
+
+class _ThenRead(L2Flusher):
+    """``first``'s flush, then a read of another buffer as large: whatever ``first`` left dirty
+    is written back before the call, not inside it."""
+
+    def __init__(self, first: L2Flusher) -> None:
+        super().__init__(first.device)
+        self.first = first
+
+    def flush(self) -> None:
+        self.first.flush()
+        super().flush()
+
+
+def _median_us(fn, flusher: L2Flusher) -> float:
+    fn()
+    samples = measure_samples(fn, flusher.device, rounds=21, flusher=flusher, reps=10)
+    return sorted(samples)[len(samples) // 2] * 1e6
+
+
+def test_the_flush_evicts_what_the_call_read():
+    device = torch.device("cuda")
+    x = torch.randn(4 * 2**20, device=device)  # 16 MiB: fits the L2 of every GPU the suite runs on
+    warm = _median_us(x.sum, _Idle(device))
+    flushed = _median_us(x.sum, L2Flusher(device))
+    print(f"16 MiB sum: {warm:.2f} us with the L2 kept, {flushed:.2f} us after the flush")
+    assert flushed > 1.2 * warm, (
+        f"after the flush {flushed:.2f} us, L2 kept {warm:.2f} us: nothing was evicted"
+    )
+
+
+def test_the_flush_leaves_nothing_to_write_back():
+    device = torch.device("cuda")
+    x = torch.randn(64 * 2**20, device=device)  # 256 MiB read by the timed call
+    flush, zeroing = L2Flusher(device), _Zeroing(device)
+    ratio = _median_us(x.sum, flush) / _median_us(x.sum, _ThenRead(flush))
+    zeroing_ratio = _median_us(x.sum, zeroing) / _median_us(x.sum, _ThenRead(zeroing))
+    print(
+        f"256 MiB sum, after the flush / after it and a clean read: {ratio:.3f}; zeroing: {zeroing_ratio:.3f}"
+    )
+    # The check can fail: after a zeroing flush the call pays the write-back of its dirty lines.
+    assert zeroing_ratio > 1.02, (
+        f"the zeroing flush cost the call nothing ({zeroing_ratio:.3f}): the check is blind"
+    )
+    assert ratio < 1.01, f"the call after the flush took {ratio:.3f}x the time after a clean read: write-back"
