@@ -162,7 +162,7 @@ def test_synthetic(benchmark, attnkit_perf, name):
 
     benchmark.extra_info.update(
         name=case.name, backend=name, shape=SHAPE, min_bytes=case.min_bytes, tflops=1.0,
-        peak_bytes=SPEC["peak"].get(name, 8 * 2**20), calibration={},
+        peak_bytes=SPEC["peak"].get(name, 8 * 2**20), calibration=SPEC.get("calibration", {}),
     )
     benchmark.extra_info["pass"] = "fwd"
     benchmark.pedantic(kernel, rounds=60, iterations=1)

@@ -33,7 +33,7 @@ NAMES = ("flash_a", "cudnn_b", "tiled_c")
 CPU_KEY = gpu_key("cpu")
 
 
-def _spec(names=NAMES, scale=None, peak=None, seed=0, jitter=0.03, interrupt=()) -> str:
+def _spec(names=NAMES, scale=None, peak=None, seed=0, jitter=0.03, interrupt=(), calibration=None) -> str:
     return json.dumps(
         {
             "names": list(names),
@@ -43,6 +43,7 @@ def _spec(names=NAMES, scale=None, peak=None, seed=0, jitter=0.03, interrupt=())
             "jitter": jitter,
             "interrupt": list(interrupt),
             "shape": SHAPE,
+            "calibration": calibration or {},
         }
     )
 
@@ -130,6 +131,32 @@ def test_twenty_percent_slower_fails_naming_only_that_benchmark(gate_run, pytest
     failed = text.split("FAILED (slower or more memory):")[1].split("attnkit perf gate (stored)")[0]
     assert "fwd[cudnn_b-" in failed and "flash_a" not in failed and "tiled_c" not in failed, failed
     result.stdout.fnmatch_lines(["*attnkit perf gate (stored): FAILED (1 slower, 2 same)*"])
+
+
+@pytest.mark.parametrize(("head_scale", "outcome"), [(1.0, "same"), (1.3, "slower")])
+def test_a_baseline_marked_host_bound_is_compared_under_this_runs_gpu_drift(
+    gate_run, pytester, head_scale, outcome
+):
+    """The baseline's cudnn_b was host-bound and this run's is not: its time is the GPU's, so the
+    GPU drift (1.0) applies and the host calibration's (x0.77, as read on the H200 between two
+    runs minutes apart) must not turn an unchanged benchmark into a slowdown; a real one still
+    fails (a host-set baseline time is at least its GPU time)."""
+    calibration = {"matmul_ms": 1.0, "copy_ms": 1.0, "host_ms": 1.0}
+    data = _record(gate_run, calibration=calibration)
+    entry = next(b for b in data["benchmarks"] if b["extra_info"]["backend"] == "cudnn_b")
+    entry["extra_info"]["host_bound"] = True
+    _write_baseline(gate_run, data)
+    result, verdict = _compare(
+        gate_run,
+        pytester,
+        seed=1,
+        scale={"cudnn_b": head_scale},
+        calibration={**calibration, "host_ms": 0.77},
+    )
+    assert _outcomes(verdict) == {"flash_a": "same", "cudnn_b": outcome, "tiled_c": "same"}, verdict
+    assert result.ret == (pytest.ExitCode.OK if outcome == "same" else pytest.ExitCode.TESTS_FAILED), _output(
+        result
+    )
 
 
 def test_more_memory_fails_and_names_it(gate_run, pytester):

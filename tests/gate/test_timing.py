@@ -51,7 +51,9 @@ def test_the_flush_evicts_what_the_call_read():
     warm = _median_us(x.sum, _Idle(device))
     flushed = _median_us(x.sum, L2Flusher(device))
     print(f"16 MiB sum: {warm:.2f} us with the L2 kept, {flushed:.2f} us after the flush")
-    assert flushed > 1.2 * warm, (
+    # Not evicted, the two would agree within the noise of such medians (~2%); evicted, the
+    # sum read from memory took 1.34x (H100) and 1.22x (H200) as long in session 14's runs.
+    assert flushed > 1.1 * warm, (
         f"after the flush {flushed:.2f} us, L2 kept {warm:.2f} us: nothing was evicted"
     )
 
