@@ -51,7 +51,7 @@ from attnkit_perf.measure.paired import (
     shard_problem,
     visible_gpus,
 )
-from attnkit_perf.measure.timing import HOST_BOUND_FRACTION, TIMING_PROTOCOL
+from attnkit_perf.measure.timing import HOST_BOUND_SHARE, TIMING_PROTOCOL
 
 VERDICT_PROPERTY = "attnkit_verdict"
 
@@ -298,8 +298,8 @@ class PerfSession:
                 host_bound = _host_bound_throughout(again, results)
                 base, head = again["base"], again["head"]
         decision.extra["seconds"] = {step: round(s, 3) for step, s in seconds.items()}
-        decision.extra["host_fraction"] = {
-            side: None if r.host_fraction is None else round(r.host_fraction, 3)
+        decision.extra["host_share"] = {
+            side: None if r.host_share is None else round(r.host_share, 3)
             for side, r in (("base", base), ("head", head))
         }
         row = BenchmarkVerdict.from_decision(
@@ -311,7 +311,7 @@ class PerfSession:
             base_peak_bytes=base.peak_bytes,
             head_peak_bytes=head.peak_bytes,
             tflops=None if head.median_s is None else case.flops / head.median_s / 1e12,
-            host_bound=None if _fraction(base, head) is None else host_bound,
+            host_bound=None if _share(base, head) is None else host_bound,
         )
         node.user_properties.append((VERDICT_PROPERTY, dataclasses.asdict(row)))
         failing = gate.FAILING + (("inconclusive",) if self.thresholds.fail_on_inconclusive else ())
@@ -517,28 +517,25 @@ class PerfSession:
         )
 
 
-def _fraction(base: SideResult, head: SideResult) -> float | None:
-    """The host fraction that classifies a paired benchmark: the smaller of the two sides' (the
+def _share(base: SideResult, head: SideResult) -> float | None:
+    """The host share that classifies a paired benchmark: the smaller of the two sides' (the
     other side's where one has none, as for a benchmark new to the head). Host-bound means the
-    host sets the time of *both* codes. Near the 0.5 boundary the 5-call fraction flips between
-    processes (on the H100, fwd[triton-bf16-B16-H16-N1024-D128-causal], GPU 213 us per call,
-    read host-bound in 1 of 9 A/A runs), so one side alone lets a slowdown hide behind the loose
-    host-bound threshold: zero-filled outputs slowed that forward by x1.10 and passed as
-    host-bound twice, classified by the head once and by the base once. A slowdown of the GPU's
-    work lowers the head's fraction; a host-only slowdown of a GPU-bound benchmark raises it but
-    not the base's, so it is judged by the GPU rule, which is right: the benchmark got slower."""
-    fractions = [f for f in (base.host_fraction, head.host_fraction) if f is not None]
-    return min(fractions) if fractions else None
+    host set the time of *both* codes. A slowdown of the GPU's work lowers the head's share; a
+    host-only slowdown of a GPU-bound benchmark raises it but not the base's, so it is judged
+    by the GPU rule, which is right: the benchmark got slower. (The classification once read
+    the host's issue time over the measured time instead, which the flush's head start made
+    meaningless: GPU-bound benchmarks read 0.5-1.4 and passed real slowdowns of x1.10 and x1.24
+    under the host-bound threshold, sessions 9-11 and 14 of docs/evidence.)"""
+    shares = [f for f in (base.host_share, head.host_share) if f is not None]
+    return min(shares) if shares else None
 
 
 def _host_bound(base: SideResult, head: SideResult) -> bool:
-    return (_fraction(base, head) or 0.0) >= HOST_BOUND_FRACTION
+    return (_share(base, head) or 0.0) >= HOST_BOUND_SHARE
 
 
 def _host_bound_throughout(*measurements: dict[str, SideResult]) -> bool:
     """Host-bound by every measurement of the benchmark (each a {"base", "head"} result): a
-    suspect's confirmation on fresh processes is judged by the strictest classification seen.
-    On the H100 a zero-filled forward (B16 N1024 D128 causal) measured x1.104 under the GPU
-    rule, then its fresh processes read host fractions 0.53 and 0.59, and it passed at x1.095
-    under the host-bound threshold."""
+    suspect's confirmation on fresh processes is judged by the strictest classification seen,
+    so a slowdown seen under the GPU rule cannot pass because fresh processes read otherwise."""
     return all(_host_bound(m["base"], m["head"]) for m in measurements)

@@ -30,7 +30,7 @@ def test_an_eager_case_keeps_the_form_older_baselines_and_bases_know():
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"mode": "jit"}, r"mode: expected one of \('eager', 'compiled', 'graph'\), got 'jit'"),
+        ({"mode": "jit"}, r"mode: expected one of \('eager', 'compiled', 'graph', 'loop'\), got 'jit'"),
         ({"mode": "graph", "pass_name": "bwd"}, r"mode 'graph' captures a forward only; pass_name is 'bwd'"),
     ],
 )
@@ -40,12 +40,27 @@ def test_a_bad_mode_is_refused_with_its_reason(changes, message):
 
 
 def test_the_grid_times_compiled_training_and_graph_replay_on_the_host_bound_shape():
-    names = {c.name for c in gpu_suite_cases() if c.mode != "eager"}
+    names = {c.name for c in gpu_suite_cases() if c.mode in ("compiled", "graph")}
     assert names == {
         "fwd+bwd[triton-bf16-B1-H8-N128-D64-causal-compiled]",
         "fwd[triton-bf16-B1-H8-N128-D64-causal-graph]",
         "fwd[sdpa-bf16-B1-H8-N128-D64-causal-graph]",
     }
+
+
+def test_the_host_bound_shape_is_timed_as_a_loop_of_calls_with_no_flush():
+    """The per-call cost guards: eager calls back to back, as a loop runs them. A flush before each
+    call would give the host a head start as long as the flush and hide the cost they guard."""
+    loops = [c for c in gpu_suite_cases() if c.mode == "loop"]
+    assert {(c.backend, c.pass_name) for c in loops} == {
+        (b, p) for b in ("triton", "sdpa", "sdpa-flash", "sdpa-cudnn") for p in ("fwd", "fwd+bwd")
+    }
+    assert all(c.seq_len == 128 and not c.flushed for c in loops)
+    assert all(c.flushed for c in gpu_suite_cases() if c.mode != "loop")
+    assert loops[0].name == "fwd[triton-bf16-B1-H8-N128-D64-causal-loop]"
+    assert not any(c.seq_len == 128 and c.mode == "eager" for c in gpu_suite_cases()), (
+        "an eager case on the host-bound shape times only its kernel: the flush hides its host cost"
+    )
 
 
 def test_a_compiled_case_compiles_fullgraph_before_the_first_timed_call(monkeypatch):

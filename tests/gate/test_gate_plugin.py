@@ -636,24 +636,24 @@ def test_paired_mode_rewrites_the_verdict_after_each_benchmark(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("base_fraction", "head_fraction", "host_bound"),
+    ("base_share", "head_share", "host_bound"),
     [
-        (0.2, 0.9, False),  # a host-only slowdown of a GPU-bound benchmark: the GPU rule
-        (0.9, 0.2, False),  # a GPU slowdown lowers the head's fraction: the GPU rule
+        (0.0, 0.8, False),  # a host-only slowdown of a GPU-bound benchmark: the GPU rule
+        (0.8, 0.1, False),  # a GPU slowdown lowers the head's share: the GPU rule
         (0.55, 0.45, False),  # near the boundary, one side's reading is not enough
-        (0.9, 1.4, True),  # the host sets both sides' time
-        (None, 0.9, True),  # new to the head: its own fraction
+        (0.8, 0.9, True),  # the host sets both sides' time
+        (None, 0.9, True),  # new to the head: its own share
         (None, None, False),
     ],
 )
-def test_a_paired_benchmark_is_host_bound_only_when_both_sides_are(base_fraction, head_fraction, host_bound):
+def test_a_paired_benchmark_is_host_bound_only_when_both_sides_are(base_share, head_share, host_bound):
     """Neither side alone may put a benchmark under the loose host-bound threshold: a change that
-    adds host work, or one measured while the 5-call fraction reads high, would hide behind it."""
+    adds host work would hide behind it."""
     from attnkit_perf.measure.paired import SideResult
     from attnkit_perf.session import _host_bound
 
-    base, head = SideResult(host_fraction=base_fraction), SideResult(host_fraction=head_fraction)
-    assert _host_bound(base, head) is host_bound, f"base {base_fraction}, head {head_fraction}"
+    base, head = SideResult(host_share=base_share), SideResult(host_share=head_share)
+    assert _host_bound(base, head) is host_bound, f"base {base_share}, head {head_share}"
 
 
 @pytest.mark.parametrize(
@@ -670,9 +670,9 @@ def test_a_confirmed_benchmark_is_host_bound_only_when_every_measurement_says_so
     from attnkit_perf.measure.paired import SideResult
     from attnkit_perf.session import _host_bound_throughout
 
-    def measurement(fractions):
-        base, head = fractions
-        return {"base": SideResult(host_fraction=base), "head": SideResult(host_fraction=head)}
+    def measurement(shares):
+        base, head = shares
+        return {"base": SideResult(host_share=base), "head": SideResult(host_share=head)}
 
     assert _host_bound_throughout(measurement(first), measurement(second)) is host_bound
     assert _host_bound_throughout(measurement(second)) is (min(second) >= 0.5)

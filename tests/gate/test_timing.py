@@ -1,12 +1,15 @@
 """The timing protocol on a GPU: the L2 flush evicts what a call read, and leaves the next timed
-call nothing to write back (:class:`attnkit_perf.measure.timing.L2Flusher`)."""
+call nothing to write back (:class:`attnkit_perf.measure.timing.L2Flusher`); the host share
+tells a time the host set from one the GPU set (:func:`attnkit_perf.measure.timing.host_share`)."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import torch
 
-from attnkit_perf.measure.timing import L2Flusher, measure_samples
+from attnkit_perf.measure.timing import HOST_BOUND_SHARE, L2Flusher, host_share, measure_samples
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the L2 flush acts on a CUDA device")
 
@@ -72,3 +75,54 @@ def test_the_flush_leaves_nothing_to_write_back():
         f"the zeroing flush cost the call nothing ({zeroing_ratio:.3f}): the check is blind"
     )
     assert ratio < 1.01, f"the call after the flush took {ratio:.3f}x the time after a clean read: write-back"
+
+
+def _host_then_kernel(host_s: float):
+    """A call that spends ``host_s`` on the host (a busy wait, like a Python layer) and then
+    launches one kernel of a few microseconds."""
+    x = torch.randn(2**18, device="cuda")
+
+    def call():
+        end = time.perf_counter() + host_s
+        while time.perf_counter() < end:
+            pass
+        return x.sum()
+
+    return call
+
+
+def _share(call, between: L2Flusher) -> tuple[float, float]:
+    flusher = L2Flusher(between.device)
+    call()
+    samples = measure_samples(call, between.device, rounds=11, flusher=between, reps=5)
+    measured = sorted(samples)[len(samples) // 2]
+    return host_share(call, between.device, measured, flusher, between), measured
+
+
+def test_a_host_cost_the_flush_hides_is_not_host_bound():
+    """The flush before each timed call gives the host a head start: 20 us of host work before a
+    short kernel is not in the timed interval, so the GPU set the time. (The issue time over
+    the measured time read ~5 here, and such benchmarks were judged as host-bound.)"""
+    device = torch.device("cuda")
+    flush = L2Flusher(device)
+    assert flush.seconds() > 40e-6, f"a flush takes {flush.seconds() * 1e6:.0f} us: no head start to test"
+    share, measured = _share(_host_then_kernel(20e-6), flush)
+    print(f"20 us of host work, flushed: timed {measured * 1e6:.1f} us, host share {share:.2f}")
+    assert measured < 15e-6, f"timed {measured * 1e6:.1f} us: the host work was not hidden"
+    assert share < 0.25, f"host share {share:.2f} for a time the GPU set ({measured * 1e6:.1f} us)"
+
+
+@pytest.mark.parametrize("flushed", [False, True], ids=["loop", "flushed"])
+def test_a_time_the_host_sets_is_host_bound(flushed):
+    """Back to back (a loop of calls), 20 us of host work sets the time per call; with the flush
+    before each call, host work longer than three flushes does."""
+    device = torch.device("cuda")
+    flush = L2Flusher(device)
+    host_s = 3 * flush.seconds() if flushed else 20e-6
+    between = flush if flushed else L2Flusher(device, evict=False)
+    share, measured = _share(_host_then_kernel(host_s), between)
+    print(f"{host_s * 1e6:.0f} us of host work: timed {measured * 1e6:.1f} us, host share {share:.2f}")
+    assert measured > 0.8 * (host_s - (flush.seconds() if flushed else 0)), (
+        f"timed {measured * 1e6:.1f} us: the host work was hidden"
+    )
+    assert share >= HOST_BOUND_SHARE, f"host share {share:.2f} for a time the host set"

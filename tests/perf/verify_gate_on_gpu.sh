@@ -6,9 +6,10 @@
 #
 #   aa:N           paired mode N times with the base a copy of this tree (A/A): nothing may fail
 #   change:NAME    apply docs/evidence/gate-changes/NAME.patch to a copy of this tree (the head),
-#                  run paired mode against the unchanged tree, then measure the change's true
-#                  effect with do_bench side by side (attnkit_tools.ab_dobench) on the cases the
-#                  patch names in its first line ("# cases: WORD ..."; AB=0 skips this)
+#                  run paired mode against the unchanged tree on the cases the patch names in
+#                  its first line ("# cases: WORD ...": -k "WORD and ...", unless CHANGE_ARGS
+#                  is set), then measure the change's true effect side by side on those cases
+#                  (attnkit_tools.ab_dobench; AB=0 skips this)
 #   base:DIR       paired mode with the base another checkout DIR (holding src/), e.g. an
 #                  earlier commit's `git archive REF src`: a real change, measured, then its
 #                  true effect with do_bench side by side on the cases named by BASE_MATCH
@@ -21,7 +22,7 @@
 # that is left (a paired run stopped that way leaves its verdict file marked incomplete), and a
 # step with under 20 s left is skipped and said so.
 # PERF_ARGS: extra pytest arguments for every run (e.g. "-k triton", "-n 2"); CHANGE_ARGS: for
-# the change runs only. Where the tree is a copy whose .git is not its own, export
+# the change runs only, instead of the patch's cases (set it empty to run the whole grid). Where the tree is a copy whose .git is not its own, export
 # ATTNKIT_COMMIT=<sha> so that verdicts and baselines name the commit measured.
 set -uo pipefail
 out=$(realpath -m "$1"); shift
@@ -93,12 +94,15 @@ for step in "$@"; do
       patch=$root/docs/evidence/gate-changes/$name.patch
       head=$work/$name && mkdir -p "$head" && cp -r "$root/src" "$head/src"
       (cd "$head" && patch -s -p1 < "$patch") || { log "$name: patch failed"; continue; }
+      read -r -a words <<< "$(head -1 "$patch" | sed 's/^# cases: //')"
+      joined="${words[*]}"
       # shellcheck disable=SC2206
-      extra=(${PERF_ARGS:-} ${CHANGE_ARGS:-}); paired "change_$name" "$head/src" "$work/clean"
+      if [ -n "${CHANGE_ARGS+set}" ]; then more=(${CHANGE_ARGS}); else more=(-k "${joined// / and }"); fi
+      # shellcheck disable=SC2206
+      extra=(${PERF_ARGS:-} "${more[@]}"); paired "change_$name" "$head/src" "$work/clean"
       # shellcheck disable=SC2206
       extra=(${PERF_ARGS:-})
       if [ "${AB:-1}" != 0 ]; then
-        read -r -a words <<< "$(head -1 "$patch" | sed 's/^# cases: //')"
         limited python3 -m attnkit_tools.ab_dobench --base "$work/clean/src" --head "$head/src" --match "${words[@]}" \
           --rounds 3 --out "$out/ab_$name.json" > "$out/ab_$name.txt" 2>&1
         log "$name true effect (do_bench, head/base):"; tee -a "$summary" < "$out/ab_$name.txt"

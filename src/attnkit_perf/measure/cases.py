@@ -19,10 +19,15 @@ import attnkit
 from attnkit.inputs import check_inputs
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
-#: How the call is made: ``eager``; ``compiled``, through ``torch.compile(fullgraph=True)``
-#: (Inductor); ``graph``, one forward captured in a CUDA graph and replayed (no host work per
-#: call: what the kernels alone cost where the host would dominate).
-MODES = ("eager", "compiled", "graph")
+#: How the call is made and timed: ``eager``; ``compiled``, through
+#: ``torch.compile(fullgraph=True)`` (Inductor); ``graph``, one forward captured in a CUDA graph
+#: and replayed (no host work per call: what the kernels alone cost where the host would
+#: dominate); ``loop``, eager calls timed back to back with no L2 flush between them, as a loop
+#: of calls runs: the time per call is then the host's where the host is slower than the GPU.
+#: (Every other mode flushes before each call, which gives the host the flush's ~90 us as a
+#: head start: a short forward's 50 us of Python and launches are hidden, and only its kernel
+#: is timed.)
+MODES = ("eager", "compiled", "graph", "loop")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 #: FLOPs of a pass as a multiple of the forward's: the backward does 2.5x the forward's matmul
@@ -67,10 +72,15 @@ class BenchCase:
             object.__setattr__(self, "window", tuple(self.window))
 
     @property
+    def flushed(self) -> bool:
+        """Whether the L2 is flushed before each timed call (all modes but ``loop``)."""
+        return self.mode != "loop"
+
+    @property
     def shape_label(self) -> str:
         """Shape without the backend, e.g. ``bf16-B4-H16-N4096-D128-causal``; a window adds
         ``-W1024`` (left only, as with causal) or ``-W1024,16`` (both sides); a mode other than
-        eager adds ``-compiled`` or ``-graph``."""
+        eager adds its name (``-compiled``, ``-graph``, ``-loop``)."""
         heads = f"H{self.q_heads}" if self.kv_heads == self.q_heads else f"H{self.q_heads}kv{self.kv_heads}"
         mask = "-causal" if self.causal else ""
         keys = "" if self.kv_len is None else f"-M{self.kv_len}"
@@ -266,8 +276,9 @@ GPU_SHAPES = (
 )
 #: The training step (forward then backward) is timed on one shape: elsewhere it is fwd + bwd.
 FWD_BWD_SHAPE = GPU_SHAPES[1]
-#: Host-bound shapes: the kernel takes a few microseconds, so the time is attnkit's Python layer
-#: and the launches. They guard the per-call cost (a slower dispatch fails here first).
+#: Host-bound shapes: the kernel takes a few microseconds, so a loop of calls runs at the speed
+#: of attnkit's Python layer and the launches. Timed in ``loop`` mode, they guard the per-call
+#: cost (a slower dispatch fails here first).
 HOST_SHAPES = ((1, 8, 8, 128, 64, True, "bf16"),)
 HOST_BACKENDS = ("triton", "sdpa", "sdpa-flash", "sdpa-cudnn")
 #: How users run attention besides eager calls, on the host-bound shape, as (backend, pass,
@@ -312,7 +323,12 @@ def gpu_suite_cases() -> list[BenchCase]:
     fast = [b for b in GPU_BACKENDS if b not in SLOW_BACKENDS]
     cases = _cases(fast, GPU_SHAPES, ("fwd", "bwd"))
     cases += _cases(fast, (FWD_BWD_SHAPE,), ("fwd+bwd",))
-    cases += _cases(HOST_BACKENDS, HOST_SHAPES, ("fwd", "fwd+bwd"))
+    cases += [
+        BenchCase(b, p, *shape, mode="loop")
+        for p in ("fwd", "fwd+bwd")
+        for shape in HOST_SHAPES
+        for b in HOST_BACKENDS
+    ]
     cases += [BenchCase(b, p, *shape, mode=m) for b, p, m in MODE_CASES for shape in HOST_SHAPES]
     cases += _cases(INFERENCE_BACKENDS, DECODE_SHAPES, ("fwd",))
     cases += _cases(INFERENCE_BACKENDS, PREFILL_SHAPES, ("fwd", "bwd"))

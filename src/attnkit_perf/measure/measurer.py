@@ -13,8 +13,9 @@
 ``kv_gbps``         ``BenchCase.kv_bytes`` over the median round, in GB/s (decode cases)
 ``peak_bytes``      bytes allocated beyond the inputs at the call's peak (None on the CPU)
 ``min_bytes``       ``BenchCase.min_bytes``: what the pass must allocate at the least
-``host_fraction``   host time to issue a call over its measured time (GPU only)
-``host_bound``      ``host_fraction >= HOST_BOUND_FRACTION``: judged with the host calibration
+``host_share``      share of the measured time in which the GPU waited for the host (GPU only;
+                    :func:`attnkit_perf.measure.timing.host_share`)
+``host_bound``      ``host_share >= HOST_BOUND_SHARE``: judged with the host calibration
 ``calibration``     ``{"matmul_ms", "copy_ms", "host_ms"}`` measured just before this benchmark
 ``rounds``          rounds taken
 ``reps_per_round``  flushed repetitions per round (a sample is their mean)
@@ -34,9 +35,9 @@ import torch
 from attnkit_perf.measure.calibration import measure_calibration
 from attnkit_perf.measure.cases import BenchCase, build_runner
 from attnkit_perf.measure.timing import (
-    HOST_BOUND_FRACTION,
+    HOST_BOUND_SHARE,
     L2Flusher,
-    host_fraction,
+    host_share,
     make_round,
     measure_samples,
     peak_extra_bytes,
@@ -81,6 +82,11 @@ class CaseMeasurer:
         self.device = device
         self.settings = settings
         self.flusher = L2Flusher(device)
+        self._keep_cache = L2Flusher(device, evict=False)
+
+    def between_calls(self, case: BenchCase) -> L2Flusher:
+        """What runs before each timed call of ``case``: an L2 flush, or nothing (``loop``)."""
+        return self.flusher if case.flushed else self._keep_cache
 
     def calibrate(self) -> dict:
         if not self.settings.calibration_rounds:
@@ -95,16 +101,17 @@ class CaseMeasurer:
         Raises whatever the backend raises for an unsupported problem (the caller skips).
         """
         runner = wrap(case, build_runner(case, self.device))
+        between = self.between_calls(case)
         plan = warm_up_and_plan(
             runner,
             self.device,
-            self.flusher,
+            between,
             budget_s=self.settings.budget_s,
             min_rounds=self.settings.min_rounds,
             max_rounds=self.settings.max_rounds,
         )
         peak = peak_extra_bytes(runner, self.device)
-        fraction = host_fraction(runner, self.device, plan.estimate_s)
+        share = host_share(runner, self.device, plan.estimate_s, self.flusher, between)
         calibration = self.calibrate()
         benchmark.group = case.group
         benchmark.extra_info.update(
@@ -115,14 +122,14 @@ class CaseMeasurer:
             timer="cuda-events+l2-flush" if self.device.type == "cuda" else "perf_counter",
             peak_bytes=peak,
             min_bytes=case.min_bytes,
-            host_fraction=fraction,
-            host_bound=None if fraction is None else fraction >= HOST_BOUND_FRACTION,
+            host_share=share,
+            host_bound=None if share is None else share >= HOST_BOUND_SHARE,
             calibration=calibration,
             rounds=plan.rounds,
             reps_per_round=plan.reps,
         )
         benchmark.extra_info["pass"] = case.pass_name
-        one_round = make_round(runner, self.device, self.flusher, plan.reps)
+        one_round = make_round(runner, self.device, between, plan.reps)
         benchmark.pedantic(one_round, rounds=plan.rounds, warmup_rounds=1, iterations=1)
         median = statistics.median(benchmark.stats.stats.data)
         benchmark.extra_info["tflops"] = case.flops / median / 1e12 if median > 0 else None
@@ -133,9 +140,10 @@ class CaseMeasurer:
         """A second, independent measurement of a suspect: fresh inputs, fresh calibration,
         the same protocol. Returned as ``extra_info["confirm"]``."""
         runner = wrap(case, build_runner(case, self.device, seed=1))
-        warm_up_and_plan(runner, self.device, self.flusher, budget_s=0.0, min_rounds=1, max_rounds=1)
+        between = self.between_calls(case)
+        warm_up_and_plan(runner, self.device, between, budget_s=0.0, min_rounds=1, max_rounds=1)
         calibration = self.calibrate()
-        samples = measure_samples(runner, self.device, rounds, self.flusher, reps)
+        samples = measure_samples(runner, self.device, rounds, between, reps)
         return {"samples_s": samples, "calibration": calibration}
 
 

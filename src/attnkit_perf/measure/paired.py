@@ -3,7 +3,7 @@
 Each side runs in :data:`PROCESSES_PER_SIDE` worker processes of its own
 (:mod:`attnkit_perf.measure.worker`), with its own ``TRITON_CACHE_DIR``. For one benchmark,
 every worker builds the case and warms up (the head's first alone, since it also measures the
-host fraction, then the base's first, so each side compiles once; the others at once); then
+host share, then the base's first, so each side compiles once; the others at once); then
 pairs of blocks are measured, pair ``i`` on worker ``i % PROCESSES_PER_SIDE`` of each side, in
 the order A-B for even ``i`` and B-A for odd (A-B-B-A...), so
 slow drifts cancel within the pairs and both sides are sampled in more than one process. A
@@ -113,7 +113,7 @@ class SideResult:
 
     blocks: list[float] = field(default_factory=list)
     peak_bytes: int | None = None
-    host_fraction: float | None = None
+    host_share: float | None = None
     unsupported: str | None = None
 
     @property
@@ -268,7 +268,7 @@ class PairedSession:
 
     def _prepare(self, case: dict) -> tuple[dict[str, SideResult], int | None]:
         results = {side: SideResult() for side in self.sides}
-        # The head's first worker measures the host fraction and plans the rounds: alone, so no
+        # The head's first worker measures the host share and plans the rounds: alone, so no
         # other process competes for the core. The base's first worker goes alone next, so each
         # side compiles a new kernel once and its other workers load it from the side's cache.
         # Those build and warm up at once (their loads and warm-up kernels overlap); peak memory
@@ -296,7 +296,7 @@ class PairedSession:
                 raise WorkerError(f"{label} could not prepare {case}: {answer['error']}", side)
             elif i == 0:
                 results[side].peak_bytes = answer["peak_bytes"]
-                results[side].host_fraction = answer["host_fraction"]
+                results[side].host_share = answer["host_share"]
         head = answers[("head", 0)]
         return results, head.get("reps")
 

@@ -21,6 +21,7 @@ around one round is that round's mean GPU time per call.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -67,10 +68,13 @@ class L2Flusher:
     write-back, which also dilutes a relative slowdown of a memory-bound kernel. The buffer is
     written once, here; a read leaves only clean lines, which the next call evicts for free."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, evict: bool = True) -> None:
+        """``evict=False``: a flusher that does nothing, for calls timed back to back (the
+        ``loop`` mode of :class:`attnkit_perf.measure.cases.BenchCase`)."""
         self.device = device
         self._buffer = None
-        if device.type == "cuda":
+        self._seconds = None
+        if device.type == "cuda" and evict:
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0
             nbytes = max(_FLUSH_BYTES_MIN, 4 * l2)
             self._buffer = torch.ones(nbytes // 4, dtype=torch.int32, device=device)
@@ -79,6 +83,22 @@ class L2Flusher:
     def flush(self) -> None:
         if self._buffer is not None:
             torch.amax(self._buffer, dim=0, out=self._sink)
+
+    def seconds(self) -> float:
+        """GPU seconds one flush takes (median of 5, measured once): the head start one flush
+        gives the host."""
+        if self._seconds is None:
+            if self._buffer is None:
+                raise ValueError("seconds(): this flusher does not evict (evict=False or no GPU)")
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(6)]
+            self.flush()  # warm-up
+            for event in events:
+                event.record()
+                self.flush()
+            events[-1].synchronize()
+            times = sorted(a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(events))
+            self._seconds = times[len(times) // 2]
+        return self._seconds
 
 
 def synchronize(device: torch.device) -> None:
@@ -177,27 +197,74 @@ def warm_up_and_plan(
     return RoundPlan(estimate_s=estimate, reps=reps, rounds=rounds)
 
 
-def host_fraction(
-    fn: Callable[[], object], device: torch.device, gpu_s: float, calls: int = 5
-) -> float | None:
-    """Host time to *issue* one call (perf_counter around the call, no synchronise) over its
-    measured time per call: near 0 when the GPU is the limit, near 1 or above when the host is
-    (the Python layer and the launches then set the time, so a GPU calibration cannot explain a
-    change; such benchmarks are marked host-bound). None on the CPU, where both are the host."""
-    if device.type != "cuda" or gpu_s <= 0:
-        return None
+def issue_seconds(fn: Callable[[], object], device: torch.device, calls: int = 5) -> float:
+    """Host seconds to *issue* one call (perf_counter around it, the GPU idle before it, no
+    synchronise after): the Python layer and the launches; median of ``calls``."""
     issue = []
     for _ in range(calls):
-        torch.cuda.synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         fn()
         issue.append(time.perf_counter() - start)
-    torch.cuda.synchronize(device)
-    return sorted(issue)[len(issue) // 2] / gpu_s
+    synchronize(device)
+    return sorted(issue)[len(issue) // 2]
 
 
-#: A benchmark whose host issue time is at least this fraction of its measured time is host-bound.
-HOST_BOUND_FRACTION = 0.5
+#: Repetitions timed with the host far ahead, and the most flushes queued to get it there
+#: (about 40 ms of GPU work on the H100; a call that issues longer is measured as far as that
+#: lead reaches, which can only read its share too low and judge it by the stricter GPU rule).
+_AHEAD_REPS = 3
+_MAX_LEAD_FLUSHES = 500
+
+
+def host_share(
+    fn: Callable[[], object],
+    device: torch.device,
+    measured_s: float,
+    flusher: L2Flusher,
+    between: L2Flusher | None = None,
+) -> float | None:
+    """Share of ``fn``'s measured time (``measured_s``, taken with ``between`` before each call:
+    ``flusher`` unless given) in which the GPU waited for the host. None on the CPU.
+
+    A timed interval holds host time only where the GPU ran out of queued work: the flush before
+    each call gives the host a head start of one flush (~90 us on the H100), so a forward that
+    takes 50 us to issue and 8 us to run is timed at 8 us, while a training step that takes
+    400 us to issue is timed at nearly that. The host's issue time alone cannot tell the two
+    apart, since what it hides depends on the launches' order, so the call is timed again with
+    the host far ahead: flushes queued first, long enough to cover the issue of every
+    repetition, and checked to have been: the first interval had not begun when the last call
+    was issued. Then ``1 - ahead / measured`` is the part the host set: about 0 where the GPU
+    sets the time (a kernel slowdown shows in full), near 1 where the host does (the Python
+    layer and launches, which vary far more between processes and machines)."""
+    if device.type != "cuda" or measured_s <= 0:
+        return None
+    between = flusher if between is None else between
+    issue_s = issue_seconds(fn, device)
+    lead_s = 2 * _AHEAD_REPS * issue_s + 1e-4
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(_AHEAD_REPS)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(_AHEAD_REPS)]
+    while True:
+        lead = min(_MAX_LEAD_FLUSHES, math.ceil(lead_s / flusher.seconds()))
+        synchronize(device)
+        for _ in range(lead):
+            flusher.flush()
+        for start, end in zip(starts, ends, strict=True):
+            between.flush()
+            start.record()
+            fn()
+            end.record()
+        ahead_throughout = not starts[0].query()
+        ends[-1].synchronize()
+        if ahead_throughout or lead == _MAX_LEAD_FLUSHES:
+            break
+        lead_s *= 4
+    times = sorted(s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True))
+    return max(0.0, 1.0 - times[len(times) // 2] / measured_s)
+
+
+#: A benchmark is host-bound when the host set at least this share of its measured time.
+HOST_BOUND_SHARE = 0.5
 
 
 def median_time_s(

@@ -12,7 +12,7 @@ request                                        answer
 ``{"op": "identify"}``                         ``{"ok", "attnkit_file", "provenance"}``
 ``{"op": "prepare", "case": {...}, "seed"}``   build the case's inputs, warm up, plan the rounds:
                                                ``{"ok", "reps", "estimate_s", "peak_bytes",
-                                               "host_fraction", "min_bytes", "flops"}``, or
+                                               "host_share", "min_bytes", "flops"}``, or
                                                ``{"ok": false, "unsupported": why}``
 ``{"op": "measure", "rounds", "reps",``       ``{"ok", "samples"}`` (seconds per call, one a round;
 ``"warm_rounds"}``                             the first ``warm_rounds`` are run and dropped)
@@ -39,7 +39,7 @@ def _serve(out) -> None:
     from attnkit_perf.measure.cases import BenchCase, build_runner
     from attnkit_perf.measure.timing import (
         L2Flusher,
-        host_fraction,
+        host_share,
         measure_samples,
         peak_extra_bytes,
         warm_up_and_plan,
@@ -62,7 +62,8 @@ def _serve(out) -> None:
         os.environ.get("ATTNKIT_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     )
     flusher = L2Flusher(device)
-    runner = None
+    keep_cache = L2Flusher(device, evict=False)
+    runner, between = None, flusher
 
     def answer(payload: dict) -> None:
         out.write(json.dumps(payload) + "\n")
@@ -76,7 +77,7 @@ def _serve(out) -> None:
                 answer({"ok": True, "attnkit_file": attnkit.__file__, "provenance": provenance(device)})
             elif op == "prepare":
                 case = BenchCase(**request["case"])
-                runner = None
+                runner, between = None, flusher if case.flushed else keep_cache
                 pin(False)
                 try:
                     runner = build_runner(case, device, seed=request.get("seed", 0))
@@ -87,7 +88,7 @@ def _serve(out) -> None:
                 finally:
                     pin(True)
                 plan = warm_up_and_plan(
-                    runner, device, flusher, budget_s=0.0, min_rounds=1, max_rounds=1, warmup_s=0.03
+                    runner, device, between, budget_s=0.0, min_rounds=1, max_rounds=1, warmup_s=0.03
                 )
                 answer(
                     {
@@ -95,14 +96,14 @@ def _serve(out) -> None:
                         "reps": plan.reps,
                         "estimate_s": plan.estimate_s,
                         "peak_bytes": peak_extra_bytes(runner, device),
-                        "host_fraction": host_fraction(runner, device, plan.estimate_s),
+                        "host_share": host_share(runner, device, plan.estimate_s, flusher, between),
                         "min_bytes": case.min_bytes,
                         "flops": case.flops,
                     }
                 )
             elif op == "measure":
                 rounds = request["rounds"] + request.get("warm_rounds", 0)
-                samples = measure_samples(runner, device, rounds, flusher, request["reps"])
+                samples = measure_samples(runner, device, rounds, between, request["reps"])
                 samples = samples[request.get("warm_rounds", 0) :]
                 answer({"ok": True, "samples": samples})
             elif op == "release":
