@@ -58,7 +58,7 @@ def bands(rows: list[Row]) -> list[tuple[str, int, int]]:
 
 def render(rows: list[Row]) -> str:
     lines = [
-        "| benchmark | true effect (do_bench) | gate | gate ratio | host-bound |",
+        "| benchmark | true effect (ab_dobench) | gate | gate ratio | host-bound |",
         "|---|---|---|---|---|",
     ]
     for r in rows:

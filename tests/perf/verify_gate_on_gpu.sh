@@ -85,7 +85,7 @@ for step in "$@"; do
         read -r -a words <<< "$BASE_MATCH"
         limited python3 -m attnkit_tools.ab_dobench --base "$dir/src" --head "$root/src" --match "${words[@]}" \
           --rounds 3 --out "$out/ab_base_$name.json" > "$out/ab_base_$name.txt" 2>&1
-        log "$name -> this tree, true effect (do_bench, head/base):"; tee -a "$summary" < "$out/ab_base_$name.txt"
+        log "$name -> this tree, true effect (ab_dobench: do_bench, or wall per call for loop cases; head/base):"; tee -a "$summary" < "$out/ab_base_$name.txt"
         python3 -m attnkit_tools.detection --effects "$out/ab_base_$name.json" \
           --verdict "$out/verdict_base_$name.json" --out "$out/detection_base_$name.md" | tee -a "$summary"
       fi ;;
@@ -105,7 +105,7 @@ for step in "$@"; do
       if [ "${AB:-1}" != 0 ]; then
         limited python3 -m attnkit_tools.ab_dobench --base "$work/clean/src" --head "$head/src" --match "${words[@]}" \
           --rounds 3 --out "$out/ab_$name.json" > "$out/ab_$name.txt" 2>&1
-        log "$name true effect (do_bench, head/base):"; tee -a "$summary" < "$out/ab_$name.txt"
+        log "$name true effect (ab_dobench: do_bench, or wall per call for loop cases; head/base):"; tee -a "$summary" < "$out/ab_$name.txt"
         python3 -m attnkit_tools.detection --effects "$out/ab_$name.json" --verdict "$out/verdict_change_$name.json" \
           --out "$out/detection_$name.md" | tee -a "$summary"
       fi ;;
