@@ -8,7 +8,8 @@
 ``pass``            ``fwd`` / ``bwd`` / ``fwd+bwd``
 ``shape``           ``{batch, q_heads, kv_heads, seq_len, head_dim, causal, dtype}``
 ``device``          ``cuda`` or ``cpu``
-``timer``           ``cuda-events+l2-flush`` or ``perf_counter``
+``timer``           ``cuda-events+l2-flush``, ``cuda-events`` (``loop``: no flush) or
+                    ``perf_counter``
 ``tflops``          ``BenchCase.flops`` over the median round, in TFLOP/s
 ``kv_gbps``         ``BenchCase.kv_bytes`` over the median round, in GB/s (decode cases)
 ``peak_bytes``      bytes allocated beyond the inputs at the call's peak (None on the CPU)
@@ -71,6 +72,12 @@ class MeasureSettings:
         return 10
 
 
+def _timer(device: torch.device, case: BenchCase) -> str:
+    if device.type != "cuda":
+        return "perf_counter"
+    return "cuda-events+l2-flush" if case.flushed else "cuda-events"
+
+
 def _identity(case: BenchCase, runner: Runner) -> Runner:
     return runner
 
@@ -119,7 +126,7 @@ class CaseMeasurer:
             backend=case.backend,
             shape=_shape(case),
             device=self.device.type,
-            timer="cuda-events+l2-flush" if self.device.type == "cuda" else "perf_counter",
+            timer=_timer(self.device, case),
             peak_bytes=peak,
             min_bytes=case.min_bytes,
             host_share=share,
