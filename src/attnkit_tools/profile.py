@@ -59,30 +59,16 @@ def run(cases_out: str | None, seq_lens=SEQ_LENS) -> int:
     kernels (torch.profiler) into that file."""
     import torch
 
-    import attnkit
+    from attnkit_perf.measure.cases import BenchCase, build_runner
 
     cases = []
     for pass_name, head_dim, causal, seq_len, path in itertools.product(
         PASSES, HEAD_DIMS, (False, True), seq_lens, PATHS
     ):
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        shape = (BATCH, MODEL_DIM // head_dim, seq_len, head_dim)
-        q, k, v, grad = (
-            torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4)
-        )
-        for x in (q, k, v):
-            x.requires_grad_(pass_name == "bwd")
-
-        def forward(q=q, k=k, v=v, causal=causal, path=path):
-            return attnkit.attention(q, k, v, causal=causal, backend=path)
-
-        if pass_name == "fwd":
-            call = torch.no_grad()(forward)
-        else:
-            out = forward()
-            call = lambda out=out, q=q, k=k, v=v, grad=grad: torch.autograd.grad(
-                out, (q, k, v), grad, retain_graph=True
-            )
+        heads = MODEL_DIM // head_dim
+        # The grid's cases and calls: a forward with no gradient, or the backward alone.
+        case = BenchCase(path, pass_name, BATCH, heads, heads, seq_len, head_dim, causal)
+        call = build_runner(case, "cuda")
         for _ in range(3):  # compile, fill the host caches
             call()
         torch.cuda.synchronize()
