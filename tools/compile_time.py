@@ -59,7 +59,7 @@ def signature(kernel, dtype: str, constants: dict) -> tuple[dict, dict]:
 def compile_seconds(kernel, dtype: str, constants: dict, config: KernelConfig, target: GPUTarget) -> float:
     constants = {**constants, "BLOCK_M": config.block_m, "BLOCK_N": config.block_n}
     if kernel is _attn_fwd_kernel:
-        constants.update(TMA=False, NEGATE_Q=False)
+        constants.update(TMA=False, NEGATE_Q=False, STORE_LSE=True)
     types, attrs = signature(kernel, dtype, constants)
     source = ASTSource(kernel, types, constexprs=constants, attrs=attrs)
     start = time.perf_counter()

@@ -19,17 +19,25 @@ Rows: ``triton``, each ``sdpa-*``, ``tiled`` (smallest size only), ``raw-sdpa`` 
 the difference to the ``sdpa-<kernel>`` row), and ``triton-op`` (the torch.library op called in
 eager mode: the dispatcher's cost, the reason eager calls bypass it).
 
-The targets compare each path with its raw counterpart **paired**: loops of the two alternate
-A B B A for ``--pairs`` pairs, so a host that drifts between rows (clocks, neighbours) moves both
-sides alike, and each target is decided on the 95% bootstrap interval of the per-pair
-difference (``sdpa-X`` minus ``raw-X``, host us) or ratio (``triton`` over ``raw-sdpa``): PASS
-when the whole interval meets the target, FAIL when none of it does, UNCLEAR otherwise. (The
-absolute rows are the least of ``--repeats`` loops, measured one row after another: on the
-H100 host of 2026-11-23 raw SDPA alone read 31 us at one size and 49 us at the next.)
+The targets compare each path with its raw counterpart **paired, call by call**: the two
+calls alternate (A B, then B A), each timed alone on the host, ``--paired-calls`` of each, so
+a host that drifts (clocks, neighbours) moves both sides of every pair alike; the device is
+synchronised every 32 pairs, outside the timed calls, so a queue of launches never fills and
+stalls the host. Each target is decided on the 95% bootstrap interval of the median per-call
+difference (``sdpa-X`` minus ``raw-X``, host us), ratio (``triton`` over ``raw-sdpa``) or
+time (``triton``): PASS when the whole interval meets the target, FAIL when none of it does,
+UNCLEAR otherwise. An A/A pair (raw SDPA against itself) shows the method's own error. On the
+H100 host (2026-11-24) it read -0.1 us (95% [-0.2, -0.0]) forward where loops of 200 calls
+alternating A B B A, this tool's earlier pairing, read -0.8 (95% [-1.2, -0.2]), and its
+intervals were 5 to 90 times narrower (docs/evidence/h100-2026-11-24/
+session17). (The absolute rows are the least of ``--repeats`` loops, measured one row after
+another: on the H100 host of 2026-11-23 raw SDPA alone read 31 us at one size and 49 us at
+the next.)
 
 Usage (on a GPU): ``PYTHONPATH=src python tools/per_call_cost.py --out per_call.json``
 (``--sizes B1-H8-N128-D64,B8-Hq32-Hkv8-N1-M4096-D128`` for the host-bound rows only)
-Prints a table and the targets (triton host <= 40 us and <= 2x raw-sdpa; sdpa-X <= raw-X + 10 us).
+Prints a table, the A/A control and the targets (triton host <= 40 us and <= 2x raw-sdpa;
+sdpa-X <= raw-X + 10 us).
 """
 
 from __future__ import annotations
@@ -141,10 +149,11 @@ def _gpu_us(step, calls: int) -> float:
 
 
 def measure(
-    size_name: str, shape, passes, calls: int, repeats: int, pairs: int, device: torch.device
+    size_name: str, shape, passes, calls: int, repeats: int, paired_calls: int, device: torch.device
 ) -> tuple[list[dict], list[dict]]:
     """(rows, paired): one row per path (the least of ``repeats`` loops), and one paired
-    comparison per :data:`PAIRED` entry whose both sides ran."""
+    comparison (``paired_calls`` calls a side) per :data:`PAIRED` entry whose both sides ran,
+    after the A/A control."""
     b, hq, hkv, n, m, d = shape
     gen = torch.Generator(device=device).manual_seed(0)
     rows, paired = [], []
@@ -178,34 +187,58 @@ def measure(
                 row["error"] = str(err).splitlines()[0][:160]
                 _sync(device)
             rows.append(row)
+        if "raw-sdpa" in steps:
+            paired.append(_pair(size_name, pass_name, "raw-sdpa", "raw-sdpa", steps, paired_calls, device))
         for path, raw in PAIRED.items():
             if path in steps and raw in steps:
-                comparison = _paired(steps[path], steps[raw], calls, pairs, device)
-                paired.append({"size": size_name, "pass": pass_name, "path": path, "raw": raw, **comparison})
+                paired.append(_pair(size_name, pass_name, path, raw, steps, paired_calls, device))
     return rows, paired
 
 
-def _host_us(step_and_ctx, calls: int, device: torch.device) -> float:
-    step, ctx = step_and_ctx
+def _pair(size_name, pass_name, path, raw, steps, calls: int, device: torch.device) -> dict:
+    """One paired comparison (module docstring; the A/A control times one step as both sides):
+    both steps run inside the raw side's context
+    (forcing its kernel; attnkit's forced paths set their own flags or call their kernel's op,
+    whatever the flags are, and ``sdpa`` and ``triton`` pair with ``raw-sdpa``, which has none)."""
+    (path_step, _), (raw_step, ctx) = steps[path], steps[raw]
     with ctx() if ctx else _null():
-        return _host_and_wall(step, calls, device)[0]
-
-
-def _paired(path, raw, calls: int, pairs: int, device: torch.device) -> dict:
-    """Host us per call of ``path`` and ``raw``, their loops alternating A B B A: the per-pair
-    differences and ratios with 95% bootstrap intervals of their medians."""
-    a, b = [], []
-    for i in range(pairs):
-        order = (path, raw) if i % 2 == 0 else (raw, path)
-        first, second = (_host_us(s, calls, device) for s in order)
-        a.append(first if i % 2 == 0 else second)
-        b.append(second if i % 2 == 0 else first)
-    a, b = np.array(a), np.array(b)
-    result = {"path_us": a.tolist(), "raw_us": b.tolist()}
-    for name, values in (("extra_us", a - b), ("ratio", a / b)):
-        low, high = median_interval(values, confidence=0.95)
-        result[name] = {"median": float(np.median(values)), "low": low, "high": high}
+        a, b = _interleaved(path_step, raw_step, calls, device)
+    result = {"size": size_name, "pass": pass_name, "path": path, "raw": raw, "calls": calls}
+    result["path_us"] = _summary(a)
+    result["raw_us"] = _summary(b)
+    result["extra_us"] = _summary(a - b)
+    result["ratio"] = _summary(a / b)
     return result
+
+
+def _interleaved(a, b, calls: int, device: torch.device) -> tuple[np.ndarray, np.ndarray]:
+    """Host us of each of ``calls`` calls of ``a`` and of ``b``, alternating one by one: A B,
+    then B A. Synchronised every 32 pairs, outside the timed calls; the order after each
+    synchronisation alternates too."""
+    clock = time.perf_counter_ns
+    times = np.empty((2, calls))
+    for _ in range(20):
+        a(), b()
+    _sync(device)
+    for i in range(calls):
+        first, second = (0, 1) if (i + i // 32) % 2 == 0 else (1, 0)
+        steps = (a, b)
+        t0 = clock()
+        steps[first]()
+        t1 = clock()
+        steps[second]()
+        t2 = clock()
+        times[first, i], times[second, i] = t1 - t0, t2 - t1
+        if i % 32 == 31:
+            _sync(device)
+    _sync(device)
+    return times[0] / 1e3, times[1] / 1e3
+
+
+def _summary(values: np.ndarray) -> dict:
+    """The median of ``values`` with its 95% bootstrap interval."""
+    low, high = median_interval(values, confidence=0.95)
+    return {"median": float(np.median(values)), "low": low, "high": high}
 
 
 class _null:
@@ -221,23 +254,30 @@ def _verdict(low: float, high: float, limit: float) -> str:
     return "PASS" if high <= limit else "FAIL" if low > limit else "UNCLEAR"
 
 
-def targets(rows: list[dict], paired: list[dict]) -> list[str]:
-    """The issue's targets, decided on the paired comparisons (module docstring)."""
-    host = {(r["size"], r["pass"], r["path"]): r["host_us"] for r in rows if "host_us" in r}
+def targets(paired: list[dict]) -> list[str]:
+    """The A/A controls, then the issue's targets, decided on the paired comparisons (module
+    docstring)."""
     verdicts = []
     for c in paired:
         where = f"[{c['size']} {c['pass']}]"
         extra, ratio = c["extra_us"], c["ratio"]
+        if c["path"] == c["raw"]:
+            verdicts.append(
+                f"A/A {c['path']} - {c['raw']} host {extra['median']:+.1f} us "
+                f"(95% [{extra['low']:+.1f}, {extra['high']:+.1f}]) {where}"
+            )
+            continue
         if c["path"] == "triton":
-            absolute = host[(c["size"], c["pass"], "triton")]
+            absolute = c["path_us"]
             verdicts.append(
                 f"{_verdict(ratio['low'], ratio['high'], TRITON_LIMIT_RATIO)} triton / raw-sdpa host "
                 f"x{ratio['median']:.2f} (95% [{ratio['low']:.2f}, {ratio['high']:.2f}]) <= "
                 f"x{TRITON_LIMIT_RATIO:g} {where}"
             )
             verdicts.append(
-                f"{'PASS' if absolute <= TRITON_LIMIT_US else 'FAIL'} triton host {absolute:.1f} us "
-                f"(least of the loops) <= {TRITON_LIMIT_US:g} us {where}"
+                f"{_verdict(absolute['low'], absolute['high'], TRITON_LIMIT_US)} triton host "
+                f"{absolute['median']:.1f} us (95% [{absolute['low']:.1f}, {absolute['high']:.1f}]) <= "
+                f"{TRITON_LIMIT_US:g} us {where}"
             )
             continue
         verdicts.append(
@@ -253,7 +293,12 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--calls", type=int, default=200, help="calls per timed loop")
     parser.add_argument("--repeats", type=int, default=5, help="timed loops per row (the minimum is kept)")
-    parser.add_argument("--pairs", type=int, default=12, help="alternating loop pairs per paired target")
+    parser.add_argument(
+        "--paired-calls",
+        type=int,
+        default=2000,
+        help="calls of each side per paired target (a fifth above N=128)",
+    )
     parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated subset of {list(SIZES)}")
     parser.add_argument(
         "--device",
@@ -268,8 +313,9 @@ def main() -> None:
     for size_name in args.sizes.split(","):
         shape = SIZES[size_name]
         calls = args.calls if shape[3] <= 128 else max(20, args.calls // 5)
+        pairs = args.paired_calls if shape[3] <= 128 else max(100, args.paired_calls // 5)
         passes = ("fwd",) if size_name in FORWARD_ONLY else ("fwd", "fwd+bwd")
-        size_rows, size_paired = measure(size_name, shape, passes, calls, args.repeats, args.pairs, device)
+        size_rows, size_paired = measure(size_name, shape, passes, calls, args.repeats, pairs, device)
         rows += size_rows
         paired += size_paired
     print(f"{'size':<28} {'pass':<8} {'path':<15} {'host_us':>9} {'wall_us':>9} {'gpu_us':>9}")
@@ -281,7 +327,7 @@ def main() -> None:
                 f"{r['size']:<28} {r['pass']:<8} {r['path']:<15} {r['host_us']:9.1f} {r['wall_us']:9.1f} "
                 f"{r['gpu_us']:9.1f}"
             )
-    verdicts = targets(rows, paired)
+    verdicts = targets(paired)
     print("\n".join(verdicts))
     direct = _direct_launches()
     print(f"Triton kernels launched directly (attnkit.triton.fast_launch): {direct}")

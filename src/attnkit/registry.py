@@ -106,7 +106,7 @@ for _name in SDPA_BACKENDS:
     )
 
 try:
-    from attnkit.triton import run_after_support_check, triton_device_support, triton_problem_support
+    from attnkit.triton import prepare, run_after_support_check, triton_device_support, triton_problem_support
 except ImportError:  # no triton in this install: the backend is simply not registered
     pass
 else:
@@ -117,5 +117,6 @@ else:
             run_after_support_check,
             triton_device_support,
             triton_problem_support,
+            prepare,
         )
     )

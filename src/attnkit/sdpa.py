@@ -80,6 +80,13 @@ WINDOW_MASK_KERNELS = (None, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH, SD
 #: Backends that exist only as CUDA kernels (on CPU PyTorch has flash and math).
 _CUDA_ONLY = {SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION}
 
+#: Backends that take operands in any layout: math is composite ATen ops (matmuls, softmax),
+#: none of which reads rows with the fused kernels' vector loads, so the layout rule
+#: (:func:`_for_fused_kernels`) is not applied to it: no copies, and no per-call layout check
+#: (on an H100 host every microsecond of Python before the math op cost it ~3.7 us:
+#: docs/evidence/h100-2026-11-24/session17).
+_ANY_LAYOUT = frozenset({"sdpa-math"})
+
 
 def sdpa_device_support(name: str, device: torch.device) -> str | None:
     """Why backend ``name`` cannot run on ``device`` at all, or None if it can."""
@@ -293,7 +300,8 @@ def _call_sdpa(name, q, k, v, problem, is_causal, mask=None):
         choice = _WITHOUT_CUDNN
     if torch.compiler.is_compiling():  # a traced graph has no warnings to record
         return _sdpa(choice, q, k, v, problem.scale, is_causal, mask)
-    q, k, v = _for_fused_kernels(q, k, v, problem)
+    if name not in _ANY_LAYOUT:
+        q, k, v = _for_fused_kernels(q, k, v, problem)
     # The mask, if any, follows from the problem (its window), so it needs no place in the key.
     key = (name, problem, is_causal, choice)
     if key in _ACCEPTED:
@@ -403,7 +411,7 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
     toggles = _SWITCHES[1][name] if forced else None
     kernel_op = _kernel_op(name, problem) if forced else None
     is_causal, scale = problem.causal, _scale_argument(problem)
-    layout = _LayoutMemo() if problem.device.type == "cuda" else None
+    layout = _LayoutMemo() if problem.device.type == "cuda" and name not in _ANY_LAYOUT else None
     accepted_states: set[tuple[bool, bool]] = set()
     deterministic = torch.are_deterministic_algorithms_enabled
 
@@ -453,7 +461,7 @@ def sdpa_attention(
     if problem.causal_offset > 0:  # N < M
         if problem.q_len == 1:  # the one row sees every key
             return _call_sdpa(name, q, k, v, problem, False)
-        if not torch.compiler.is_compiling():
+        if not torch.compiler.is_compiling() and name not in _ANY_LAYOUT:
             q, k, v = _for_fused_kernels(q, k, v, problem)
         out = lower_right.native_bottom_right(name, SDPA_BACKENDS[name], q, k, v, problem)
         return _masked_attention(name, q, k, v, problem) if out is None else out

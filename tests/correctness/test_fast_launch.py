@@ -125,7 +125,7 @@ def _forward_arg_sets(device):
 
 _FORWARD_CONSTANTS = dict(
     HEAD_DIM=16, HEAD_PAD=16, VALUE_DIM=16, VALUE_PAD=16, BLOCK_M=16, BLOCK_N=16, CAUSAL=True,
-    WINDOW=False, DOT_PRECISION="ieee", TMA=False, NEGATE_Q=False,
+    WINDOW=False, DOT_PRECISION="ieee", TMA=False, NEGATE_Q=False, STORE_LSE=True,
 )  # fmt: skip
 _FORWARD_PARAMS = _jit_function(_attn_fwd_kernel).params
 FORWARD_CONSTEXPRS = {p.name: _FORWARD_CONSTANTS.get(p.name, 16) for p in _FORWARD_PARAMS if p.is_constexpr}
@@ -362,6 +362,99 @@ def test_missing_internals_take_the_normal_path(monkeypatch):
     assert _kinds(log) == ["normal"] * 12
 
 
+def test_a_bound_launch_passes_its_tensors_then_the_bound_arguments(fake):
+    log, _, launch = fake
+    x = torch.zeros(8)
+    launch((3, 2), x, 5)
+    bound = launch.bind((3, 2), (x, 5), 1)
+    assert bound is not None, "a launch with an entry could not be bound"
+    launch((3, 2), x, 5)  # the direct launch, to compare with
+    y = torch.zeros(8)
+    assert bound(y) is True
+    assert _kinds(log) == ["normal", "direct", "direct"]
+    direct, bound_args = log[1][1], log[2][1]
+    assert bound_args[:9] == direct[:9], "grid, stream, function, metadata or hooks differ"
+    assert bound_args[9] is y and bound_args[10:] == direct[10:] == (5, 32)
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["misaligned pointer", "dtype", "device", "debug knob", "launch hook", "kernel debug", "pre-run hook",
+     "rebound global", "runtime replaced"],
+)  # fmt: skip
+def test_a_bound_launch_declines_a_call_its_key_would_not_match(fake, monkeypatch, change):
+    """Whatever a direct launch keys on besides the bound arguments: the call launches nothing
+    and says so (the caller then takes its normal path)."""
+    log, kernel, launch = fake
+    x = torch.zeros(16)
+    scope = {"LOG2E": 1.4}
+    kernel.used_global_vals = {("LOG2E", id(scope)): (1.4, scope)}
+    launch((1,), x, 5)
+    bound = launch.bind((1,), (x, 5), 1)
+    assert bound(x) is True
+    tensor = {"misaligned pointer": x[1:], "dtype": x.half()}.get(change, x)
+    runtime = fast_launch._runtime
+    if change == "device":
+        object.__setattr__(runtime, "current_device", lambda: 1)
+    elif change == "debug knob":
+        runtime.knobs.runtime.debug = True
+    elif change == "launch hook":
+        runtime.knobs.runtime.launch_enter_hook = lambda metadata: None
+    elif change == "kernel debug":
+        kernel.debug = True
+    elif change == "pre-run hook":
+        kernel.pre_run_hooks.append(lambda *args, **kwargs: None)
+    elif change == "rebound global":
+        scope["LOG2E"] = 2.0
+    elif change == "runtime replaced":
+        monkeypatch.setattr(fast_launch, "_runtime", None)
+    assert bound(tensor) is False, f"{change}: the bound launch ran"
+    assert _kinds(log) == ["normal", "direct"]
+
+
+def test_bind_declines_what_is_not_launched_directly(fake, monkeypatch):
+    _, kernel, launch = fake
+    x = torch.zeros(8)
+    assert launch.bind((1,), (x, 5), 1) is None, "bound before any launch made an entry"
+    launch((1,), x, 5)
+    assert launch.bind((1,), (x, 6), 1) is None, "bound to arguments no launch was made with"
+    assert launch.bind((1,), (x, 5), 2) is None, "bound an int as a leading tensor"
+    assert launch.bind(lambda meta: (1,), (x, 5), 1) is None, "bound a callable grid"
+    with_descriptors = KernelLaunch(kernel, tensor_descriptors={0: (8,)}, BLOCK=32)
+    assert with_descriptors.bind((1,), (x, 5), 1) is None, "bound a launch with tensor descriptors"
+    monkeypatch.setattr(fast_launch, "_runtime", None)
+    assert launch.bind((1,), (x, 5), 1) is None, "bound without a runtime"
+
+
+def test_forward_only_launches_a_layout_bound_after_its_first_call(fake):
+    """LaunchSetup.forward_only with its forward launch on the fake runtime (a fake kernel with
+    the forward's parameters): a layout's first call launches through KernelLaunch, the next
+    through the bound launch with the same fixed arguments and a fresh output; a misaligned
+    operand of that layout, and another layout, go back to KernelLaunch."""
+    from attnkit.inputs import check_inputs
+    from attnkit.triton.launch import LaunchSetup
+
+    log, kernel, _ = fake
+    kernel.params = _FORWARD_PARAMS
+    q, k, v = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 7, 16), torch.randn(1, 2, 7, 16)
+    setup = LaunchSetup.build(check_inputs(q, k, v, True, None))
+    setup.launches["fwd_out"] = KernelLaunch(kernel, **setup.kernel_kwargs["fwd"], TMA=False, STORE_LSE=False)
+    first, second = setup.forward_only(q, k, v), setup.forward_only(q, k, v)
+    assert _kinds(log) == ["normal", "direct"]
+    normal_args, bound_args = log[0][1], log[1][1][9:]
+    assert normal_args[3] is first and normal_args[4] is first, "out (and the unused lse pointer)"
+    assert bound_args[:3] == (q, k, v) and bound_args[3] is second and bound_args[4] is second
+    assert second is not first
+    assert bound_args[5 : len(normal_args)] == normal_args[5:], "the bound arguments differ"
+    keywords = setup.launches["fwd_out"].kwargs
+    constexprs = tuple(keywords[p.name] for p in _FORWARD_PARAMS[len(normal_args) :])
+    assert bound_args[len(normal_args) :] == constexprs
+    misaligned = torch.randn(q.numel() + 1)[1:].view(q.shape)
+    setup.forward_only(misaligned, k, v)
+    setup.forward_only(q.transpose(1, 2).contiguous().transpose(1, 2), k, v)
+    assert _kinds(log) == ["normal", "direct", "normal", "normal"]
+
+
 def test_find_runtime_declines_without_cuda_or_when_disabled(monkeypatch):
     if not torch.cuda.is_available():
         assert fast_launch.find_runtime() is None, "a CPU-only machine has no direct launch path"
@@ -517,3 +610,42 @@ def test_direct_launches_match_normal_launches_bitwise(monkeypatch, dims, layout
         assert torch.equal(a, b_), (
             f"{name}: direct launch differs from normal launch (max {(a - b_).abs().max()})"
         )
+
+
+@gpu_only
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bound_forward_launches_match_normal_launches_bitwise(monkeypatch, layout):
+    """Calls without gradients: from a layout's second direct call on, the forward launches
+    bound (no launch through ``JITFunction.run``, a ``BoundLaunch`` kept for the layout),
+    bit for bit as the normal path. A misaligned base is copied first, so never bound."""
+    if not _verified_triton():
+        pytest.skip(f"triton {triton.__version__} is not a verified version: the normal path runs")
+    gen = torch.Generator().manual_seed(5)
+    b, hq, hkv, n, m, d = 2, 4, 2, 77, 130, 64
+    q = _layout(layout, (b, hq, n, d), torch.bfloat16, DEVICE, gen)
+    k = _layout(layout, (b, hkv, m, d), torch.bfloat16, DEVICE, gen)
+    v = _layout(layout, (b, hkv, m, d), torch.bfloat16, DEVICE, gen)
+    tensors = (q, k, v, None)
+    monkeypatch.setattr(fast_launch, "_runtime", None)
+    (normal,) = _run(tensors, True, False)
+    monkeypatch.setattr(fast_launch, "_runtime", fast_launch._MISSING)
+    counts = _count_normal_launches(monkeypatch)
+    _run(tensors, True, False)  # the direct path's entry, then the binding
+    first = counts["normal"]
+    launched = []
+    bound_call = fast_launch.BoundLaunch.__call__
+
+    def counted(self, *tensors):
+        launched.append(bound_call(self, *tensors))
+        return launched[-1]
+
+    monkeypatch.setattr(fast_launch.BoundLaunch, "__call__", counted)
+    bound = [_run(tensors, True, False)[0] for _ in range(2)]
+    torch.cuda.synchronize()
+    assert counts["normal"] == first, f"{counts['normal'] - first} repeated launches took the normal path"
+    if layout == "offset":
+        assert True not in launched, "a misaligned layout was launched bound"
+    else:
+        assert launched == [True, True], f"{layout}: bound launches returned {launched}"
+    for out in bound:
+        assert torch.equal(out, normal), f"bound launch differs (max {(out - normal).abs().max()})"

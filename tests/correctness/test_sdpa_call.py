@@ -19,6 +19,7 @@ import attnkit.sdpa
 from attnkit import UnsupportedProblemError
 from attnkit.inputs import check_inputs
 from attnkit.sdpa import SDPA_BACKENDS, _aligned_for_fused_kernels, _kernel_op, _LayoutMemo
+from attnkit.testing import assert_close_to_reference, compare_to_reference
 
 SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa")]
 FORCED_PATHS = [name for name in SDPA_PATHS if SDPA_BACKENDS[name] is not None]
@@ -275,3 +276,33 @@ def test_layout_memo_skips_the_rule_only_for_strides_it_passed():
         assert all(o is not odd for o in out), f"{call} call: odd row strides went as they are"
     out = memo(q, q, q, problem)
     assert all(o is q for o in out), "the aligned layout is copied after a rejected one"
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="the layout rule applies to CUDA operands only")
+@pytest.mark.parametrize("layout", [name for name, (_, passes) in _LAYOUTS.items() if not passes])
+def test_sdpa_math_takes_every_layout_as_it_is(monkeypatch, layout):
+    """Math is composite ATen ops, which take any layout: its calls, first and repeated, hand
+    the operands over without the fused-kernel layout rule (no copy, no check), and stay
+    within the tolerance rule of the oracle, outputs and gradients."""
+    _skip_if_unavailable("sdpa-math")
+    x = _LAYOUTS[layout][0]
+    gen = torch.Generator().manual_seed(1)
+
+    def operand():  # random values in the layout of x: its shape, strides and storage offset
+        elements = x.untyped_storage().nbytes() // x.element_size()
+        buffer = torch.randn(elements, generator=gen).to(DEVICE, x.dtype)
+        return buffer.as_strided(x.shape, x.stride(), x.storage_offset())
+
+    q, k, v = operand(), operand(), operand()
+    grad_out = torch.randn(x.shape, generator=gen).to(DEVICE, x.dtype)
+
+    def no_rule(*args):
+        raise AssertionError("the fused-kernel layout rule ran for sdpa-math")
+
+    monkeypatch.setattr(attnkit.sdpa, "_fused_layout", no_rule)
+    for call in ("first", "repeated"):
+        checks = compare_to_reference(
+            lambda a, b, c: attnkit.attention(a, b, c, causal=True, backend="sdpa-math"),
+            q, k, v, causal=True, scale=None, grad_out=grad_out,
+        )  # fmt: skip
+        assert_close_to_reference(f"sdpa-math, {layout}, {call} call", checks)

@@ -106,6 +106,24 @@ def test_matches_reference(name):
     assert_close_to_reference(f"triton {name}: {case}", checks)
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_call_without_gradients_matches_the_forward_of_one_with_them(name):
+    """No backward follows a call without gradients, so the path runs its forward without the
+    log-sum-exp (:meth:`LaunchSetup.forward_only`; from the second call of a layout on, a
+    bound launch on the GPU). Its output is the forward's with gradients, bit for bit."""
+    case = CASES[name]
+    q, k, v, _ = case.tensors()
+    run = _run(case)
+    with_gradients = run(*(x.detach().requires_grad_() for x in (q, k, v))).detach()
+    with torch.no_grad():
+        outputs = [run(q, k, v) for _ in range(3)]
+    for call, out in enumerate(outputs):
+        assert torch.equal(out, with_gradients), (
+            f"call {call} without gradients differs from the forward with them: max "
+            f"{(out.float() - with_gradients.float()).abs().max()} ({case})"
+        )
+
+
 @pytest.mark.skipif(_TMA_UNAVAILABLE, reason="TMA descriptors need a Hopper GPU or the interpreter")
 @pytest.mark.parametrize(
     "name",

@@ -91,6 +91,23 @@ def run_after_support_check(q, k, v, problem: AttentionProblem) -> torch.Tensor:
     return flash_attention(_DEFAULT_IMPLEMENTATION, q, k, v, problem)
 
 
+def prepare(problem: AttentionProblem):
+    """The registry's eager run of ``problem`` (supported: checked before), made once per call
+    signature: :func:`run_after_support_check`, except that a call no backward follows runs
+    :meth:`~attnkit.triton.launch.LaunchSetup.forward_only` of the problem's setup, looked up
+    here once. Decode-shaped problems keep the split-KV forward."""
+    if use_split_kv(problem):
+        return run_after_support_check
+    forward_only = launch_setup(problem).forward_only
+
+    def run(q, k, v, problem):
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            return flash_attention(_DEFAULT_IMPLEMENTATION, q, k, v, problem)
+        return forward_only(q, k, v)
+
+    return run
+
+
 def triton_device_support(device: torch.device) -> str | None:
     """None if the kernels can run on ``device``, else why not."""
     if device.type == "cuda":

@@ -235,12 +235,13 @@ def _attn_fwd_kernel(
     q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, lower_offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, NEGATE_Q: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, NEGATE_Q: tl.constexpr, STORE_LSE: tl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(N, BLOCK_M) * B * Hq,), see :func:`_program_coords`. Q: (B, Hq, N, D),
     K: (B, Hkv, M, D), V: (B, Hkv, M, Dv), O: (B, Hq, N, Dv), LSE: (B, Hq, N) float32
-    contiguous. With TMA, K and V are tensor descriptors of those shapes with blocks
-    (1, 1, BLOCK_N, padded dim) and their strides go unused; otherwise they are pointers.
+    contiguous, written only with STORE_LSE (a call no backward follows passes any pointer).
+    With TMA, K and V are tensor descriptors of those shapes with blocks (1, 1, BLOCK_N,
+    padded dim) and their strides go unused; otherwise they are pointers.
     ``qk_scale`` is the magnitude of the log2-domain scale; NEGATE_Q says it was negative
     (negating q is exact and keeps the unmasked loop's one-FMA form, which needs a
     non-negative scale)."""
@@ -295,5 +296,6 @@ def _attn_fwd_kernel(
     o_ptrs = O + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
     o_ptrs += m0.to(tl.int64) * stride_om + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od
     _store_tile(o_ptrs, out, rows, q_len, offs_dv, VALUE_DIM)
-    lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("inf"))
-    tl.store(LSE + pid_bh.to(tl.int64) * q_len + rows, lse, mask=rows < q_len)
+    if STORE_LSE:
+        lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * LN2, float("inf"))
+        tl.store(LSE + pid_bh.to(tl.int64) * q_len + rows, lse, mask=rows < q_len)

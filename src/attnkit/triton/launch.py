@@ -81,6 +81,9 @@ class LaunchSetup:
     #: What :meth:`tile_safe_all` does to each tensor, by the tensors' strides (their shapes,
     #: dtype and device are the problem's).
     _layouts: dict = field(default_factory=dict, compare=False, repr=False)
+    #: :meth:`forward_only`'s bound launches, by the strides of q, k and v (False: that layout
+    #: is not launched bound).
+    _bound: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, problem: AttentionProblem, config: AttentionConfig | None = None) -> LaunchSetup:
@@ -118,6 +121,7 @@ class LaunchSetup:
                 setup.constants(cfg.block_m, cfg.block_n), num_warps=cfg.num_warps, num_stages=cfg.num_stages
             )
         setup.kernel_kwargs["fwd"]["NEGATE_Q"] = setup.qk_scale < 0
+        fwd_kwargs = setup.kernel_kwargs["fwd"]
         setup.kernel_kwargs["preprocess"] = dict(
             VALUE_DIM=p.value_dim, VALUE_PAD=value_pad, BLOCK_M=config.dq.block_m, num_warps=4
         )
@@ -136,8 +140,15 @@ class LaunchSetup:
         dkdv_tma = streamed_blocks(0, 3, config.dkdv.block_m)
         dq_tma = streamed_blocks(1, 2, config.dq.block_n)
         setup.launches.update(
-            fwd=KernelLaunch(_attn_fwd_kernel, **kwargs["fwd"], TMA=False),
-            fwd_tma=KernelLaunch(_attn_fwd_kernel, tensor_descriptors=fwd_tma, **kwargs["fwd"], TMA=True),
+            fwd=KernelLaunch(_attn_fwd_kernel, **fwd_kwargs, TMA=False, STORE_LSE=True),
+            fwd_tma=KernelLaunch(
+                _attn_fwd_kernel, tensor_descriptors=fwd_tma, **fwd_kwargs, TMA=True, STORE_LSE=True
+            ),
+            # Without the log-sum-exp: the forward of a call no backward follows.
+            fwd_out=KernelLaunch(_attn_fwd_kernel, **fwd_kwargs, TMA=False, STORE_LSE=False),
+            fwd_out_tma=KernelLaunch(
+                _attn_fwd_kernel, tensor_descriptors=fwd_tma, **fwd_kwargs, TMA=True, STORE_LSE=False
+            ),
             preprocess=KernelLaunch(_attn_bwd_preprocess, **kwargs["preprocess"]),
             dkdv=KernelLaunch(_attn_bwd_dkdv_kernel, **kwargs["dkdv"], TMA=False),
             dkdv_tma=KernelLaunch(
@@ -178,6 +189,36 @@ class LaunchSetup:
         rows, padded dim) blocks (:meth:`build`). ``tma`` forces one or the other; None asks
         :meth:`use_tma`."""
         return self.use_tma(x, y) if tma is None else tma
+
+    def forward_only(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """:func:`attention_forward`'s output without the log-sum-exp, for a call no backward
+        follows: one allocation fewer, and each layout of q, k and v is launched through a
+        :class:`~attnkit.triton.fast_launch.BoundLaunch` after its first call. Its fixed
+        arguments (the strides, sizes and scale after q, k, v, out and the unused log-sum-exp
+        pointer) follow from this setup and the strides it is keyed on: ``out`` is allocated
+        here with the problem's contiguous shape. A layout the kernels must not see as it is
+        (:meth:`tile_safe`), or one read through TMA descriptors, is never bound."""
+        p = self.problem
+        key = (q.stride(), k.stride(), v.stride())
+        bound = self._bound.get(key)
+        out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=q.device)
+        # The unused log-sum-exp pointer is ``out``: any pointer does.
+        if bound and bound(q, k, v, out, out):
+            return out
+        safe_q, safe_k, safe_v = self.tile_safe_all(q, k, v)
+        descriptors = self.use_descriptors(safe_k, safe_v, None)
+        launch = self.launches["fwd_out_tma" if descriptors else "fwd_out"]
+        args = _forward_args(safe_q, safe_k, safe_v, out, out, self)
+        launch(self.fwd_grid, *args)
+        # A layout's first call, or one its bound launch declined (a changed knob or runtime),
+        # binds the launch just made; not after a copy (the layout itself is never bound then).
+        if safe_q is q and safe_k is k and safe_v is v:
+            bound = False if descriptors else launch.bind(self.fwd_grid, args, 5)
+            if bound is not None:  # None: not launched directly (yet): hooks, no runtime
+                if len(self._bound) >= 64:  # a bound for programs that sweep layouts
+                    self._bound.clear()
+                self._bound[key] = bound
+        return out
 
     def tile_safe(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` itself, or a copy when its layout is one the kernels must not see:
@@ -315,17 +356,24 @@ def attention_forward(
     Returns out (B, Hq, N, Dv) in q's dtype and lse (B, Hq, N) float32 (natural log, +inf for
     rows that see no key). ``tma`` forces K and V through TMA descriptors or pointers (tests
     run descriptors in the interpreter); None picks descriptors where
-    :meth:`LaunchSetup.use_tma` allows."""
+    :meth:`LaunchSetup.use_tma` allows. :meth:`LaunchSetup.forward_only` is the same kernel
+    without the log-sum-exp."""
     p = setup.problem
     q, k, v = setup.tile_safe_all(q, k, v)
     out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=q.device)
     lse = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=q.device)
     setup.launches["fwd_tma" if setup.use_descriptors(k, v, tma) else "fwd"](
-        setup.fwd_grid,
+        setup.fwd_grid, *_forward_args(q, k, v, out, lse, setup)
+    )
+    return out, lse
+
+
+def _forward_args(q, k, v, out, lse, setup: LaunchSetup) -> tuple:
+    """The forward kernel's positional arguments."""
+    return (
         q, k, v, out, lse, *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *setup.sizes, abs(setup.qk_scale),
     )  # fmt: skip
-    return out, lse
 
 
 def bwd_preprocess(setup: LaunchSetup, out: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
