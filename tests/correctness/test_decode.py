@@ -128,6 +128,28 @@ def test_split_kernel_many_splits_dense_and_paged(case: CacheCase, splits: int):
 
 @needs_triton
 @pytest.mark.parametrize(
+    "problem", [_DECODE_GQA, dataclasses.replace(_CHUNK, kv_len=330)], ids=["decode-gqa", "chunk-bnhd"]
+)
+def test_split_kv_without_gradients_matches_the_forward_with_them(problem):
+    """A call no backward follows runs the split-KV forward without the log-sum-exp
+    (decode_forward_only; from the second call of a layout on, bound launches on the GPU):
+    every call's output is decode_forward's, bit for bit, and a fresh tensor."""
+    from attnkit.triton.decode import decode_forward, decode_forward_only, use_split_kv
+
+    q, k, v, _ = problem.tensors(DEVICE)
+    checked = check_inputs(q, k, v, problem.causal, problem.scale)
+    assert use_split_kv(checked), f"{problem} does not run split-KV: the test would check nothing"
+    expected, _ = decode_forward(q, k, v, checked)
+    outputs = [decode_forward_only(q, k, v, checked) for _ in range(3)]
+    with torch.no_grad():
+        outputs.append(attention(q, k, v, causal=problem.causal, scale=problem.scale, backend="triton"))
+    for call, out in enumerate(outputs):
+        assert torch.equal(out, expected), f"call {call}: max {(out.float() - expected.float()).abs().max()}"
+    assert len({out.data_ptr() for out in outputs[:3]}) == 3, "outputs share memory across calls"
+
+
+@needs_triton
+@pytest.mark.parametrize(
     ("q_len", "kv_len", "group", "expected"),
     [(1, 4096, 4, True), (16, 16384, 4, True), (1, 64, 1, True), (16, 32, 4, False), (128, 8192, 4, False)],
 )

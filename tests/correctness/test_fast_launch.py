@@ -612,16 +612,23 @@ def test_direct_launches_match_normal_launches_bitwise(monkeypatch, dims, layout
         )
 
 
+#: (B, Hq, Hkv, N, M, D), layout: the regular forward in every layout, the split-KV one (which
+#: reads unaligned bases in place) in two.
+BOUND_CASES = [((2, 4, 2, 77, 130, 64), layout) for layout in LAYOUTS] + [
+    ((2, 8, 2, 1, 1000, 128), layout) for layout in ("contiguous", "offset")
+]
+
+
 @gpu_only
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_bound_forward_launches_match_normal_launches_bitwise(monkeypatch, layout):
+@pytest.mark.parametrize(("dims", "layout"), BOUND_CASES, ids=str)
+def test_bound_forward_launches_match_normal_launches_bitwise(monkeypatch, dims, layout):
     """Calls without gradients: from a layout's second direct call on, the forward launches
-    bound (no launch through ``JITFunction.run``, a ``BoundLaunch`` kept for the layout),
-    bit for bit as the normal path. A misaligned base is copied first, so never bound."""
+    bound (no launch through ``JITFunction.run``, every launch a ``BoundLaunch``), bit for bit
+    as the normal path. The regular forward copies a misaligned base first: never bound."""
     if not _verified_triton():
         pytest.skip(f"triton {triton.__version__} is not a verified version: the normal path runs")
     gen = torch.Generator().manual_seed(5)
-    b, hq, hkv, n, m, d = 2, 4, 2, 77, 130, 64
+    b, hq, hkv, n, m, d = dims
     q = _layout(layout, (b, hq, n, d), torch.bfloat16, DEVICE, gen)
     k = _layout(layout, (b, hkv, m, d), torch.bfloat16, DEVICE, gen)
     v = _layout(layout, (b, hkv, m, d), torch.bfloat16, DEVICE, gen)
@@ -630,7 +637,7 @@ def test_bound_forward_launches_match_normal_launches_bitwise(monkeypatch, layou
     (normal,) = _run(tensors, True, False)
     monkeypatch.setattr(fast_launch, "_runtime", fast_launch._MISSING)
     counts = _count_normal_launches(monkeypatch)
-    _run(tensors, True, False)  # the direct path's entry, then the binding
+    _run(tensors, True, False)  # the direct path's entries, then the binding
     first = counts["normal"]
     launched = []
     bound_call = fast_launch.BoundLaunch.__call__
@@ -643,9 +650,11 @@ def test_bound_forward_launches_match_normal_launches_bitwise(monkeypatch, layou
     bound = [_run(tensors, True, False)[0] for _ in range(2)]
     torch.cuda.synchronize()
     assert counts["normal"] == first, f"{counts['normal'] - first} repeated launches took the normal path"
-    if layout == "offset":
+    split_kv = n == 1
+    if layout == "offset" and not split_kv:
         assert True not in launched, "a misaligned layout was launched bound"
     else:
-        assert launched == [True, True], f"{layout}: bound launches returned {launched}"
+        expected = [True] * (4 if split_kv else 2)  # split-KV: the split and the combine
+        assert launched == expected, f"{layout}: bound launches returned {launched}, expected {expected}"
     for out in bound:
         assert torch.equal(out, normal), f"bound launch differs (max {(out - normal).abs().max()})"

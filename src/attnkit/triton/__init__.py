@@ -17,6 +17,7 @@ not tf32). Runs on CUDA GPUs, and on the CPU through ``TRITON_INTERPRET=1``.
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import torch
 
@@ -24,7 +25,7 @@ from attnkit.errors import UnsupportedProblemError
 from attnkit.flash_autograd import PATHS, flash_attention
 from attnkit.inputs import AttentionProblem
 from attnkit.triton.config import AttentionConfig, KernelConfig, padded_dim
-from attnkit.triton.decode import decode_forward, use_split_kv
+from attnkit.triton.decode import decode_forward, decode_forward_only, use_split_kv
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
 from attnkit.triton.launch import attention_backward, attention_forward, launch_setup
 
@@ -94,11 +95,14 @@ def run_after_support_check(q, k, v, problem: AttentionProblem) -> torch.Tensor:
 def prepare(problem: AttentionProblem):
     """The registry's eager run of ``problem`` (supported: checked before), made once per call
     signature: :func:`run_after_support_check`, except that a call no backward follows runs
-    :meth:`~attnkit.triton.launch.LaunchSetup.forward_only` of the problem's setup, looked up
-    here once. Decode-shaped problems keep the split-KV forward."""
+    the forward without the log-sum-exp, through launches bound per layout: the split-KV
+    forward for decode-shaped problems (:func:`~attnkit.triton.decode.decode_forward_only`),
+    else :meth:`~attnkit.triton.launch.LaunchSetup.forward_only` of the problem's setup,
+    looked up here once."""
     if use_split_kv(problem):
-        return run_after_support_check
-    forward_only = launch_setup(problem).forward_only
+        forward_only = partial(decode_forward_only, problem=problem)
+    else:
+        forward_only = launch_setup(problem).forward_only
 
     def run(q, k, v, problem):
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):

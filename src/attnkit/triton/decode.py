@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -109,6 +109,54 @@ def split_count(batch: int, kv_heads: int, kv_len: int, device: torch.device, co
     return max(1, min(wanted, by_length, config.max_splits))
 
 
+def decode_forward_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem):
+    """:func:`decode_forward`'s output for a dense call (no ``seqlens``, default config) that
+    no backward follows: no log-sum-exp, and from a layout's second call on both launches go
+    through :class:`~attnkit.triton.fast_launch.BoundLaunch` objects, as in
+    :meth:`attnkit.triton.launch.LaunchSetup.forward_only`. Their fixed arguments follow from
+    the plan and the strides of q, k and v that they are kept by: the partial results and the
+    output are allocated here with the plan's contiguous shapes."""
+    p = problem
+    plan = _decode_plan(p, DEFAULT_DECODE_CONFIG, None, False, False, False)
+    device = q.device
+    o_part = torch.empty(plan.o_part_shape, dtype=torch.float32, device=device)
+    lse_part = torch.empty(plan.lse_part_shape, dtype=torch.float32, device=device)
+    out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=device)
+    key = (q.stride(), k.stride(), v.stride())
+    bound = plan.bound.get(key)
+    # q stands in for the unused seqlens and block-table pointers, out for the log-sum-exp.
+    if bound and bound[0](q, k, v, o_part, lse_part, q, q):
+        if not bound[1](o_part, lse_part, out, out):
+            plan.combine_out(plan.combine_grid, *_combine_args(plan, o_part, lse_part, out, out, p))
+        return out
+    split_args = _split_args(plan, q, k, v, o_part, lse_part, q, q, p, paged=False)
+    combine_args = _combine_args(plan, o_part, lse_part, out, out, p)
+    plan.split(plan.split_grid, *split_args)
+    plan.combine_out(plan.combine_grid, *combine_args)
+    split = plan.split.bind(plan.split_grid, split_args, 7)
+    combine = plan.combine_out.bind(plan.combine_grid, combine_args, 4)
+    if split is not None and combine is not None:  # else not launched directly (yet)
+        if len(plan.bound) >= 64:  # a bound for programs that sweep layouts
+            plan.bound.clear()
+        plan.bound[key] = (split, combine)
+    return out
+
+
+def _split_args(plan, q, k, v, o_part, lse_part, seqlens, table, p: AttentionProblem, paged: bool) -> tuple:
+    """The split kernel's positional arguments (``seqlens`` and ``table`` any pointer when unused)."""
+    return (
+        q, k, v, o_part, lse_part, seqlens, table,
+        *q.stride(), *k.stride(), *v.stride(), table.stride(0),
+        p.q_len, p.kv_len, p.group_size, p.kv_heads, plan.chunk, k.shape[2] if paged else 1,
+        plan.qk_scale,
+    )  # fmt: skip
+
+
+def _combine_args(plan, o_part, lse_part, out, lse, p: AttentionProblem) -> tuple:
+    """The combine kernel's positional arguments."""
+    return (o_part, lse_part, out, lse, *out.stride(), p.q_len, p.q_heads, plan.num_splits)
+
+
 def decode_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -145,16 +193,11 @@ def decode_forward(
     table = block_table if paged else q  # an unused pointer argument when not paged
     plan.split(
         plan.split_grid,
-        q, k, v, o_part, lse_part, seqlens if seqlens is not None else q, table,
-        *q.stride(), *k.stride(), *v.stride(), table.stride(0),
-        p.q_len, p.kv_len, p.group_size, p.kv_heads, plan.chunk, k.shape[2] if paged else 1,
-        plan.qk_scale,
-    )  # fmt: skip
+        *_split_args(plan, q, k, v, o_part, lse_part, q if seqlens is None else seqlens, table, p, paged),
+    )
     out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=q.device)
     lse = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=q.device)
-    plan.combine(
-        plan.combine_grid, o_part, lse_part, out, lse, *out.stride(), p.q_len, p.q_heads, plan.num_splits
-    )
+    plan.combine(plan.combine_grid, *_combine_args(plan, o_part, lse_part, out, lse, p))
     return out, lse
 
 
@@ -173,6 +216,10 @@ class _DecodePlan:
     combine_grid: tuple[int]
     split: KernelLaunch
     combine: KernelLaunch
+    #: The combine without the log-sum-exp (:func:`decode_forward_only`).
+    combine_out: KernelLaunch | None = None
+    #: :func:`decode_forward_only`'s bound launches (split, combine), by the strides of q, k, v.
+    bound: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -202,8 +249,7 @@ def _decode_plan(
         PAGE_ALIGNED=page_aligned, PDL=pdl,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    combine = KernelLaunch(
-        _decode_combine_kernel,
+    combine_kwargs = dict(
         VALUE_DIM=p.value_dim, VALUE_PAD=value_pad, SPLIT_PAD=max(2, next_power_of_2(num_splits)), PDL=pdl,
         num_warps=1, **({"launch_pdl": True} if pdl else {}),
     )  # fmt: skip
@@ -218,7 +264,8 @@ def _decode_plan(
         split_grid=(num_splits, p.batch * p.kv_heads),
         combine_grid=(p.batch * p.q_heads * p.q_len,),
         split=split,
-        combine=combine,
+        combine=KernelLaunch(_decode_combine_kernel, **combine_kwargs, STORE_LSE=True),
+        combine_out=KernelLaunch(_decode_combine_kernel, **combine_kwargs, STORE_LSE=False),
     )
 
 

@@ -176,10 +176,12 @@ def _decode_combine_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     q_len, q_heads, num_splits,
     VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr, PDL: tl.constexpr,
+    STORE_LSE: tl.constexpr,
 ):  # fmt: skip
     """Grid (B * Hq * N,): merge one row's splits. O: (B, Hq, N, Dv) in the output dtype, any
     strides; LSE: (B, Hq, N) float32 natural log, +inf for a row that saw no key (the shared
-    autograd contract: the backward's exp(s - lse) is then exactly 0)."""
+    autograd contract: the backward's exp(s - lse) is then exactly 0), written only with
+    STORE_LSE (a call no backward follows passes any pointer)."""
     row = tl.program_id(0)  # = (b * Hq + head) * N + query = (b * Hkv + kv_head) * G*N + r
     query = row % q_len
     bh = row // q_len
@@ -206,8 +208,9 @@ def _decode_combine_kernel(
         O + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + query.to(tl.int64) * stride_om
     )
     tl.store(o_ptrs + offs_dv * stride_od, out.to(O.dtype.element_ty), mask=offs_dv < VALUE_DIM)
-    lse = tl.where(seen, (m_safe + tl.log2(tl.where(seen, total, 1.0))) * LN2, float("inf"))
-    tl.store(LSE + row, lse)
+    if STORE_LSE:
+        lse = tl.where(seen, (m_safe + tl.log2(tl.where(seen, total, 1.0))) * LN2, float("inf"))
+        tl.store(LSE + row, lse)
 
 
 @triton.jit
