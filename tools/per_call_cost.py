@@ -34,8 +34,10 @@ session17). (The absolute rows are the least of ``--repeats`` loops, measured on
 another: on the H100 host of 2026-11-23 raw SDPA alone read 31 us at one size and 49 us at
 the next.)
 
-Usage (on a GPU): ``PYTHONPATH=src python tools/per_call_cost.py --out per_call.json``
-(``--sizes B1-H8-N128-D64,B8-Hq32-Hkv8-N1-M4096-D128`` for the host-bound rows only)
+Usage (on a GPU): ``PYTHONPATH=src python tools/per_call_cost.py --out per_call.json --md
+docs/PER_CALL.md`` (``--sizes B1-H8-N128-D64,B8-Hq32-Hkv8-N1-M4096-D128`` for the host-bound
+rows only); ``--from-json per_call.json --md docs/PER_CALL.md`` writes the Markdown of a saved
+run without measuring.
 Prints a table, the A/A control and the targets (triton host <= 40 us and <= 2x raw-sdpa;
 sdpa-X <= raw-X + 10 us).
 """
@@ -288,9 +290,56 @@ def targets(paired: list[dict]) -> list[str]:
     return verdicts
 
 
+def markdown(report: dict) -> str:
+    """The report as Markdown: provenance, the paired comparisons with their verdicts, then
+    each row's least-of-loops host, wall and GPU time."""
+    prov = report["provenance"]
+    lines = [
+        "# Per-call cost against raw SDPA",
+        "",
+        f"`tools/per_call_cost.py` on {prov['device_name']} (driver {prov['driver']}, CUDA {prov['cuda']}, "
+        f"torch {prov['torch']}, triton {prov['triton']}, Python {report['python']}), commit "
+        f"{prov['commit']}; Triton kernels launched directly: {report['direct_launches']}. "
+        "bf16, causal; microseconds of host time per call. How it is measured and decided: the "
+        "tool's docstring.",
+        "",
+        "## Paired, call by call (median, 95% bootstrap interval)",
+        "",
+        "| size | pass | path | us | raw | raw us | path - raw us | path / raw |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in report["paired"]:
+        extra, ratio = c["extra_us"], c["ratio"]
+        path = "A/A control" if c["path"] == c["raw"] else c["path"]
+        lines.append(
+            f"| {c['size']} | {c['pass']} | {path} | {c['path_us']['median']:.1f} | {c['raw']} | "
+            f"{c['raw_us']['median']:.1f} | "
+            f"{extra['median']:+.1f} [{extra['low']:+.1f}, {extra['high']:+.1f}] | "
+            f"x{ratio['median']:.2f} [{ratio['low']:.2f}, {ratio['high']:.2f}] |"
+        )
+    lines += ["", "## Targets", "", *[f"- {v}" for v in report["targets"]], ""]
+    lines += [
+        "## Each path alone (least of the loops)",
+        "",
+        "| size | pass | path | host us | wall us | GPU us |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['size']} | {r['pass']} | {r['path']} | error: {r['error']} | | |")
+        else:
+            lines.append(
+                f"| {r['size']} | {r['pass']} | {r['path']} | {r['host_us']:.1f} | {r['wall_us']:.1f} | "
+                f"{r['gpu_us']:.1f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--out", help="JSON file to write (required unless --from-json)")
+    parser.add_argument("--md", help="Markdown file to write (docs/PER_CALL.md)")
+    parser.add_argument("--from-json", help="render this saved report as --md instead of measuring")
     parser.add_argument("--calls", type=int, default=200, help="calls per timed loop")
     parser.add_argument("--repeats", type=int, default=5, help="timed loops per row (the minimum is kept)")
     parser.add_argument(
@@ -306,6 +355,16 @@ def main() -> None:
         help="cuda (the measurement); on cpu only B1-H1-N8-D16 shows host cost (kernels dominate the rest)",
     )
     args = parser.parse_args()
+    if args.from_json:
+        if not args.md:
+            parser.error("--from-json renders a saved report: give --md")
+        with open(args.from_json) as f:
+            report = json.load(f)
+        with open(args.md, "w") as f:
+            f.write(markdown(report))
+        return
+    if not args.out:
+        parser.error("--out is required when measuring")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("per_call_cost.py measures GPU launches: run it on a CUDA machine")
@@ -341,6 +400,9 @@ def main() -> None:
     }
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(markdown(report))
 
 
 def _direct_launches() -> bool | None:

@@ -36,6 +36,15 @@ the kernel's parameters are: adding an argument to a kernel needs no change here
 keyword arguments (constexprs and options) are fixed per :class:`KernelLaunch`, whose cache is
 its own; the device, the option knobs and ``kernel.debug`` are keyed on every call.
 
+Bound launches. :meth:`KernelLaunch.bind` turns a launch just made into a
+:class:`BoundLaunch`: the compiled kernel with every argument after the leading tensors fixed,
+for a caller that keeps one per layout (the forward of a call without gradients,
+:meth:`attnkit.triton.launch.LaunchSetup.forward_only` and
+:func:`attnkit.triton.decode.decode_forward_only`). A call then checks only what can change
+with the fixed arguments unchanged (the tensors' dtypes and alignment, the device, the options
+and hooks, the kernel's globals) and launches nothing when any did; the caller takes its
+normal path.
+
 Tensor descriptors (TMA). A :class:`KernelLaunch` built with ``tensor_descriptors={position:
 block shape}`` takes plain tensors at those positions. The normal path wraps each in Triton's
 ``TensorDescriptor`` (which validates it); Triton's launcher then expands every descriptor
@@ -390,10 +399,12 @@ class BoundLaunch:
     arguments: the tensors' dtypes and 16-byte alignment (keyed as :func:`launch_key` keys a
     tensor), whether the runtime is still the one it was bound with, the current device, the
     launch options and hooks, ``kernel.debug``, the kernel's globals. What it
-    saves over :meth:`KernelLaunch.__call__` (measured on an H100 host, B=1 H=8 N=128 D=64:
-    ~10 us per forward launch of the 29-argument kernel, against ~9 us for the launch itself)
-    is keying and hashing the arguments that the caller fixes, which is the caller's promise:
-    it binds only arguments that follow from what it keys the bound launch on."""
+    saves over :meth:`KernelLaunch.__call__` is keying and hashing the arguments the caller
+    fixes: on an H100 host (B=1 H=8 N=128 D=64) a forward launch through
+    :meth:`KernelLaunch.__call__` cost 9.6 us more than Triton's compiled launcher alone,
+    which took 8.9 us (docs/evidence/h100-2026-11-24/session17, call 3). Which arguments are
+    fixed is the caller's promise: it binds only arguments that follow from what it keeps the
+    bound launch by (for attnkit's launchers, the strides of q, k and v)."""
 
     entry: _Entry
     runtime: TritonRuntime
