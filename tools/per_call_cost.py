@@ -38,8 +38,8 @@ Usage (on a GPU): ``PYTHONPATH=src python tools/per_call_cost.py --out per_call.
 docs/PER_CALL.md`` (``--sizes B1-H8-N128-D64,B8-Hq32-Hkv8-N1-M4096-D128`` for the host-bound
 rows only); ``--from-json per_call.json --md docs/PER_CALL.md`` writes the Markdown of a saved
 run without measuring.
-Prints a table, the A/A control and the targets (triton host <= 40 us and <= 2x raw-sdpa;
-sdpa-X <= raw-X + 10 us).
+Prints a table, the A/A control and the targets (triton <= 2x raw-sdpa, and a forward at the
+small shapes, :data:`SMALL_SIZES`, <= 40 us of host time; sdpa-X <= raw-X + 10 us).
 """
 
 from __future__ import annotations
@@ -112,6 +112,9 @@ PAIRED = {
 }
 EXTRA_LIMIT_US = 10.0  # sdpa-X: at most raw-X + 10 us of host time
 TRITON_LIMIT_US, TRITON_LIMIT_RATIO = 40.0, 2.0  # triton: at most 40 us and 2x raw-sdpa
+#: The small shapes: where the 40 us limit applies, to the Triton forward (the issue's "per
+#: forward call at small shapes"); its other rows are held to the ratio alone.
+SMALL_SIZES = {"B1-H1-N8-D16", "B1-H8-N128-D64", "B8-Hq32-Hkv8-N1-M4096-D128"}
 
 
 def _step(fn, q, k, v, grad):
@@ -276,11 +279,12 @@ def targets(paired: list[dict]) -> list[str]:
                 f"x{ratio['median']:.2f} (95% [{ratio['low']:.2f}, {ratio['high']:.2f}]) <= "
                 f"x{TRITON_LIMIT_RATIO:g} {where}"
             )
-            verdicts.append(
-                f"{_verdict(absolute['low'], absolute['high'], TRITON_LIMIT_US)} triton host "
-                f"{absolute['median']:.1f} us (95% [{absolute['low']:.1f}, {absolute['high']:.1f}]) <= "
-                f"{TRITON_LIMIT_US:g} us {where}"
-            )
+            if c["pass"] == "fwd" and c["size"] in SMALL_SIZES:
+                verdicts.append(
+                    f"{_verdict(absolute['low'], absolute['high'], TRITON_LIMIT_US)} triton host "
+                    f"{absolute['median']:.1f} us (95% [{absolute['low']:.1f}, {absolute['high']:.1f}]) <= "
+                    f"{TRITON_LIMIT_US:g} us {where}"
+                )
             continue
         verdicts.append(
             f"{_verdict(extra['low'], extra['high'], EXTRA_LIMIT_US)} {c['path']} - {c['raw']} host "
@@ -317,7 +321,8 @@ def markdown(report: dict) -> str:
             f"{extra['median']:+.1f} [{extra['low']:+.1f}, {extra['high']:+.1f}] | "
             f"x{ratio['median']:.2f} [{ratio['low']:.2f}, {ratio['high']:.2f}] |"
         )
-    lines += ["", "## Targets", "", *[f"- {v}" for v in report["targets"]], ""]
+    # Decided again from the saved comparisons: the rule is this file's (module docstring).
+    lines += ["", "## Targets", "", *[f"- {v}" for v in targets(report["paired"])], ""]
     lines += [
         "## Each path alone (least of the loops)",
         "",
