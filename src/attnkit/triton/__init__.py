@@ -17,7 +17,6 @@ not tf32). Runs on CUDA GPUs, and on the CPU through ``TRITON_INTERPRET=1``.
 from __future__ import annotations
 
 import os
-from functools import partial
 
 import torch
 
@@ -25,7 +24,7 @@ from attnkit.errors import UnsupportedProblemError
 from attnkit.flash_autograd import PATHS, flash_attention
 from attnkit.inputs import AttentionProblem
 from attnkit.triton.config import AttentionConfig, KernelConfig, padded_dim
-from attnkit.triton.decode import decode_forward, decode_forward_only, use_split_kv
+from attnkit.triton.decode import decode_forward, decode_forward_only, dense_plan, use_split_kv
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
 from attnkit.triton.launch import attention_backward, attention_forward, launch_setup
 
@@ -100,7 +99,11 @@ def prepare(problem: AttentionProblem):
     else :meth:`~attnkit.triton.launch.LaunchSetup.forward_only` of the problem's setup,
     looked up here once."""
     if use_split_kv(problem):
-        forward_only = partial(decode_forward_only, problem=problem)
+        plan = dense_plan(problem)
+
+        def forward_only(q, k, v):
+            return decode_forward_only(q, k, v, problem, plan)
+
     else:
         forward_only = launch_setup(problem).forward_only
 

@@ -109,18 +109,32 @@ def split_count(batch: int, kv_heads: int, kv_len: int, device: torch.device, co
     return max(1, min(wanted, by_length, config.max_splits))
 
 
-def decode_forward_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem):
+def dense_plan(problem: AttentionProblem) -> _DecodePlan:
+    """The plan of a dense call with the default config and no ``seqlens`` (memoised)."""
+    return _decode_plan(problem, DEFAULT_DECODE_CONFIG, None, False, False, False)
+
+
+def decode_forward_only(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    problem: AttentionProblem,
+    plan: _DecodePlan | None = None,
+) -> torch.Tensor:
     """:func:`decode_forward`'s output for a dense call (no ``seqlens``, default config) that
     no backward follows: no log-sum-exp, and from a layout's second call on both launches go
     through :class:`~attnkit.triton.fast_launch.BoundLaunch` objects, as in
     :meth:`attnkit.triton.launch.LaunchSetup.forward_only`. Their fixed arguments follow from
     the plan and the strides of q, k and v that they are kept by: the partial results and the
-    output are allocated here with the plan's contiguous shapes."""
+    output are allocated here with the plan's contiguous shapes. ``plan``: the problem's
+    :func:`dense_plan`, looked up here when not given."""
     p = problem
-    plan = _decode_plan(p, DEFAULT_DECODE_CONFIG, None, False, False, False)
+    if plan is None:
+        plan = dense_plan(p)
     device = q.device
-    o_part = torch.empty(plan.o_part_shape, dtype=torch.float32, device=device)
-    lse_part = torch.empty(plan.lse_part_shape, dtype=torch.float32, device=device)
+    # Sizes as separate ints: a torch.Size argument cost ~0.5 us more per allocation (CPU).
+    o_part = torch.empty(*plan.o_part_shape, dtype=torch.float32, device=device)
+    lse_part = torch.empty(*plan.lse_part_shape, dtype=torch.float32, device=device)
     out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=device)
     key = (q.stride(), k.stride(), v.stride())
     bound = plan.bound.get(key)
