@@ -7,7 +7,9 @@ memory of training O(N) instead of O(N^2).
 Three ways in, chosen per call by :func:`flash_attention`, all running the same forward and
 backward:
 
-* eager, no gradient needed: the forward alone (no autograd node, no saved tensors);
+* eager, no gradient needed: the forward alone (no autograd node, no saved tensors), or the
+  caller's ``forward_only`` when it has one that skips the log-sum-exp (the Triton path's
+  prepared run);
 * eager with autograd: :class:`_FlashAttentionFunction`. Dispatching the torch.library op
   instead costs host time on every call: measured on the CPU with the Triton launches stubbed
   out (B=1 H=8 N=128 D=64 bf16), 18 us per call through this class against 52 us through the
@@ -82,8 +84,11 @@ def flash_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     problem: AttentionProblem,
+    forward_only: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Run ``impl`` with autograd support; returns (B, Hq, N, Dv) in q's dtype."""
+    """Run ``impl`` with autograd support; returns (B, Hq, N, Dv) in q's dtype.
+    ``forward_only(q, k, v)``: ``impl``'s output for a call no backward follows, used in place
+    of ``impl.forward`` there."""
     if torch.compiler.is_compiling() and impl.op_name is not None:
         window_left, window_right = problem.window or (-1, -1)
         return torch.ops.attnkit.flash_forward(
@@ -91,4 +96,6 @@ def flash_attention(
         )[0]
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _FlashAttentionFunction.apply(q, k, v, problem, impl)
+    if forward_only is not None:
+        return forward_only(q, k, v)
     return impl.forward(q, k, v, problem)[0]

@@ -17,6 +17,7 @@ not tf32). Runs on CUDA GPUs, and on the CPU through ``TRITON_INTERPRET=1``.
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import torch
 
@@ -107,12 +108,7 @@ def prepare(problem: AttentionProblem):
     else:
         forward_only = launch_setup(problem).forward_only
 
-    def run(q, k, v, problem):
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            return flash_attention(_DEFAULT_IMPLEMENTATION, q, k, v, problem)
-        return forward_only(q, k, v)
-
-    return run
+    return partial(flash_attention, _DEFAULT_IMPLEMENTATION, forward_only=forward_only)
 
 
 def triton_device_support(device: torch.device) -> str | None:

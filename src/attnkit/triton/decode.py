@@ -231,7 +231,7 @@ class _DecodePlan:
     split: KernelLaunch
     combine: KernelLaunch
     #: The combine without the log-sum-exp (:func:`decode_forward_only`).
-    combine_out: KernelLaunch | None = None
+    combine_out: KernelLaunch
     #: :func:`decode_forward_only`'s bound launches (split, combine), by the strides of q, k, v.
     bound: dict = field(default_factory=dict, compare=False, repr=False)
 
