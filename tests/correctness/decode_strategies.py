@@ -15,11 +15,14 @@ from attnkit.testing import LAYOUTS
 
 @st.composite
 def decode_problems(draw, *, max_kv_len: int = 80, dtypes=(torch.float16, torch.bfloat16, torch.float32)):
-    """N in 1..16 (decode, speculative, a prefill chunk) and M >= N: the N < M shapes of inference."""
+    """N in 1..16 (decode, speculative, a prefill chunk) and M >= N: the N < M shapes of inference.
+    One draw in four has 512..560 keys, so that the Triton path's split-KV forward (which
+    needs 512 keys, two splits, on any GPU) runs too; else M <= ``max_kv_len``."""
     kv_heads = draw(st.integers(1, 2))
     group = draw(st.sampled_from([1, 2, 4]))
     q_len = draw(st.sampled_from([1, 1, 2, 3, 5, 16]))
-    kv_len = draw(st.integers(q_len, max(q_len, max_kv_len)))
+    long_cache = draw(st.integers(0, 3)) == 0
+    kv_len = draw(st.integers(512, 560) if long_cache else st.integers(q_len, max(q_len, max_kv_len)))
     head_dim = draw(st.sampled_from([16, 32, 40]))
     return Problem(
         batch=draw(st.integers(1, 2)),

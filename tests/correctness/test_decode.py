@@ -28,6 +28,8 @@ _CHUNK = dataclasses.replace(_DECODE_GQA, q_len=5, kv_len=77, dtype=torch.float1
 _SPEC = dataclasses.replace(
     _DECODE_GQA, q_len=16, kv_len=40, q_heads=2, kv_heads=1, dtype=torch.float32, seed=7
 )
+#: Long enough for the Triton path's split-KV forward (use_split_kv), on the CPU interpreter too.
+_LONG_DECODE = dataclasses.replace(_DECODE_GQA, kv_len=530, seed=8)
 
 
 def _check(backend: str, problem: Problem, with_grad: bool) -> None:
@@ -54,6 +56,7 @@ def _check(backend: str, problem: Problem, with_grad: bool) -> None:
 @example(problem=_DECODE_GQA)
 @example(problem=_CHUNK)
 @example(problem=_SPEC)
+@example(problem=_LONG_DECODE)
 def test_decode_shapes_match_reference(backend, with_grad, problem):
     _check(backend, problem, with_grad)
 
@@ -128,7 +131,9 @@ def test_split_kernel_many_splits_dense_and_paged(case: CacheCase, splits: int):
 
 @needs_triton
 @pytest.mark.parametrize(
-    "problem", [_DECODE_GQA, dataclasses.replace(_CHUNK, kv_len=330)], ids=["decode-gqa", "chunk-bnhd"]
+    "problem",
+    [dataclasses.replace(_DECODE_GQA, kv_len=530), dataclasses.replace(_CHUNK, kv_len=520)],
+    ids=["decode-gqa", "chunk-bnhd"],
 )
 def test_split_kv_without_gradients_matches_the_forward_with_them(problem):
     """A call no backward follows runs the split-KV forward without the log-sum-exp
@@ -151,10 +156,18 @@ def test_split_kv_without_gradients_matches_the_forward_with_them(problem):
 @needs_triton
 @pytest.mark.parametrize(
     ("q_len", "kv_len", "group", "expected"),
-    [(1, 4096, 4, True), (16, 16384, 4, True), (1, 64, 1, True), (16, 32, 4, False), (128, 8192, 4, False)],
+    [
+        (1, 4096, 4, True),
+        (16, 16384, 4, True),
+        (1, 512, 1, True),
+        (1, 511, 4, False),  # one split at most: the regular forward, one launch
+        (16, 32, 4, False),
+        (128, 8192, 4, False),
+    ],
 )
 def test_split_kv_dispatch_rule(q_len, kv_len, group, expected):
-    """Few query rows per kv head against many keys run split-KV; long query blocks do not."""
+    """Few query rows per kv head against many keys run split-KV; long query blocks, and caches
+    too short for a second split, do not."""
     from attnkit.triton.decode import use_split_kv
 
     q = torch.empty(8, 8 * group, q_len, 128, device="meta")

@@ -84,11 +84,15 @@ _VALIDATED_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 def use_split_kv(problem: AttentionProblem, config: DecodeConfig = DEFAULT_DECODE_CONFIG) -> bool:
     """Whether the Triton path runs ``problem``'s forward split-KV: the G x N query rows of a
-    kv head fit one program, and either there are many keys per row or B x Hq programs would
-    not fill the GPU; never with a sliding window. Only for ``D == Dv`` with a power-of-two head
-    dim: the shapes validated on the H100 (with ``Dv != D`` it returned wrong rows there, and an
-    odd D faulted)."""
+    kv head fit one program, the keys make more than one split on any GPU, and either there are
+    many keys per row or B x Hq programs would not fill the GPU; never with a sliding window.
+    Only for ``D == Dv`` with a power-of-two head dim: the shapes validated on the H100 (with
+    ``Dv != D`` it returned wrong rows there, and an odd D faulted)."""
     p = problem
+    if p.kv_len < 2 * config.min_keys_per_split:
+        # One split (split_count): its combine would only copy the rows out; the regular
+        # forward computes them in one launch instead of two, and allocates no partial results.
+        return False
     if p.has_window:
         # The split kernel has no window bounds; the regular forward skips the key blocks
         # outside the band, so a windowed decode reads about ``left`` keys per row anyway.
@@ -125,30 +129,29 @@ def decode_forward_only(
     no backward follows: no log-sum-exp, and from a layout's second call on both launches go
     through :class:`~attnkit.triton.fast_launch.BoundLaunch` objects, as in
     :meth:`attnkit.triton.launch.LaunchSetup.forward_only`. Their fixed arguments follow from
-    the plan and the strides of q, k and v that they are kept by: the partial results and the
-    output are allocated here with the plan's contiguous shapes. ``plan``: the problem's
-    :func:`dense_plan`, looked up here when not given."""
+    the plan and the strides of q, k and v that they are kept by: the partial results (one
+    buffer) and the output are allocated here, contiguous, with the plan's sizes. ``plan``: the
+    problem's :func:`dense_plan`, looked up here when not given."""
     p = problem
     if plan is None:
         plan = dense_plan(p)
     device = q.device
     # Sizes as separate ints: a torch.Size argument cost ~0.5 us more per allocation (CPU).
-    o_part = torch.empty(*plan.o_part_shape, dtype=torch.float32, device=device)
-    lse_part = torch.empty(*plan.lse_part_shape, dtype=torch.float32, device=device)
+    parts = torch.empty(plan.part_elements, dtype=torch.float32, device=device)
     out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=device)
     key = (q.stride(), k.stride(), v.stride())
     bound = plan.bound.get(key)
     # q stands in for the unused seqlens and block-table pointers, out for the log-sum-exp.
-    if bound and bound[0](q, k, v, o_part, lse_part, q, q):
-        if not bound[1](o_part, lse_part, out, out):
-            plan.combine_out(plan.combine_grid, *_combine_args(plan, o_part, lse_part, out, out, p))
+    if bound and bound[0](q, k, v, parts, q, q):
+        if not bound[1](parts, out, out):
+            plan.combine_out(plan.combine_grid, *_combine_args(plan, parts, out, out, p))
         return out
-    split_args = _split_args(plan, q, k, v, o_part, lse_part, q, q, p, paged=False)
-    combine_args = _combine_args(plan, o_part, lse_part, out, out, p)
+    split_args = _split_args(plan, q, k, v, parts, q, q, p, paged=False)
+    combine_args = _combine_args(plan, parts, out, out, p)
     plan.split(plan.split_grid, *split_args)
     plan.combine_out(plan.combine_grid, *combine_args)
-    split = plan.split.bind(plan.split_grid, split_args, 7)
-    combine = plan.combine_out.bind(plan.combine_grid, combine_args, 4)
+    split = plan.split.bind(plan.split_grid, split_args, 6)
+    combine = plan.combine_out.bind(plan.combine_grid, combine_args, 3)
     if split is not None and combine is not None:  # else not launched directly (yet)
         if len(plan.bound) >= 64:  # a bound for programs that sweep layouts
             plan.bound.clear()
@@ -156,19 +159,19 @@ def decode_forward_only(
     return out
 
 
-def _split_args(plan, q, k, v, o_part, lse_part, seqlens, table, p: AttentionProblem, paged: bool) -> tuple:
+def _split_args(plan, q, k, v, parts, seqlens, table, p: AttentionProblem, paged: bool) -> tuple:
     """The split kernel's positional arguments (``seqlens`` and ``table`` any pointer when unused)."""
     return (
-        q, k, v, o_part, lse_part, seqlens, table,
+        q, k, v, parts, seqlens, table,
         *q.stride(), *k.stride(), *v.stride(), table.stride(0),
         p.q_len, p.kv_len, p.group_size, p.kv_heads, plan.chunk, k.shape[2] if paged else 1,
-        plan.qk_scale,
+        plan.lse_offset, plan.qk_scale,
     )  # fmt: skip
 
 
-def _combine_args(plan, o_part, lse_part, out, lse, p: AttentionProblem) -> tuple:
+def _combine_args(plan, parts, out, lse, p: AttentionProblem) -> tuple:
     """The combine kernel's positional arguments."""
-    return (o_part, lse_part, out, lse, *out.stride(), p.q_len, p.q_heads, plan.num_splits)
+    return (parts, out, lse, *out.stride(), p.q_len, p.q_heads, plan.num_splits, plan.lse_offset)
 
 
 def decode_forward(
@@ -200,18 +203,14 @@ def decode_forward(
     # A page holding whole key blocks is looked up once per block, not once per key.
     page_aligned = paged and k.shape[2] % config.block_n == 0
     plan = _decode_plan(p, config, num_splits, paged, page_aligned, seqlens is not None)
-    # The partial results never leave this function: one allocation holds both.
+    # The partial results never leave the kernels: one allocation holds both kinds.
     parts = torch.empty(plan.part_elements, dtype=torch.float32, device=q.device)
-    o_part = parts[: plan.o_part_shape.numel()].view(plan.o_part_shape)
-    lse_part = parts[plan.lse_offset :].view(plan.lse_part_shape)
     table = block_table if paged else q  # an unused pointer argument when not paged
-    plan.split(
-        plan.split_grid,
-        *_split_args(plan, q, k, v, o_part, lse_part, q if seqlens is None else seqlens, table, p, paged),
-    )
+    seqlens_arg = q if seqlens is None else seqlens  # likewise
+    plan.split(plan.split_grid, *_split_args(plan, q, k, v, parts, seqlens_arg, table, p, paged))
     out = torch.empty(p.batch, p.q_heads, p.q_len, p.value_dim, dtype=p.dtype, device=q.device)
     lse = torch.empty(p.batch, p.q_heads, p.q_len, dtype=torch.float32, device=q.device)
-    plan.combine(plan.combine_grid, *_combine_args(plan, o_part, lse_part, out, lse, p))
+    plan.combine(plan.combine_grid, *_combine_args(plan, parts, out, lse, p))
     return out, lse
 
 
@@ -222,9 +221,9 @@ class _DecodePlan:
     num_splits: int
     chunk: int  # keys per split, a multiple of the key block
     qk_scale: float
-    o_part_shape: torch.Size
-    lse_part_shape: torch.Size
-    lse_offset: int  # where lse_part starts in the shared buffer: 16-byte aligned
+    #: The float32 buffer of partial results: outputs from element 0, log-sum-exps from
+    #: ``lse_offset`` (16-byte aligned), ``part_elements`` in all.
+    lse_offset: int
     part_elements: int
     split_grid: tuple[int, int]
     combine_grid: tuple[int]
@@ -251,9 +250,8 @@ def _decode_plan(
     chunk = triton.cdiv(triton.cdiv(p.kv_len, num_splits), config.block_n) * config.block_n
     num_splits = triton.cdiv(p.kv_len, chunk)  # no split starts past the capacity
     head_pad, value_pad = padded_dim(p.head_dim), padded_dim(p.value_dim)
-    o_part_shape = torch.Size((p.batch, p.kv_heads, rows, num_splits, p.value_dim))
-    lse_part_shape = torch.Size((p.batch, p.kv_heads, rows, num_splits))
-    lse_offset = -(-o_part_shape.numel() // 4) * 4  # float32: 4 to 16 bytes
+    partial_rows = p.batch * p.kv_heads * rows * num_splits
+    lse_offset = -(-partial_rows * p.value_dim // 4) * 4  # float32: 4 to 16 bytes
     pdl = config.pdl and p.device.type == "cuda" and _capability(p.device)[0] >= 9
     split = KernelLaunch(
         _decode_split_kernel,
@@ -271,10 +269,8 @@ def _decode_plan(
         num_splits=num_splits,
         chunk=chunk,
         qk_scale=p.scale * math.log2(math.e),
-        o_part_shape=o_part_shape,
-        lse_part_shape=lse_part_shape,
         lse_offset=lse_offset,
-        part_elements=lse_offset + lse_part_shape.numel(),
+        part_elements=lse_offset + partial_rows,
         split_grid=(num_splits, p.batch * p.kv_heads),
         combine_grid=(p.batch * p.q_heads * p.q_len,),
         split=split,

@@ -36,7 +36,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from attnkit.triton.forward_kernels import LN2, _dot, _load_tile
 
 #: Runtime ints Triton must not specialise (a value of 1 would become a compile-time constant).
-DECODE_DYNAMIC_INTS = ["q_len", "kv_len", "group_size", "kv_heads", "chunk", "block_size"]
+DECODE_DYNAMIC_INTS = ["q_len", "kv_len", "group_size", "kv_heads", "chunk", "block_size", "lse_offset"]
 
 
 @triton.jit
@@ -67,20 +67,22 @@ def _kv_rows(
 
 @triton.jit(do_not_specialize=DECODE_DYNAMIC_INTS)
 def _decode_split_kernel(
-    Q, K, V, O_PART, LSE_PART, SEQLENS, TABLE,
+    Q, K, V, PARTS, SEQLENS, TABLE,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_tb,
-    q_len, kv_len, group_size, kv_heads, chunk, block_size, qk_scale,
+    q_len, kv_len, group_size, kv_heads, chunk, block_size, lse_offset, qk_scale,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, PAGED: tl.constexpr, PAGE_ALIGNED: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Grid (num_splits, B * Hkv). Q: (B, Hq, N, D); K, V: (B, Hkv, M, D|Dv) or, PAGED, pools
     (num_blocks, Hkv, block_size, D|Dv) read through TABLE (B, max_blocks) int32.
-    SEQLENS: (B,) int32 key counts (else ``kv_len`` for all). Writes O_PART
-    (B, Hkv, G*N, splits, Dv) and LSE_PART (B, Hkv, G*N, splits) float32, contiguous."""
+    SEQLENS: (B,) int32 key counts (else ``kv_len`` for all). Writes the partial results into
+    PARTS, one float32 buffer (one allocation per call, not two): the outputs
+    (B, Hkv, G*N, splits, Dv) from element 0, the log-sum-exps (B, Hkv, G*N, splits) from
+    element ``lse_offset``, both contiguous."""
     if PDL:  # the combine may launch now; it waits for this grid's end before reading
         gdc_launch_dependents()
     split = tl.program_id(0)
@@ -163,22 +165,23 @@ def _decode_split_kernel(
     lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
     part = (pid_bh.to(tl.int64) * n_rows + offs_m) * num_splits + split
     tl.store(
-        O_PART + part[:, None] * VALUE_DIM + offs_dv[None, :],
+        PARTS + part[:, None] * VALUE_DIM + offs_dv[None, :],
         out,
         mask=row_ok[:, None] & (offs_dv[None, :] < VALUE_DIM),
     )
-    tl.store(LSE_PART + part, lse, mask=row_ok)
+    tl.store(PARTS + lse_offset + part, lse, mask=row_ok)
 
 
 @triton.jit
 def _decode_combine_kernel(
-    O_PART, LSE_PART, O, LSE,
+    PARTS, O, LSE,
     stride_ob, stride_oh, stride_om, stride_od,
-    q_len, q_heads, num_splits,
+    q_len, q_heads, num_splits, lse_offset,
     VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr, PDL: tl.constexpr,
     STORE_LSE: tl.constexpr,
 ):  # fmt: skip
-    """Grid (B * Hq * N,): merge one row's splits. O: (B, Hq, N, Dv) in the output dtype, any
+    """Grid (B * Hq * N,): merge one row's splits, read from PARTS as the split kernel wrote
+    them. O: (B, Hq, N, Dv) in the output dtype, any
     strides; LSE: (B, Hq, N) float32 natural log, +inf for a row that saw no key (the shared
     autograd contract: the backward's exp(s - lse) is then exactly 0), written only with
     STORE_LSE (a call no backward follows passes any pointer)."""
@@ -192,6 +195,7 @@ def _decode_combine_kernel(
     base = row.to(tl.int64) * num_splits
     if PDL:  # launched while the split grid runs: wait until its partial results are complete
         gdc_wait()
+    LSE_PART = PARTS + lse_offset
     lse_s = tl.load(LSE_PART + base + offs_s, mask=offs_s < num_splits, other=float("-inf"))
     m = tl.max(lse_s, 0)
     seen = m > float("-inf")
@@ -201,7 +205,7 @@ def _decode_combine_kernel(
     acc = tl.zeros([VALUE_PAD], dtype=tl.float32)
     for s in range(0, num_splits):
         w = tl.exp2(tl.load(LSE_PART + base + s) - m_safe)
-        o_s = tl.load(O_PART + (base + s) * VALUE_DIM + offs_dv, mask=offs_dv < VALUE_DIM, other=0.0)
+        o_s = tl.load(PARTS + (base + s) * VALUE_DIM + offs_dv, mask=offs_dv < VALUE_DIM, other=0.0)
         acc += w * o_s
     out = acc / tl.where(seen, total, 1.0)
     o_ptrs = (
