@@ -11,6 +11,11 @@ from attnkit.inputs import AttentionProblem, check_inputs
 from attnkit.reference import degenerate_attention
 from attnkit.registry import auto_skip_reason, get_backend, unavailable_reason
 
+#: Module-level names for what every call reads: a global lookup each instead of a global and
+#: an attribute (dynamo knows ``is_compiling`` by its identity, whatever it is called here).
+_is_compiling = torch.compiler.is_compiling
+_Tensor = torch.Tensor
+
 #: Order in which ``backend="auto"`` tries paths: fastest first, as measured on the H100
 #: (docs/PERFORMANCE.md); a path is skipped when it is unavailable or rejects the inputs.
 AUTO_ORDER = ("triton", "sdpa", "tiled", "naive")
@@ -50,7 +55,7 @@ def attention(
         BackendUnavailableError (a ValueError): the backend cannot run on this device/build.
         UnsupportedProblemError (a NotImplementedError): the backend cannot take these inputs.
     """
-    if torch.compiler.is_compiling():  # traced once: the plain checks, no host-side caches
+    if _is_compiling():  # traced once: the plain checks, no host-side caches
         problem = check_inputs(q, k, v, causal, scale, window)
         return _plan(backend, problem)(q, k, v, problem)
     # The memo key: everything check_inputs and _plan read. Only tensors, a bool causal, a
@@ -59,9 +64,9 @@ def attention(
     # ``(1, 1)`` as a key, so a window is looked up only when both sides are exactly ints).
     # Written out here rather than in a helper: the call alone was ~10% of the memo's cost.
     if (
-        isinstance(q, torch.Tensor)
-        and isinstance(k, torch.Tensor)
-        and isinstance(v, torch.Tensor)
+        isinstance(q, _Tensor)
+        and isinstance(k, _Tensor)
+        and isinstance(v, _Tensor)
         and type(causal) is bool
         # |scale| > 1 is checked against the data (overflowing scores), so never memoised.
         and (scale is None or (type(scale) is float and abs(scale) <= 1.0))

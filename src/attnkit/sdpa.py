@@ -151,26 +151,25 @@ def _fused_layout(q, k, v, problem: AttentionProblem):
     )
 
 
-class _LayoutMemo:
-    """The fused-kernel layout rule for the calls of one problem, remembering the strides it
-    last passed untouched. The rule reads only the data pointers' 16-byte alignment and the
-    strides (the shapes are the problem's), so operands with those strides and aligned pointers
-    pass as they are without the rule's arithmetic on each (~0.5 us less per call, measured on
-    CPU tensors); any other call runs the rule."""
+def _layout_memo():
+    """The fused-kernel layout rule for the calls of one problem, as a function
+    ``(q, k, v, problem) -> (q, k, v)`` that remembers the strides it last passed untouched. The
+    rule reads only the data pointers' 16-byte alignment and the strides (the shapes are the
+    problem's), so operands with those strides and aligned pointers pass as they are without the
+    rule's arithmetic on each (~0.5 us less per call, measured on CPU tensors); any other call
+    runs the rule. A closure, not an object with ``__call__``: calling one is cheaper."""
+    passed = [None]  # the strides of q, k, v the rule last passed untouched
 
-    __slots__ = ("strides",)
-
-    def __init__(self) -> None:
-        self.strides = None
-
-    def __call__(self, q, k, v, problem: AttentionProblem):
+    def laid_out(q, k, v, problem: AttentionProblem):
         strides = (q.stride(), k.stride(), v.stride())
-        if strides == self.strides and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16:
+        if strides == passed[0] and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) % 16:
             return q, k, v
-        laid_out = _fused_layout(q, k, v, problem)
-        if laid_out[0] is q and laid_out[1] is k and laid_out[2] is v:
-            self.strides = strides
-        return laid_out
+        result = _fused_layout(q, k, v, problem)
+        if result[0] is q and result[1] is k and result[2] is v:
+            passed[0] = strides
+        return result
+
+    return laid_out
 
 
 def _packed(x: torch.Tensor) -> torch.Tensor:
@@ -340,12 +339,14 @@ def _kernel_op(name: str, problem: AttentionProblem):
     would do more than call it.
 
     Why: ``F.scaled_dot_product_attention`` chooses its kernel on every call, and forcing one
-    means saving, setting and restoring five enable-flags around it; once the first calls of a
-    problem have shown that the kernel takes it, calling the op SDPA would call skips both
-    (torch 2.11 / 2.13 ``aten/src/ATen/native/transformers/attention.cpp``: for these kernels
-    SDPA's only other work is GQA expansion, excluded here). Autograd reaches the same
-    backward kernels: the ops have their own derivatives. Not for PyTorch's choice, a mask, or
-    an MPS tensor (SDPA's math path differs there). Not for flash either: called as its op
+    means saving, setting and restoring five enable-flags around it; calling the op SDPA would
+    call skips both (torch 2.11 / 2.13 ``aten/src/ATen/native/transformers/attention.cpp``: for
+    these kernels SDPA's only other work is GQA expansion, excluded here), once the first call of
+    the problem in each state SDPA's checks read has shown that the kernel takes it (efficient
+    and cuDNN; math's op takes every operand attnkit validated: :func:`sdpa_prepare`).
+    Autograd reaches the same backward kernels: the ops have their own derivatives. Not for
+    PyTorch's choice, a mask, or an MPS tensor (SDPA's math path differs there). Not for flash
+    either: called as its op
     (``_scaled_dot_product_flash_attention``, with SDPA's explicit scale), its backward's CUDA
     graph capture failed with ``cudaErrorStreamCaptureInvalidated`` in two of three GPU test
     runs (H100, torch 2.11; ``test_cuda_graph_capture_and_replay``), which never happened
@@ -392,14 +393,20 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
     A plain problem (no window, not causal or N == M, a scale no kernel needs translated) is
     :func:`sdpa_attention`'s first case: one SDPA call on the operands as they are. Its run
     takes every decision that depends on the problem alone here, once: the flags to set, the
-    scale argument, whether the fused-kernel layout rule applies (CUDA). The first call in each
-    state SDPA's kernel choice reads besides the operands (gradients needed or not,
-    deterministic algorithms on or off) goes through :func:`_call_sdpa`, which records
-    PyTorch's warnings should the kernel decline; later calls skip that (~5 us), and a forced
-    kernel is then called as its ATen op (:func:`_kernel_op`) without SDPA's choice and flags.
-    One the kernel declines after all (another layout) is still explained. Any other problem
-    runs :func:`sdpa_attention`. On the CPU (torch 2.13, B1 H1 N8 D16 bf16) a repeated plain
-    call's run adds ~0.4 us to raw SDPA for PyTorch's choice."""
+    scale argument, whether the fused-kernel layout rule applies (CUDA), and the kernel's ATen
+    op where one is called directly (:func:`_kernel_op`). Any other problem runs
+    :func:`sdpa_attention`.
+
+    Each call then does only what it must. Through SDPA (PyTorch's choice, or flash with its
+    flags set) it calls SDPA, which checks every call itself; math calls its op, which takes
+    any operands attnkit validated. The efficient and cuDNN ops skip the checks SDPA would make,
+    and those read besides the operands whether gradients are needed and whether deterministic
+    algorithms are on: the first call in each such state goes through :func:`_call_sdpa`, later
+    ones call the op. A kernel that declines a call after all (another layout, another state)
+    raises, and SDPA is then asked again with its warnings recorded, for the reasons attnkit's
+    error gives. On the H100 host every step a call skips counts: there attnkit's checks cost
+    ~1.3 us of host time per call, the layout rule ~1.7-2.8 us, each measured with the SDPA call
+    after it (docs/evidence/h100-2026-11-24/session18)."""
     forced = _KERNELS[name] is not None
     if (
         problem.has_window
@@ -411,7 +418,36 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
     toggles = _SWITCHES[1][name] if forced else None
     kernel_op = _kernel_op(name, problem) if forced else None
     is_causal, scale = problem.causal, _scale_argument(problem)
-    layout = _LayoutMemo() if problem.device.type == "cuda" and name not in _ANY_LAYOUT else None
+    layout = _layout_memo() if problem.device.type == "cuda" and name not in _ANY_LAYOUT else None
+
+    def declined(q, k, v, err: RuntimeError) -> UnsupportedProblemError:
+        caught = lower_right.warnings_of(lambda: _sdpa(name, q, k, v, scale, is_causal))
+        return _declined(name, problem, err, caught)
+
+    if kernel_op is None:
+
+        def run(q, k, v, problem):
+            if layout is not None:
+                q, k, v = layout(q, k, v, problem)
+            try:
+                if toggles is None:
+                    return _scaled_dot_product(q, k, v, scale, is_causal, None)
+                return _with_flags(toggles, q, k, v, scale, is_causal, None)
+            except RuntimeError as err:
+                raise declined(q, k, v, err) from err
+
+        return run
+
+    if layout is None and SDPA_BACKENDS[name] is SDPBackend.MATH:
+
+        def run(q, k, v, problem):
+            try:
+                return kernel_op(q, k, v, False, is_causal, scale)  # math takes no log-sum-exp flag
+            except RuntimeError as err:
+                raise declined(q, k, v, err) from err
+
+        return run
+
     accepted_states: set[tuple[bool, bool]] = set()
     deterministic = torch.are_deterministic_algorithms_enabled
 
@@ -425,14 +461,9 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
         if layout is not None:
             q, k, v = layout(q, k, v, problem)
         try:
-            if kernel_op is not None:
-                return kernel_op(q, k, v, needs_grad, is_causal, scale)
-            if toggles is None:
-                return _scaled_dot_product(q, k, v, scale, is_causal, None)
-            return _with_flags(toggles, q, k, v, scale, is_causal, None)
-        except RuntimeError as err:  # the same shapes in another layout: gather the reasons
-            caught = lower_right.warnings_of(lambda: _sdpa(name, q, k, v, scale, is_causal))
-            raise _declined(name, problem, err, caught) from err
+            return kernel_op(q, k, v, needs_grad, is_causal, scale)
+        except RuntimeError as err:
+            raise declined(q, k, v, err) from err
 
     return run
 

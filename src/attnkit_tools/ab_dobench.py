@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     from attnkit_perf.measure.cases import gpu_suite_cases
 
     names = [c.name for c in gpu_suite_cases() if all(w in c.name for w in args.match)]
+    if not names:  # else each side would be started with nothing to time
+        parser.error(f"no case of the perf grid contains every --match word {args.match}")
     runs: dict[str, list[dict]] = {"base": [], "head": []}
     for _ in range(args.rounds):
         for side, src in (("base", args.base), ("head", args.head)):

@@ -11,14 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DEVICE, RecordOps
-from torch.nn.attention import sdpa_kernel
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit
 import attnkit.sdpa
 from attnkit import UnsupportedProblemError
 from attnkit.inputs import check_inputs
-from attnkit.sdpa import SDPA_BACKENDS, _aligned_for_fused_kernels, _kernel_op, _LayoutMemo
+from attnkit.sdpa import SDPA_BACKENDS, _aligned_for_fused_kernels, _kernel_op, _layout_memo
 from attnkit.testing import assert_close_to_reference, compare_to_reference
 
 SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa")]
@@ -139,13 +139,22 @@ def test_repeated_forced_calls_call_the_kernels_op_as_sdpa_does(name, causal, ne
             assert torch.equal(a, b), f"{name} ({call} call): {what} differs from raw SDPA's"
 
 
+def _runs_a_checked_op(name: str, problem) -> bool:
+    """Whether the prepared run of ``name`` calls a kernel op whose acceptance SDPA checks per
+    state (the efficient and cuDNN ops; not math's, which takes every validated operand)."""
+    return _kernel_op(name, problem) is not None and SDPA_BACKENDS[name] is not SDPBackend.MATH
+
+
 @pytest.mark.parametrize("name", FORCED_PATHS)
 def test_a_new_grad_or_determinism_state_is_checked_by_sdpa_first(name, monkeypatch):
     """SDPA's kernel choice reads more than the operands: whether gradients are needed and
-    whether deterministic algorithms are on. The first call of a known signature in a state not
-    seen yet goes through SDPA's checked call again; the next in that state does not."""
+    whether deterministic algorithms are on. For a kernel op called without SDPA's checks, the
+    first call of a known signature in a state not seen yet goes through SDPA's checked call
+    again; the next in that state does not."""
     _skip_if_unavailable(name)
     q, k, v = _operands(shape=(2, 3, 5, 16))  # a signature no other test calls: no state known
+    if not _runs_a_checked_op(name, check_inputs(q, k, v, True, None)):
+        pytest.skip(f"{name} on {DEVICE.type} calls no kernel op without SDPA's checks")
     attnkit.attention(q, k, v, causal=True, backend=name)  # grad needed, determinism off
     checked = []
     real = attnkit.sdpa._call_sdpa
@@ -168,6 +177,42 @@ def test_a_new_grad_or_determinism_state_is_checked_by_sdpa_first(name, monkeypa
     assert len(checked) == 2, (
         f"{name}: deterministic calls went {len(checked) - 1} times through the checked call"
     )
+
+
+@pytest.mark.parametrize("name", SDPA_PATHS)
+def test_calls_that_need_no_state_check_never_take_the_checked_call(name, monkeypatch):
+    """PyTorch's choice and flash go through SDPA, which checks each call itself, and math's op
+    takes every operand attnkit validated: none of their calls, the first included, with or
+    without gradients or deterministic algorithms, goes through the checked call (warnings
+    recorded), and each equals raw SDPA's with the same kernel, output and gradients."""
+    _skip_if_unavailable(name)
+    q, k, v = _operands(shape=(2, 3, 7, 16))  # a signature no other test calls
+    if _runs_a_checked_op(name, check_inputs(q, k, v, True, None)):
+        pytest.skip(f"{name} on {DEVICE.type} calls a kernel op SDPA checks per state")
+
+    def checked_call(*args, **kwargs):
+        raise AssertionError(f"{name}: a call went through SDPA's checked call")
+
+    forced = SDPA_BACKENDS[name]
+    kernels = contextlib.nullcontext if forced is None else lambda: sdpa_kernel([forced])
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        for state in ("grad", "no grad", "deterministic"):
+            torch.use_deterministic_algorithms(state == "deterministic", warn_only=True)
+            with torch.set_grad_enabled(state != "no grad"):
+                with kernels():
+                    raw = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                monkeypatch.setattr(attnkit.sdpa, "_call_sdpa", checked_call)
+                ours = attnkit.attention(q, k, v, causal=True, backend=name)
+                monkeypatch.undo()
+            assert torch.equal(ours, raw), f"{name} ({state}): output differs from raw SDPA's"
+            if state != "no grad":
+                grads = torch.autograd.grad(ours, (q, k, v), torch.ones_like(ours))
+                raw_grads = torch.autograd.grad(raw, (q, k, v), torch.ones_like(raw))
+                for what, a, b in zip(("dq", "dk", "dv"), grads, raw_grads, strict=True):
+                    assert torch.equal(a, b), f"{name} ({state}): {what} differs from raw SDPA's"
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
 
 
 @pytest.mark.parametrize("name", FORCED_PATHS)
@@ -263,7 +308,7 @@ def test_layout_memo_skips_the_rule_only_for_strides_it_passed():
     the rule rejects, are still copied; a rejected layout is not remembered."""
     q = _LAYOUTS["contiguous"][0]
     problem = check_inputs(q, q, q, False, None)
-    memo = _LayoutMemo()
+    memo = _layout_memo()
     for call in ("first", "repeated"):
         out = memo(q, q, q, problem)
         assert all(o is q for o in out), f"{call} call: an aligned operand was copied"
