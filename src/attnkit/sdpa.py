@@ -397,14 +397,17 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
     op where one is called directly (:func:`_kernel_op`). Any other problem runs
     :func:`sdpa_attention`.
 
-    Each call then does only what it must. Through SDPA (PyTorch's choice, or flash with its
+    The run's first call goes through :func:`_call_sdpa`, which records PyTorch's warnings: a
+    kernel that declines the problem explains why in attnkit's error and prints nothing (SDPA
+    gives its reasons only as warnings), and the call is not taken for accepted. After one that
+    ran, each call does only what it must. Through SDPA (PyTorch's choice, or flash with its
     flags set) it calls SDPA, which checks every call itself; math calls its op, which takes
     any operands attnkit validated. The efficient and cuDNN ops skip the checks SDPA would make,
     and those read besides the operands whether gradients are needed and whether deterministic
-    algorithms are on: the first call in each such state goes through :func:`_call_sdpa`, later
-    ones call the op. A kernel that declines a call after all (another layout, another state)
-    raises, and SDPA is then asked again with its warnings recorded, for the reasons attnkit's
-    error gives. On the H100 host every step a call skips counts: there attnkit's checks cost
+    algorithms are on: the first call in each such state goes through :func:`_call_sdpa` too,
+    later ones call the op. A kernel that declines a call after all (another layout, another
+    state) raises, and SDPA is then asked again with its warnings recorded, for the reasons
+    attnkit's error gives. On the H100 host every step a call skips counts: there attnkit's checks cost
     ~1.3 us of host time per call, the layout rule ~1.7-2.8 us, each measured with the SDPA call
     after it (docs/evidence/h100-2026-11-24/session18)."""
     forced = _KERNELS[name] is not None
@@ -425,8 +428,14 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
         return _declined(name, problem, err, caught)
 
     if kernel_op is None:
+        checked = False
 
         def run(q, k, v, problem):
+            nonlocal checked
+            if not checked:
+                out = _call_sdpa(name, q, k, v, problem, is_causal)
+                checked = True
+                return out
             if layout is not None:
                 q, k, v = layout(q, k, v, problem)
             try:
@@ -439,8 +448,14 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
         return run
 
     if layout is None and SDPA_BACKENDS[name] is SDPBackend.MATH:
+        checked = False
 
         def run(q, k, v, problem):
+            nonlocal checked
+            if not checked:
+                out = _call_sdpa(name, q, k, v, problem, is_causal)
+                checked = True
+                return out
             try:
                 return kernel_op(q, k, v, False, is_causal, scale)  # math takes no log-sum-exp flag
             except RuntimeError as err:

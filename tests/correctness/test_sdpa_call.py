@@ -182,9 +182,9 @@ def test_a_new_grad_or_determinism_state_is_checked_by_sdpa_first(name, monkeypa
 @pytest.mark.parametrize("name", SDPA_PATHS)
 def test_calls_that_need_no_state_check_never_take_the_checked_call(name, monkeypatch):
     """PyTorch's choice and flash go through SDPA, which checks each call itself, and math's op
-    takes every operand attnkit validated: none of their calls, the first included, with or
-    without gradients or deterministic algorithms, goes through the checked call (warnings
-    recorded), and each equals raw SDPA's with the same kernel, output and gradients."""
+    takes every operand attnkit validated: after a signature's first call none of their calls,
+    with or without gradients or deterministic algorithms, goes through the checked call
+    (warnings recorded), and each equals raw SDPA's with the same kernel, output and gradients."""
     _skip_if_unavailable(name)
     q, k, v = _operands(shape=(2, 3, 7, 16))  # a signature no other test calls
     if _runs_a_checked_op(name, check_inputs(q, k, v, True, None)):
@@ -193,6 +193,8 @@ def test_calls_that_need_no_state_check_never_take_the_checked_call(name, monkey
     def checked_call(*args, **kwargs):
         raise AssertionError(f"{name}: a call went through SDPA's checked call")
 
+    with torch.no_grad():
+        attnkit.attention(q, k, v, causal=True, backend=name)  # the first call
     forced = SDPA_BACKENDS[name]
     kernels = contextlib.nullcontext if forced is None else lambda: sdpa_kernel([forced])
     deterministic = torch.are_deterministic_algorithms_enabled()
@@ -244,6 +246,28 @@ def test_a_known_signature_in_a_layout_the_kernel_declines_says_why():
         with pytest.raises(UnsupportedProblemError, match=r"'sdpa-flash' cannot run .*stride 1"):
             attnkit.attention(strided_q, k, v, causal=True, backend="sdpa-flash")
         assert flags() == before, f"enable-flags {before} became {flags()} after the declined call"
+
+
+@pytest.mark.parametrize("name", FORCED_PATHS)
+def test_a_declined_call_prints_no_warnings(name, recwarn):
+    """A kernel that declines a problem (flash: Dv != D) explains why in attnkit's error only:
+    PyTorch's reasons, which it gives as warnings, are not printed as well, however often the
+    call is repeated."""
+    _skip_if_unavailable(name)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 9, d, generator=gen).to(DEVICE, DTYPE) for d in (16, 16, 32))
+    declined = 0
+    for _ in range(3):
+        try:
+            attnkit.attention(q, k, v, causal=True, backend=name)
+        except UnsupportedProblemError as err:
+            assert "Dv=32" in str(err), f"{name}: the error does not name the problem: {err}"
+            declined += 1
+    if not declined:
+        pytest.skip(f"{name} takes Dv != D on {DEVICE.type}: nothing declined")
+    assert declined == 3, f"{name}: {declined} of 3 identical calls declined"
+    printed = [str(w.message) for w in recwarn if issubclass(w.category, UserWarning)]
+    assert not printed, f"{name}: a declined call printed {printed}"
 
 
 def test_a_declined_first_call_is_explained_again_when_repeated():
