@@ -427,7 +427,7 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
         caught = lower_right.warnings_of(lambda: _sdpa(name, q, k, v, scale, is_causal))
         return _declined(name, problem, err, caught)
 
-    if kernel_op is None:
+    if kernel_op is None or SDPA_BACKENDS[name] is SDPBackend.MATH:  # no per-call state check
         checked = False
 
         def run(q, k, v, problem):
@@ -439,25 +439,11 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
             if layout is not None:
                 q, k, v = layout(q, k, v, problem)
             try:
+                if kernel_op is not None:  # math's op: it takes no log-sum-exp flag
+                    return kernel_op(q, k, v, False, is_causal, scale)
                 if toggles is None:
                     return _scaled_dot_product(q, k, v, scale, is_causal, None)
                 return _with_flags(toggles, q, k, v, scale, is_causal, None)
-            except RuntimeError as err:
-                raise declined(q, k, v, err) from err
-
-        return run
-
-    if layout is None and SDPA_BACKENDS[name] is SDPBackend.MATH:
-        checked = False
-
-        def run(q, k, v, problem):
-            nonlocal checked
-            if not checked:
-                out = _call_sdpa(name, q, k, v, problem, is_causal)
-                checked = True
-                return out
-            try:
-                return kernel_op(q, k, v, False, is_causal, scale)  # math takes no log-sum-exp flag
             except RuntimeError as err:
                 raise declined(q, k, v, err) from err
 
