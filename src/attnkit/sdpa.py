@@ -195,34 +195,53 @@ _KERNELS: dict[str, tuple[SDPBackend, ...] | None] = {
 }
 
 
-def _flag_switches():
-    """(switches, toggles) of SDPA's enable-flags, looked up once: the (getter, setter) pairs
-    of the flags ``torch.nn.attention.sdpa_kernel`` flips, and for each restricted choice of
-    :data:`_KERNELS` the (setter, value) pairs that enable exactly its kernels. Without
-    sdpa_kernel's per-call generator and list work, and without comparing ``SDPBackend``
-    members per call: saving, setting and restoring the flags costs ~0.9 us on CPU instead of
-    ~17 (torch 2.13). None if the private names moved (then sdpa_kernel is used)."""
+def _kernel_forcers():
+    """For each restricted choice of :data:`_KERNELS`, a function ``forced(call, *args)`` that
+    returns ``call(*args)`` with SDPA's enable-flags set to exactly the choice's kernels, each
+    flag put back as it was afterwards, whatever happens. None if the private names moved, or
+    are not the five flags of torch 2.11 and 2.13 (then ``sdpa_kernel`` is used).
+
+    Why: ``torch.nn.attention.sdpa_kernel`` costs ~17 us per call on CPU (torch 2.13; a generator
+    and list work per call, and ``SDPBackend`` comparisons); a loop over prebuilt (getter,
+    setter) pairs ~0.55 us, and on the H100 host its 15 flag calls and loops cost a forced flash
+    call +7.7 us with gradients (docs/evidence/h100-2026-11-24/session19). Written out over
+    the five flags, with nothing built per call, the same calls take ~0.3 us on CPU."""
     names = getattr(torch.nn.attention, "_backend_names", None)
     try:
-        switches = tuple(
-            (getattr(torch._C, f"_get_{flag}_sdp_enabled"), getattr(torch._C, f"_set_sdp_use_{flag}"))
-            for flag in names
-        )
+        getters = tuple(getattr(torch._C, f"_get_{flag}_sdp_enabled") for flag in names)
+        setters = tuple(getattr(torch._C, f"_set_sdp_use_{flag}") for flag in names)
         members = tuple(getattr(SDPBackend, member) for member in names.values())
     except (AttributeError, TypeError):
         return None
-    toggles = {
-        choice: tuple(
-            (set_enabled, member in kernels)
-            for (_, set_enabled), member in zip(switches, members, strict=True)
-        )
-        for choice, kernels in _KERNELS.items()
-        if kernels is not None
-    }
-    return switches, toggles
+    if len(members) != 5:
+        return None
+    (get0, get1, get2, get3, get4), (set0, set1, set2, set3, set4) = getters, setters
+
+    def forcer(kernels: tuple[SDPBackend, ...]):
+        on0, on1, on2, on3, on4 = (member in kernels for member in members)
+
+        def forced(call, *args):
+            was0, was1, was2, was3, was4 = get0(), get1(), get2(), get3(), get4()
+            try:
+                set0(on0)
+                set1(on1)
+                set2(on2)
+                set3(on3)
+                set4(on4)
+                return call(*args)
+            finally:
+                set0(was0)
+                set1(was1)
+                set2(was2)
+                set3(was3)
+                set4(was4)
+
+        return forced
+
+    return {choice: forcer(kernels) for choice, kernels in _KERNELS.items() if kernels is not None}
 
 
-_SWITCHES = _flag_switches()
+_FORCERS = _kernel_forcers()
 
 
 def _sdpa(choice, q, k, v, scale, is_causal, mask=None):
@@ -231,24 +250,10 @@ def _sdpa(choice, q, k, v, scale, is_causal, mask=None):
     kernels = _KERNELS[choice]
     if kernels is None:
         return _scaled_dot_product(q, k, v, scale, is_causal, mask)
-    if _SWITCHES is None or torch.compiler.is_compiling():  # dynamo traces sdpa_kernel, not the flags
+    if _FORCERS is None or torch.compiler.is_compiling():  # dynamo traces sdpa_kernel, not the flags
         with sdpa_kernel(list(kernels)):
             return _scaled_dot_product(q, k, v, scale, is_causal, mask)
-    return _with_flags(_SWITCHES[1][choice], q, k, v, scale, is_causal, mask)
-
-
-def _with_flags(toggles, q, k, v, scale, is_causal, mask):
-    """SDPA with the enable-flags set by ``toggles`` (a value of :func:`_flag_switches`'s
-    table), each put back as it was afterwards, whatever happens. Plain loops over prebuilt
-    pairs: a ``zip(..., strict=True)`` per loop cost ~0.6 us more per call (CPU, Python 3.11)."""
-    previous = [(set_enabled, get()) for get, set_enabled in _SWITCHES[0]]
-    try:
-        for set_enabled, value in toggles:
-            set_enabled(value)
-        return _scaled_dot_product(q, k, v, scale, is_causal, mask)
-    finally:
-        for set_enabled, value in previous:
-            set_enabled(value)
+    return _FORCERS[choice](_scaled_dot_product, q, k, v, scale, is_causal, mask)
 
 
 def _scaled_dot_product(q, k, v, scale, is_causal, mask):
@@ -415,10 +420,9 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
         problem.has_window
         or problem.scale < _SMALLEST_KERNEL_SCALE
         or (problem.causal and problem.causal_offset != 0)
-        or (forced and _SWITCHES is None)
+        or (forced and _FORCERS is None)
     ):
         return partial(sdpa_attention, name)
-    toggles = _SWITCHES[1][name] if forced else None
     kernel_op = _kernel_op(name, problem) if forced else None
     is_causal, scale = problem.causal, _scale_argument(problem)
     layout = _layout_memo() if problem.device.type == "cuda" and name not in _ANY_LAYOUT else None
@@ -428,6 +432,12 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
         return _declined(name, problem, err, caught)
 
     if kernel_op is None or SDPA_BACKENDS[name] is SDPBackend.MATH:  # no per-call state check
+        if kernel_op is not None:  # math's op: it takes no log-sum-exp flag
+            call = partial(kernel_op, needs_grad=False, is_causal=is_causal, scale=scale)
+        else:
+            call = partial(F.scaled_dot_product_attention, **_plain_keywords(problem, is_causal, scale))
+            if forced:
+                call = partial(_FORCERS[name], call)
         checked = False
 
         def run(q, k, v, problem):
@@ -439,22 +449,18 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
             if layout is not None:
                 q, k, v = layout(q, k, v, problem)
             try:
-                if kernel_op is not None:  # math's op: it takes no log-sum-exp flag
-                    return kernel_op(q, k, v, False, is_causal, scale)
-                if toggles is None:
-                    return _scaled_dot_product(q, k, v, scale, is_causal, None)
-                return _with_flags(toggles, q, k, v, scale, is_causal, None)
+                return call(q, k, v)
             except RuntimeError as err:
                 raise declined(q, k, v, err) from err
 
         return run
 
-    accepted_states: set[tuple[bool, bool]] = set()
-    deterministic = torch.are_deterministic_algorithms_enabled
+    accepted_states: set[int] = set()  # needs_grad + 2 * deterministic, as an int
+    is_grad_enabled, deterministic = torch.is_grad_enabled, torch.are_deterministic_algorithms_enabled
 
     def run(q, k, v, problem):
-        needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-        state = (needs_grad, deterministic())
+        needs_grad = (q.requires_grad or k.requires_grad or v.requires_grad) and is_grad_enabled()
+        state = needs_grad + 2 * deterministic()
         if state not in accepted_states:
             out = _call_sdpa(name, q, k, v, problem, is_causal)
             accepted_states.add(state)
@@ -467,6 +473,19 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
             raise declined(q, k, v, err) from err
 
     return run
+
+
+def _plain_keywords(problem: AttentionProblem, is_causal: bool, scale: float | None) -> dict:
+    """The keyword arguments a plain problem's prepared calls give SDPA: only those that differ
+    from SDPA's defaults. Each one is parsed on every call; with all three (``is_causal``,
+    ``scale=None``, ``enable_gqa=True``) a call cost ~0.2 us more on the H100 host than with
+    ``is_causal`` alone (docs/evidence/h100-2026-11-24/session19)."""
+    keywords = {"is_causal": True} if is_causal else {}
+    if scale is not None:
+        keywords["scale"] = scale
+    if problem.q_heads != problem.kv_heads:
+        keywords["enable_gqa"] = True
+    return keywords
 
 
 def sdpa_attention(
