@@ -395,11 +395,11 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
     """The eager run of backend ``name`` for ``problem`` (validated and supported), which
     :func:`attnkit.attention` makes once per call signature and keeps.
 
-    A plain problem (no window, not causal or N == M, a scale no kernel needs translated) is
-    :func:`sdpa_attention`'s first case: one SDPA call on the operands as they are. Its run
-    takes every decision that depends on the problem alone here, once: the flags to set, the
-    scale argument, whether the fused-kernel layout rule applies (CUDA), and the kernel's ATen
-    op where one is called directly (:func:`_kernel_op`). Any other problem runs
+    A plain problem (no window; not causal, or N == M, or one query; a scale no kernel needs
+    translated) is one of :func:`sdpa_attention`'s first cases: one SDPA call on the operands as
+    they are. Its run takes every decision that depends on the problem alone here, once: the
+    flags to set, SDPA's arguments, whether the fused-kernel layout rule applies (CUDA), and the
+    kernel's ATen op where one is called directly (:func:`_kernel_op`). Any other problem runs
     :func:`sdpa_attention`.
 
     The run's first call goes through :func:`_call_sdpa`, which records PyTorch's warnings: a
@@ -416,15 +416,18 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
     ~1.3 us of host time per call, the layout rule ~1.7-2.8 us, each measured with the SDPA call
     after it (docs/evidence/h100-2026-11-24/session18)."""
     forced = _KERNELS[name] is not None
+    # One query under bottom-right causal sees every key: SDPA's non-causal call, as in
+    # sdpa_attention (a decode step).
+    one_row = problem.causal and problem.q_len == 1 and problem.causal_offset > 0
     if (
         problem.has_window
         or problem.scale < _SMALLEST_KERNEL_SCALE
-        or (problem.causal and problem.causal_offset != 0)
+        or (problem.causal and problem.causal_offset != 0 and not one_row)
         or (forced and _FORCERS is None)
     ):
         return partial(sdpa_attention, name)
     kernel_op = _kernel_op(name, problem) if forced else None
-    is_causal, scale = problem.causal, _scale_argument(problem)
+    is_causal, scale = problem.causal and not one_row, _scale_argument(problem)
     layout = _layout_memo() if problem.device.type == "cuda" and name not in _ANY_LAYOUT else None
 
     def declined(q, k, v, err: RuntimeError) -> UnsupportedProblemError:

@@ -85,6 +85,33 @@ def test_a_plain_call_runs_exactly_pytorchs_own_ops(name, causal):
         assert ours == raw, f"{name} ({call} call): attnkit ran {ours}, raw SDPA ran {raw}"
 
 
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["mha", "gqa"])
+@pytest.mark.parametrize("name", SDPA_PATHS)
+def test_a_decode_step_runs_exactly_pytorchs_own_non_causal_ops(name, kv_heads):
+    """One query against more keys under bottom-right causal sees every key: the first and a
+    repeated call run the ops of SDPA's non-causal call (``enable_gqa`` where the heads differ)
+    with the same kernel forced, forward and backward."""
+    _skip_if_unavailable(name)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (
+        torch.randn(shape, generator=gen).to(DEVICE, DTYPE).requires_grad_()
+        for shape in ((1, 2, 1, 16), (1, kv_heads, 9, 16), (1, kv_heads, 9, 16))
+    )
+    kernel = SDPA_BACKENDS[name]
+    with sdpa_kernel([kernel]) if kernel is not None else contextlib.nullcontext():
+        try:
+            raw = _ops_forward_and_backward(
+                lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=kv_heads != 2), q, k, v
+            )
+        except RuntimeError as err:
+            pytest.skip(f"raw SDPA with {name}'s kernel declines: {str(err).splitlines()[0]}")
+    for call in ("first", "repeated"):
+        ours = _ops_forward_and_backward(
+            lambda q, k, v: attnkit.attention(q, k, v, causal=True, backend=name), q, k, v
+        )
+        assert ours == raw, f"{name} ({call} call): attnkit ran {ours}, raw SDPA ran {raw}"
+
+
 class _RecordCalls(TorchDispatchMode):
     """Every aten op that runs with its arguments other than tensors (flags, scale, dropout)."""
 
