@@ -258,6 +258,40 @@ def test_forcing_a_kernel_leaves_the_callers_enable_flags(name):
         assert flags() == before, f"{name}: enable-flags {before} became {flags()}"
 
 
+@pytest.mark.parametrize("name", FORCED_PATHS)
+def test_a_forcer_enables_exactly_its_kernel_and_puts_every_flag_back(name):
+    """During the call a forcer makes, only the forced kernel's enable-flag is on; afterwards every
+    flag is as the caller left it, after a call that returned and after one that raised."""
+    if attnkit.sdpa._FORCERS is None:
+        pytest.skip("this torch's enable-flags are not the five the forcers are written for")
+    forced = attnkit.sdpa._FORCERS[name]
+    names = torch.nn.attention._backend_names
+
+    def flags():
+        return {flag: getattr(torch._C, f"_get_{flag}_sdp_enabled")() for flag in names}
+
+    wanted = {flag: getattr(SDPBackend, member) is SDPA_BACKENDS[name] for flag, member in names.items()}
+    with _enable_flags_restored(), sdpa_kernel([SDPBackend.MATH, SDPBackend.FLASH_ATTENTION]):
+        before = flags()
+        assert forced(flags) == wanted, f"{name}: the flags during the call are not its kernel's alone"
+        assert flags() == before, f"{name}: enable-flags {before} became {flags()}"
+
+        def fails():
+            raise RuntimeError("declined")
+
+        with pytest.raises(RuntimeError, match="declined"):
+            forced(fails)
+        assert flags() == before, f"{name}: enable-flags {before} became {flags()} after a failed call"
+
+
+def test_forcers_are_not_made_for_enable_flags_they_were_not_written_for(monkeypatch):
+    """The forcers are written out over torch's five enable-flags; with any other set, none is
+    made, and forced calls go through ``sdpa_kernel`` instead."""
+    four = dict(list(torch.nn.attention._backend_names.items())[:4])
+    monkeypatch.setattr(torch.nn.attention, "_backend_names", four)
+    assert attnkit.sdpa._kernel_forcers() is None
+
+
 @pytest.mark.skipif(
     DEVICE.type != "cpu", reason="CUDA operands are first copied to a layout the kernels take"
 )
