@@ -416,18 +416,16 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
     ~1.3 us of host time per call, the layout rule ~1.7-2.8 us, each measured with the SDPA call
     after it (docs/evidence/h100-2026-11-24/session18)."""
     forced = _KERNELS[name] is not None
-    # One query under bottom-right causal sees every key: SDPA's non-causal call, as in
-    # sdpa_attention (a decode step).
-    one_row = problem.causal and problem.q_len == 1 and problem.causal_offset > 0
+    is_causal = _one_call_causal(problem)
     if (
         problem.has_window
         or problem.scale < _SMALLEST_KERNEL_SCALE
-        or (problem.causal and problem.causal_offset != 0 and not one_row)
+        or is_causal is None
         or (forced and _FORCERS is None)
     ):
         return partial(sdpa_attention, name)
     kernel_op = _kernel_op(name, problem) if forced else None
-    is_causal, scale = problem.causal and not one_row, _scale_argument(problem)
+    scale = _scale_argument(problem)
     layout = _layout_memo() if problem.device.type == "cuda" and name not in _ANY_LAYOUT else None
 
     def declined(q, k, v, err: RuntimeError) -> UnsupportedProblemError:
@@ -478,6 +476,19 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
     return run
 
 
+def _one_call_causal(problem: AttentionProblem) -> bool | None:
+    """SDPA's ``is_causal`` for the one call that runs ``problem``'s causal rule as it is, or
+    None where the rule takes more (N > M, or 1 < N < M: :func:`sdpa_attention`). Not causal,
+    or N == M: SDPA's own flag, its top-left diagonal being attnkit's bottom-right one there.
+    One query against more keys under bottom-right causal sees every key: a non-causal call
+    (a decode step). Windows are not looked at: they go in as masks."""
+    if not problem.causal or problem.causal_offset == 0:
+        return problem.causal
+    if problem.causal_offset > 0 and problem.q_len == 1:
+        return False
+    return None
+
+
 def _plain_keywords(problem: AttentionProblem, is_causal: bool, scale: float | None) -> dict:
     """The keyword arguments a plain problem's prepared calls give SDPA: only those that differ
     from SDPA's defaults. Each one is parsed on every call: with ``attn_mask=None``,
@@ -510,11 +521,10 @@ def sdpa_attention(
         q, k, problem = _kernel_scale(q, k, problem)
     if problem.has_window:
         return _masked_attention(name, q, k, v, problem)
-    if not problem.causal or problem.causal_offset == 0:
-        return _call_sdpa(name, q, k, v, problem, problem.causal)
-    if problem.causal_offset > 0:  # N < M
-        if problem.q_len == 1:  # the one row sees every key
-            return _call_sdpa(name, q, k, v, problem, False)
+    is_causal = _one_call_causal(problem)
+    if is_causal is not None:
+        return _call_sdpa(name, q, k, v, problem, is_causal)
+    if problem.causal_offset > 0:  # 1 < N < M
         if not torch.compiler.is_compiling() and name not in _ANY_LAYOUT:
             q, k, v = _for_fused_kernels(q, k, v, problem)
         out = lower_right.native_bottom_right(name, SDPA_BACKENDS[name], q, k, v, problem)
