@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnkit
-from attnkit import attention
+from attnkit import attention, fast_calls
 from attnkit_perf.decide.stats import median_interval
 from attnkit_perf.machine import provenance
 
@@ -303,7 +303,8 @@ def markdown(report: dict) -> str:
         "",
         f"`tools/per_call_cost.py` on {prov['device_name']} (driver {prov['driver']}, CUDA {prov['cuda']}, "
         f"torch {prov['torch']}, triton {prov['triton']}, Python {report['python']}), commit "
-        f"{prov['commit']}; Triton kernels launched directly: {report['direct_launches']}. "
+        f"{prov['commit']}; Triton kernels launched directly: {report['direct_launches']}; "
+        f"compiled call memo (attnkit.fast_calls): {report.get('fast_calls', 'not known (older run)')}. "
         "bf16, causal; microseconds of host time per call. How it is measured and decided: the "
         "tool's docstring.",
         "",
@@ -395,10 +396,12 @@ def main() -> None:
     print("\n".join(verdicts))
     direct = _direct_launches()
     print(f"Triton kernels launched directly (attnkit.triton.fast_launch): {direct}")
+    print(f"compiled call memo (attnkit.fast_calls): {fast_calls.status}")
     report = {
         "provenance": provenance(device),
         "python": platform.python_version(),
         "direct_launches": direct,
+        "fast_calls": fast_calls.status,
         "rows": rows,
         "paired": paired,
         "targets": verdicts,

@@ -6,6 +6,7 @@ from functools import partial
 
 import torch
 
+from attnkit import fast_calls
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem, check_inputs
 from attnkit.reference import degenerate_attention
@@ -15,6 +16,8 @@ from attnkit.registry import auto_skip_reason, get_backend, unavailable_reason
 #: an attribute (dynamo knows ``is_compiling`` by its identity, whatever it is called here).
 _is_compiling = torch.compiler.is_compiling
 _Tensor = torch.Tensor
+#: The compiled memo in front of the Python one (:mod:`attnkit.fast_calls`), or None.
+_compiled_memo = fast_calls.memo
 
 #: Order in which ``backend="auto"`` tries paths: fastest first, as measured on the H100
 #: (docs/PERFORMANCE.md); a path is skipped when it is unavailable or rejects the inputs.
@@ -58,6 +61,10 @@ def attention(
     if _is_compiling():  # traced once: the plain checks, no host-side caches
         problem = check_inputs(q, k, v, causal, scale, window)
         return _plan(backend, problem)(q, k, v, problem)
+    if _compiled_memo is not None:  # attnkit.fast_calls: None where it keeps no entry
+        out = _compiled_memo.call(q, k, v, causal, scale, window, backend)
+        if out is not None:
+            return out
     # The memo key: everything check_inputs and _plan read. Only tensors, a bool causal, a
     # None/float scale, a None/(int, int) tuple window and a str backend are looked up; anything
     # else goes straight to the checks, which raise the right error (``(True, 1)`` equals
@@ -99,7 +106,12 @@ def attention(
                 _PLANNED.clear()
             _PLANNED[key] = planned
     problem, run = planned
-    return run(q, k, v, problem)
+    out = run(q, k, v, problem)
+    if key is not None and _compiled_memo is not None:  # after a call ran: its checks are made
+        _compiled_memo.remember(
+            q, k, v, causal, scale, window, backend, problem, run, getattr(run, "plain_sdpa_call", None)
+        )
+    return out
 
 
 #: Host-side memo of what depends only on a call's signature: the validated problem, and the

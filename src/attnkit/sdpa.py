@@ -454,6 +454,7 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
             except RuntimeError as err:
                 raise declined(q, k, v, err) from err
 
+        run.plain_sdpa_call = _plain_call(name, problem, is_causal, scale, layout is not None)
         return run
 
     accepted_states: set[int] = set()  # needs_grad + 2 * deterministic, as an int
@@ -473,7 +474,34 @@ def sdpa_prepare(name: str, problem: AttentionProblem):
         except RuntimeError as err:
             raise declined(q, k, v, err) from err
 
+    run.plain_sdpa_call = _plain_call(name, problem, is_causal, scale, layout is not None)
     return run
+
+
+#: The enable-flags :func:`_plain_call` names, in the order attnkit.fast_calls sets them.
+_FLAG_ORDER = tuple(
+    getattr(SDPBackend, member, None)
+    for member in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION", "OVERRIDEABLE")
+)
+
+
+def _plain_call(name: str, problem: AttentionProblem, is_causal: bool, scale: float | None, layout: bool):
+    """The SDPA call a prepared plain run makes once its first call ran, for the compiled memo
+    (:mod:`attnkit.fast_calls`), which makes it without the run: ``(kernels, is_causal, scale,
+    enable_gqa, layout)``. ``kernels``: None (PyTorch's choice) or whether each flag of
+    :data:`_FLAG_ORDER` is on; ``layout``: None, or ``(item size, D, Dv)`` where the fused-kernel
+    layout rule applies. SDPA itself, also for the kernels whose op the run calls directly: SDPA
+    checks every call, so no state needs tracking. None where the memo cannot set the flags."""
+    kernels = _KERNELS[name]
+    if kernels is not None and None in _FLAG_ORDER:
+        return None
+    return (
+        None if kernels is None else tuple(member in kernels for member in _FLAG_ORDER),
+        is_causal,
+        scale,
+        problem.q_heads != problem.kv_heads,
+        (problem.dtype.itemsize, problem.head_dim, problem.value_dim) if layout else None,
+    )
 
 
 def _one_call_causal(problem: AttentionProblem) -> bool | None:

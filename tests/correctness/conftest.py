@@ -28,6 +28,8 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit
+import attnkit.api
+from attnkit import fast_calls
 
 #: One database per checkout, not per working directory: pytest started from tests/ or from the
 #: root replays the same saved failures.
@@ -80,6 +82,19 @@ def _return_cached_gpu_memory():
     yield
     if DEVICE.type == "cuda":
         torch.cuda.empty_cache()
+
+
+@pytest.fixture(params=["python-memo", "compiled-memo"])
+def memo_in_front(request, monkeypatch) -> str:
+    """attention()'s repeated calls through the Python memo alone, then through the compiled memo
+    (:mod:`attnkit.fast_calls`) in front of it; the compiled case is skipped where it is not built."""
+    if request.param == "python-memo":
+        monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
+    elif fast_calls.memo is None:
+        pytest.skip(f"attnkit.fast_calls: {fast_calls.status}")
+    else:
+        monkeypatch.setattr(attnkit.api, "_compiled_memo", fast_calls.memo)
+    return request.param
 
 
 class RecordOps(TorchDispatchMode):

@@ -16,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit
+import attnkit.api
 import attnkit.sdpa
 from attnkit import UnsupportedProblemError
 from attnkit.inputs import check_inputs
@@ -26,6 +27,14 @@ SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa"
 FORCED_PATHS = [name for name in SDPA_PATHS if SDPA_BACKENDS[name] is not None]
 #: CUDA's fused kernels take fp16 / bf16 only; the CPU's flash kernel takes fp32.
 DTYPE = torch.float32 if DEVICE.type == "cpu" else torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def _python_memo_alone(monkeypatch):
+    """These tests pin the Python memo's prepared runs, whose repeated calls the compiled memo
+    (attnkit.fast_calls, tested in test_fast_calls.py) would otherwise make itself; the tests of
+    what a caller sees run through both (``memo_in_front``)."""
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
 
 
 def _skip_if_unavailable(name: str) -> None:
@@ -250,7 +259,7 @@ def test_calls_that_need_no_state_check_never_take_the_checked_call(name, monkey
 
 
 @pytest.mark.parametrize("name", FORCED_PATHS)
-def test_forcing_a_kernel_leaves_the_callers_enable_flags(name):
+def test_forcing_a_kernel_leaves_the_callers_enable_flags(name, memo_in_front):
     """The caller turned PyTorch's choice down to one kernel (not the forced one); a forced call
     runs its own kernel anyway and leaves the caller's flags as they were."""
     _skip_if_unavailable(name)
@@ -300,7 +309,7 @@ def test_forcers_are_not_made_for_enable_flags_they_were_not_written_for(monkeyp
 @pytest.mark.skipif(
     DEVICE.type != "cpu", reason="CUDA operands are first copied to a layout the kernels take"
 )
-def test_a_known_signature_in_a_layout_the_kernel_declines_says_why():
+def test_a_known_signature_in_a_layout_the_kernel_declines_says_why(memo_in_front):
     """The signature ran before (no warnings recorded any more); the same shapes with a strided
     last dimension are declined by the CPU flash kernel: the error still carries PyTorch's reason,
     and the enable-flags are restored after the failed call."""
@@ -315,7 +324,7 @@ def test_a_known_signature_in_a_layout_the_kernel_declines_says_why():
 
 
 @pytest.mark.parametrize("name", FORCED_PATHS)
-def test_a_declined_call_prints_no_warnings(name, recwarn):
+def test_a_declined_call_prints_no_warnings(name, recwarn, memo_in_front):
     """A kernel that declines a problem (flash: Dv != D) explains why in attnkit's error only:
     PyTorch's reasons, which it gives as warnings, are not printed as well, however often the
     call is repeated."""
@@ -336,7 +345,7 @@ def test_a_declined_call_prints_no_warnings(name, recwarn):
     assert not printed, f"{name}: a declined call printed {printed}"
 
 
-def test_a_declined_first_call_is_explained_again_when_repeated():
+def test_a_declined_first_call_is_explained_again_when_repeated(memo_in_front):
     """A signature whose first call the kernel declined is not taken for accepted: the same call
     again gets PyTorch's reasons again, and the flags are restored both times."""
     strided = [torch.randn(1, 2, 8, 32, dtype=DTYPE)[..., ::2] for _ in range(3)]

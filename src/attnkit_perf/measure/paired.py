@@ -32,20 +32,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnkit.cache import cache_root
+
 #: Worker processes per side. Each process carries an offset of its own (allocation addresses,
 #: code placement): on the H100, backward kernels moved by a few percent between processes, and
 #: 2 per side failed 3 of ~80 unchanged benchmarks at a 2% threshold in one A/A run. The median
 #: over pairs spread across 4 processes halves that offset's variance (the gate's simulations
 #: of its decision rule put a 1% process offset at 1% first-stage alarms with 4, 3% with 2).
 PROCESSES_PER_SIDE = 4
-
-
-def cache_root() -> Path:
-    """``$ATTNKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnkit`` (``~/.cache/attnkit``)."""
-    explicit = os.environ.get("ATTNKIT_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnkit"
 
 
 def visible_gpus() -> list[str]:

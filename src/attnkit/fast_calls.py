@@ -1,0 +1,134 @@
+"""attnkit's compiled call memo: builds, finds and loads ``csrc/fast_calls.cpp``.
+
+:func:`attnkit.attention` keeps what each call signature needs (the validated problem, the
+prepared run) in a memo. In Python, that memo and the fused-kernel layout test cost 7-12 us per
+call with gradients on the H100 hosts, before SDPA runs (docs/evidence/h100-2026-11-24/
+session19). The compiled memo does the same lookup in C++, and for a plain SDPA problem also the
+layout test, the forced kernel's enable-flags and the SDPA call. Every other call, and every
+first call of a signature, goes through the Python memo as before, with the same errors.
+
+It is a C++ extension built against the installed torch, so it is built on the machine that
+runs it, once, into a cache directory:
+
+* ``python -m attnkit.fast_calls build`` builds it (a C++ compiler and ``ninja`` are needed;
+  about a minute), ``python -m attnkit.fast_calls`` says whether it is in use and why not.
+* ``ATTNKIT_FAST_CALLS``: ``auto`` (default) loads a build made for this torch and this source,
+  if there is one, and otherwise runs the Python memo alone; ``build`` builds it at import if
+  needed and raises if it cannot; ``off`` never loads it.
+* Builds go under :func:`attnkit.cache.cache_root` (``ATTNKIT_CACHE_DIR``). A build's directory
+  names the torch version, the Python ABI and a hash of the source, so a build is never loaded
+  against another torch or an edited source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from attnkit.cache import cache_root
+
+SOURCE = Path(__file__).with_name("csrc") / "fast_calls.cpp"
+#: The format of :func:`attnkit.sdpa.sdpa_prepare`'s ``plain_sdpa_call`` the source reads.
+SPEC_FORMAT = 1
+MODES = ("auto", "build", "off")
+
+
+def _mode() -> str:
+    mode = os.environ.get("ATTNKIT_FAST_CALLS", "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"ATTNKIT_FAST_CALLS: expected one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
+def build_location() -> tuple[str, Path]:
+    """(module name, build directory) for this torch, this Python and this source."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    name = f"attnkit_fast_calls_{digest}"
+    tag = f"torch-{torch.__version__}-{sys.implementation.cache_tag}".replace("+", "_")
+    return name, cache_root() / tag / name
+
+
+def _built_file(name: str, directory: Path) -> Path:
+    return directory / f"{name}.so"
+
+
+def _checked(module, path):
+    if getattr(module, "SPEC_FORMAT", None) != SPEC_FORMAT:
+        raise ImportError(
+            f"{path}: spec format {getattr(module, 'SPEC_FORMAT', None)}, expected {SPEC_FORMAT}"
+        )
+    return module
+
+
+def _import(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return _checked(module, path)
+
+
+def build(verbose: bool = False):
+    """Build the extension for this torch into the cache (if not built yet) and load it."""
+    from torch.utils import cpp_extension
+
+    name, directory = build_location()
+    directory.mkdir(parents=True, exist_ok=True)
+    module = cpp_extension.load(
+        name=name,
+        sources=[str(SOURCE)],
+        build_directory=str(directory),
+        extra_cflags=["-O2"],
+        verbose=verbose,
+        is_python_module=True,
+    )
+    return _checked(module, _built_file(name, directory))
+
+
+def _load():
+    """(module or None, why not) under ``ATTNKIT_FAST_CALLS``."""
+    mode = _mode()
+    if mode == "off":
+        return None, "off: ATTNKIT_FAST_CALLS=off"
+    if sys.implementation.name != "cpython":
+        return None, f"off: a CPython extension, and this is {sys.implementation.name}"
+    name, directory = build_location()
+    path = _built_file(name, directory)
+    if mode == "build":
+        return build(), f"on: {path}"
+    if not path.exists():
+        return None, f"off: not built for torch {torch.__version__} (python -m attnkit.fast_calls build)"
+    try:
+        return _import(name, path), f"on: {path}"
+    except ImportError as err:
+        return None, f"off: {path} did not load: {err}"
+
+
+#: The loaded extension (None: the Python memo alone), and a line saying which and why.
+memo, status = _load()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args not in ([], ["build"], ["status"]):
+        print("usage: python -m attnkit.fast_calls [build|status]", file=sys.stderr)
+        return 2
+    if args == ["build"] and memo is None:
+        try:
+            build(verbose=True)
+        except Exception as err:  # the compiler's output is above; say what failed last
+            print(f"attnkit fast calls: build failed: {err}", file=sys.stderr)
+            return 1
+        name, directory = build_location()
+        print(f"attnkit fast calls: built {_built_file(name, directory)}")
+        return 0
+    print(f"attnkit fast calls: {status}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,367 @@
+"""The compiled call memo (:mod:`attnkit.fast_calls`): it keeps the calls the Python memo keeps and
+no others, a kept plain SDPA call runs exactly raw SDPA's ops with the path's kernel, its layout
+test passes only what the Python rule passes as it is, and whatever it does not take (a kernel
+that declines, a mode, a subclass) goes to the Python run, with the flags put back and no stray
+warnings. How it is built, found and switched off is tested without the extension."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DEVICE
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.nn.attention import sdpa_kernel
+from torch.overrides import TorchFunctionMode
+
+import attnkit
+import attnkit.api
+from attnkit import fast_calls
+from attnkit.sdpa import SDPA_BACKENDS, _aligned_for_fused_kernels
+from attnkit.testing import assert_close_to_reference, compare_to_reference
+
+MEMO = fast_calls.memo
+needs_memo = pytest.mark.skipif(MEMO is None, reason=f"attnkit.fast_calls: {fast_calls.status}")
+SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa")]
+DTYPE = torch.float32 if DEVICE.type == "cpu" else torch.bfloat16
+
+
+def _skip_if_unavailable(name: str) -> None:
+    reason = None if name == "auto" else attnkit.unavailable_reason(name, DEVICE)
+    if reason:
+        pytest.skip(reason)
+
+
+def _operands(shapes, seed=0, grad=False):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=gen).to(DEVICE, DTYPE).requires_grad_(grad) for shape in shapes]
+
+
+@pytest.fixture
+def compiled_memo(monkeypatch):
+    """attention() with the compiled memo in front, started empty (and the Python memo too)."""
+    if MEMO is None:
+        pytest.skip(f"attnkit.fast_calls: {fast_calls.status}")
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", MEMO)
+    monkeypatch.setattr(attnkit.api, "_PLANNED", {})
+    MEMO.forget()
+    yield MEMO
+    MEMO.forget()
+
+
+class _TensorSubclass(torch.Tensor):
+    pass
+
+
+class _BackendName(str):
+    pass
+
+
+def _kept_by_each(args: dict, make=lambda x: x) -> tuple[int, int]:
+    q, k, v = (make(x) for x in _operands([(1, 2, 8, 16)] * 3))
+    attnkit.attention(q, k, v, **args)
+    return len(attnkit.api._PLANNED), MEMO.size()
+
+
+#: attention()'s keyword arguments -> (kept by the Python memo, kept by the compiled memo).
+_KEEPS = {
+    "defaults": ({}, (1, 1)),
+    "causal": ({"causal": True}, (1, 1)),
+    "scale within 1": ({"scale": 0.25}, (1, 1)),
+    "negative scale": ({"scale": -0.5}, (1, 1)),
+    "scale above 1 (checked against the data)": ({"scale": 2.0}, (0, 0)),
+    "int scale": ({"scale": 1}, (0, 0)),
+    "causal as a NumPy bool": ({"causal": np.bool_(True)}, (0, 0)),
+    "window": ({"window": (2, 0)}, (1, 1)),
+    "window of a NumPy int and an int": ({"window": (np.int64(2), 0)}, (0, 0)),
+    "window as a list": ({"window": [2, 0]}, (0, 0)),
+    "backend named by a str subclass": ({"backend": _BackendName("naive")}, (0, 0)),
+}
+
+
+@needs_memo
+@pytest.mark.parametrize(("args", "kept"), list(_KEEPS.values()), ids=list(_KEEPS))
+def test_the_compiled_memo_keeps_the_calls_the_python_memo_keeps(compiled_memo, args, kept):
+    args = {"backend": "naive", **args}
+    assert _kept_by_each(args) == kept
+
+
+@needs_memo
+def test_tensor_subclasses_are_left_to_the_python_memo(compiled_memo):
+    """A subclass may override ``__torch_function__``: the Python memo reads its shapes through
+    it and its run calls SDPA through it; the compiled memo keeps no entry for it."""
+    kept = _kept_by_each({"backend": "naive"}, make=lambda x: x.as_subclass(_TensorSubclass))
+    assert kept == (1, 0)
+
+
+@needs_memo
+def test_minus_zero_and_zero_scales_are_one_signature(compiled_memo):
+    q, k, v = _operands([(1, 2, 8, 16)] * 3)
+    for scale in (0.0, -0.0):
+        attnkit.attention(q, k, v, scale=scale, backend="naive")
+    assert (len(attnkit.api._PLANNED), compiled_memo.size()) == (1, 1)
+
+
+def _aten_ops(step) -> list[str]:
+    """The aten ops ``step`` runs, in order, as the profiler sees them (a dispatch mode would
+    make the compiled memo hand the call to the Python run)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return [event.name for event in prof.events() if event.name.startswith("aten::")]
+
+
+@needs_memo
+@pytest.mark.parametrize(
+    "shapes",
+    [((1, 2, 8, 16),) * 3, ((1, 2, 1, 16), (1, 1, 9, 16), (1, 1, 9, 16))],
+    ids=["square", "gqa-decode-step"],
+)
+@pytest.mark.parametrize("name", SDPA_PATHS)
+def test_a_kept_plain_call_runs_exactly_raw_sdpas_ops(compiled_memo, name, shapes):
+    """After its first call, a plain problem's call is the compiled memo's own SDPA call: the
+    aten ops of raw SDPA with the path's kernel forced, forward and backward (square causal:
+    ``is_causal``; one query against more keys: non-causal, ``enable_gqa``)."""
+    _skip_if_unavailable(name)
+    q, k, v = _operands(shapes, grad=True)
+    square = shapes[0][2] == shapes[1][2]
+    gqa = shapes[0][1] != shapes[1][1]
+
+    def step(attend):
+        return lambda: torch.autograd.grad(attend(q, k, v).sum(), (q, k, v))
+
+    kernel = SDPA_BACKENDS[name]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel([kernel]) if kernel is not None else warnings.catch_warnings():
+                raw = _aten_ops(
+                    step(
+                        lambda q, k, v: F.scaled_dot_product_attention(
+                            q, k, v, is_causal=square, enable_gqa=gqa
+                        )
+                    )
+                )
+        except RuntimeError:
+            pytest.skip(
+                f"raw SDPA with {name}'s kernel declines: {'; '.join(str(w.message) for w in caught)}"
+            )
+    attend = step(lambda q, k, v: attnkit.attention(q, k, v, causal=True, backend=name))
+    attend()  # the first call: the Python memo's, which makes the entry
+    assert compiled_memo.size() == 1
+    for call in ("second", "third"):
+        assert _aten_ops(attend) == raw, f"{name} ({call} call) ran other ops than raw SDPA"
+
+
+#: Problems of every kind of entry: plain SDPA calls, runs the memo calls (N > M causal, a
+#: window, Dv != D), and the other paths.
+_PROBLEMS = {
+    "square causal": (((2, 4, 8, 16),) * 3, {"causal": True}),
+    "decode step, gqa": (((2, 4, 1, 16), (2, 2, 9, 16), (2, 2, 9, 16)), {"causal": True}),
+    "more queries than keys": (((1, 2, 9, 16), (1, 2, 5, 16), (1, 2, 5, 16)), {"causal": True}),
+    "window": (((1, 2, 8, 16),) * 3, {"window": (2, 1)}),
+    "scale": (((1, 2, 8, 16),) * 3, {"scale": 0.125}),
+}
+
+
+@needs_memo
+@pytest.mark.parametrize("problem", list(_PROBLEMS.values()), ids=list(_PROBLEMS))
+@pytest.mark.parametrize("name", [*SDPA_PATHS, "naive", "tiled", "auto"])
+def test_kept_calls_give_the_python_memos_results(compiled_memo, monkeypatch, name, problem):
+    """The compiled memo's calls (its own SDPA call, or the run it keeps) return what the Python
+    memo's calls return, bitwise (the same kernel on the same operands), and their gradients meet
+    the tolerance rule against the oracle."""
+    _skip_if_unavailable(name)
+    shapes, args = problem
+    q, k, v = _operands(shapes, seed=5)
+    attend = lambda a, b, c: attnkit.attention(a, b, c, backend=name, **args)
+    try:
+        attend(q, k, v)
+    except attnkit.UnsupportedProblemError as err:
+        pytest.skip(str(err))
+    grad_out = _operands([(*shapes[0][:3], shapes[2][3])], seed=6)[0]
+    assert compiled_memo.size() == 1
+    ours = attend(q, k, v)
+    checks = compare_to_reference(attend, q, k, v, causal=args.get("causal", False), scale=args.get("scale"),
+                                  grad_out=grad_out, window=args.get("window"))  # fmt: skip
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
+    assert torch.equal(ours, attend(q, k, v)), (
+        f"{name}: the compiled memo's output differs from the Python memo's"
+    )
+    assert_close_to_reference(f"{name} through the compiled memo", checks)
+
+
+@st.composite
+def _strided_operands(draw):
+    """A 4-D view of a buffer with drawn sizes, strides (zero and size-1 dimensions' odd ones
+    included) and storage offset, of a 2-, 4- or 8-byte dtype."""
+    dtype = draw(st.sampled_from([torch.bfloat16, torch.float32, torch.float64]))
+    shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 4, 8]), min_size=4, max_size=4)))
+    last = draw(st.sampled_from([1, 1, 1, 2]))
+    strides = [last]
+    for size in reversed(shape[1:]):
+        choice = draw(st.sampled_from(["packed", "padded", "odd", "zero"]))
+        step = strides[-1] * size
+        strides.append({"packed": step, "padded": step + 8, "odd": step + 3, "zero": 0}[choice])
+    strides = tuple(reversed(strides))
+    offset = draw(st.sampled_from([0, 0, 1, 8, 16]))
+    extent = offset + sum((size - 1) * stride for size, stride in zip(shape, strides, strict=True)) + 1
+    buffer = torch.zeros(extent + 16, dtype=dtype)
+    return buffer.as_strided(shape, strides, offset)
+
+
+@needs_memo
+@given(x=_strided_operands())
+def test_the_layout_test_passes_only_what_the_python_rule_passes_as_it_is(x):
+    """attnkit.sdpa's rule decides which operands reach the fused kernels as they are; the
+    compiled test takes exactly those, except rows no layout aligns, which it leaves to the rule
+    (the rule may pass them as they are, after ``contiguous()``)."""
+    item, last_dim = x.element_size(), x.shape[-1]
+    passes = _aligned_for_fused_kernels(x, item, last_dim) is x
+    if (last_dim * item) % 16:
+        assert not MEMO.layout_passes(x, item, last_dim)
+    else:
+        assert MEMO.layout_passes(x, item, last_dim) == passes, (
+            f"strides {x.stride()}, offset {x.storage_offset()}"
+        )
+
+
+def _flags() -> tuple[bool, ...]:
+    return tuple(
+        getattr(torch._C, f"_get_{flag}_sdp_enabled")() for flag in torch.nn.attention._backend_names
+    )
+
+
+@needs_memo
+def test_a_plain_call_sdpa_declines_goes_to_the_run_with_the_flags_back_and_no_warnings(compiled_memo):
+    """An entry whose SDPA call raises (here: only the efficient kernel allowed for CPU operands)
+    hands the call to its run, which sees the caller's enable-flags and leaves them so; the
+    declined call's warnings are not printed (the run gives the reasons)."""
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    # (kernels: flash, efficient, math, cudnn, overrideable), is_causal, scale, enable_gqa, layout
+    spec = ((False, True, False, False, False), False, None, False, None)
+    seen = []
+
+    def run(q, k, v, problem):
+        seen.append((problem, _flags()))
+        return q + 1
+
+    before = _flags()
+    assert compiled_memo.remember(q, k, v, False, None, None, "sdpa-x", "problem", run, spec)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled_memo.call(q, k, v, False, None, None, "sdpa-x")
+    assert torch.equal(out, q + 1)
+    assert seen == [("problem", before)], f"the run saw {seen}, not the caller's flags {before}"
+    assert _flags() == before
+    assert not [str(w.message) for w in caught], "the declined call printed warnings"
+
+
+@needs_memo
+def test_a_kept_plain_call_is_made_without_the_run_unless_the_layout_test_fails(compiled_memo):
+    """The entry's SDPA call is made by the compiled memo itself (the run is not called) and
+    returns raw SDPA's result; operands the layout test does not pass go to the run."""
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    called = []
+
+    def run(q, k, v, problem):
+        called.append(problem)
+        return q
+
+    layout = (q.element_size(), 16, 16)  # the layout test applies to any device's operands
+    compiled_memo.remember(
+        q, k, v, True, None, None, "sdpa", "problem", run, (None, True, None, False, layout)
+    )
+    out = compiled_memo.call(q, k, v, True, None, None, "sdpa")
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert not called, "the run was called for operands the layout test passes"
+    shifted = torch.randn(q.numel() + 1)[1:].view(q.shape)  # data pointer 4 bytes off 16
+    assert compiled_memo.call(shifted, k, v, True, None, None, "sdpa") is shifted
+    assert called == ["problem"]
+
+
+@needs_memo
+def test_a_run_that_empties_the_memo_mid_call_returns(compiled_memo):
+    """An entry's run may call attention() itself and fill the memo until it is cleared: the
+    entry being called is held for the call."""
+    q = torch.randn(1, 1, 2, 16)
+
+    def run(q, k, v, problem):
+        compiled_memo.forget()
+        return q * 2
+
+    compiled_memo.remember(q, q, q, False, None, None, "naive", object(), run, None)
+    del run
+    assert torch.equal(compiled_memo.call(q, q, q, False, None, None, "naive"), q * 2)
+    assert compiled_memo.size() == 0
+
+
+@needs_memo
+def test_a_full_memo_is_emptied_before_the_next_entry(compiled_memo):
+    """Bounded as the Python memo is: 4096 entries, emptied when full."""
+    for n in range(1, 4098):
+        x = torch.empty(1, 1, n, 1)
+        compiled_memo.remember(x, x, x, False, None, None, "naive", None, len, None)
+    assert compiled_memo.size() == 1
+
+
+@needs_memo
+def test_a_torch_function_mode_sees_every_call(compiled_memo):
+    """Under a ``__torch_function__`` mode the compiled memo takes no call: the mode sees the
+    Python memo's SDPA call, a repeated one too."""
+
+    class Seen(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = _operands([(1, 2, 8, 16)] * 3)
+    attnkit.attention(q, k, v, causal=True, backend="sdpa")
+    assert compiled_memo.size() == 1
+    for _ in range(2):
+        seen = Seen()
+        with seen:
+            attnkit.attention(q, k, v, causal=True, backend="sdpa")
+        assert "scaled_dot_product_attention" in seen.names
+
+
+def test_an_unknown_mode_is_an_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("ATTNKIT_FAST_CALLS", "always")
+    with pytest.raises(
+        ValueError, match=r"ATTNKIT_FAST_CALLS: expected one of auto, build, off, got 'always'"
+    ):
+        fast_calls._load()
+
+
+def test_off_loads_nothing(monkeypatch):
+    monkeypatch.setenv("ATTNKIT_FAST_CALLS", "off")
+    assert fast_calls._load() == (None, "off: ATTNKIT_FAST_CALLS=off")
+
+
+def test_auto_without_a_build_runs_the_python_memo_and_says_how_to_build(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNKIT_FAST_CALLS", "auto")
+    monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path))
+    memo, status = fast_calls._load()
+    assert memo is None
+    assert "python -m attnkit.fast_calls build" in status
+
+
+def test_a_build_is_named_for_its_torch_and_its_source(monkeypatch, tmp_path):
+    """A build made for another torch or another source is never found."""
+    monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path))
+    name, directory = fast_calls.build_location()
+    assert directory.parent.parent == tmp_path
+    assert torch.__version__.replace("+", "_") in directory.parent.name
+    edited = tmp_path / "fast_calls.cpp"
+    edited.write_text(fast_calls.SOURCE.read_text() + "\n// edited\n")
+    monkeypatch.setattr(fast_calls, "SOURCE", edited)
+    assert fast_calls.build_location()[0] != name
