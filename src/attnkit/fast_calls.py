@@ -10,8 +10,8 @@ first call of a signature, goes through the Python memo as before, with the same
 It is a C++ extension built against the installed torch, so it is built on the machine that
 runs it, once, into a cache directory:
 
-* ``python -m attnkit.fast_calls build`` builds it (a C++ compiler and ``ninja`` are needed;
-  about a minute), ``python -m attnkit.fast_calls`` says whether it is in use and why not.
+* ``python -m attnkit.fast_calls_cli build`` builds it (a C++ compiler and ``ninja`` are needed;
+  about a minute), ``python -m attnkit.fast_calls_cli`` says whether it is in use and why not.
 * ``ATTNKIT_FAST_CALLS``: ``auto`` (default) loads a build made for this torch and this source,
   if there is one, and otherwise runs the Python memo alone; ``build`` builds it at import if
   needed and raises if it cannot; ``off`` never loads it.
@@ -101,7 +101,7 @@ def _load():
     if mode == "build":
         return build(), f"on: {path}"
     if not path.exists():
-        return None, f"off: not built for torch {torch.__version__} (python -m attnkit.fast_calls build)"
+        return None, f"off: not built for torch {torch.__version__} (python -m attnkit.fast_calls_cli build)"
     try:
         return _import(name, path), f"on: {path}"
     except ImportError as err:
@@ -110,25 +110,3 @@ def _load():
 
 #: The loaded extension (None: the Python memo alone), and a line saying which and why.
 memo, status = _load()
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args not in ([], ["build"], ["status"]):
-        print("usage: python -m attnkit.fast_calls [build|status]", file=sys.stderr)
-        return 2
-    if args == ["build"] and memo is None:
-        try:
-            build(verbose=True)
-        except Exception as err:  # the compiler's output is above; say what failed last
-            print(f"attnkit fast calls: build failed: {err}", file=sys.stderr)
-            return 1
-        name, directory = build_location()
-        print(f"attnkit fast calls: built {_built_file(name, directory)}")
-        return 0
-    print(f"attnkit fast calls: {status}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -352,7 +352,7 @@ def test_auto_without_a_build_runs_the_python_memo_and_says_how_to_build(monkeyp
     monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path))
     memo, status = fast_calls._load()
     assert memo is None
-    assert "python -m attnkit.fast_calls build" in status
+    assert "python -m attnkit.fast_calls_cli build" in status
 
 
 def test_a_build_is_named_for_its_torch_and_its_source(monkeypatch, tmp_path):
@@ -365,3 +365,11 @@ def test_a_build_is_named_for_its_torch_and_its_source(monkeypatch, tmp_path):
     edited.write_text(fast_calls.SOURCE.read_text() + "\n// edited\n")
     monkeypatch.setattr(fast_calls, "SOURCE", edited)
     assert fast_calls.build_location()[0] != name
+
+
+def test_the_command_says_whether_the_memo_is_in_use(capsys):
+    from attnkit import fast_calls_cli
+
+    assert fast_calls_cli.main(["status"]) == 0
+    assert capsys.readouterr().out == f"attnkit fast calls: {fast_calls.status}\n"
+    assert fast_calls_cli.main(["rebuild"]) == 2
