@@ -448,24 +448,6 @@ PyObject* size(PyObject* /*self*/, PyObject* /*unused*/) {
   return PyLong_FromSize_t(g_entries.size());
 }
 
-// has_key(q, k, v, causal, scale, window, backend): whether the call has a memo key here
-// (a backend name no entry has yet counts as known).
-PyObject* has_key(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  if (nargs != 7) {
-    PyErr_SetString(PyExc_TypeError, "has_key expects (q, k, v, causal, scale, window, backend)");
-    return nullptr;
-  }
-  Key key;
-  const size_t names = g_backends.size();
-  const bool kept = make_key(args, key, true);
-  if (g_backends.size() > names) {
-    g_backends.pop_back();  // the name was only needed for the answer
-  }
-  return PyBool_FromLong(kept);
-  END_HANDLE_TH_ERRORS
-}
-
 // layout_passes(t, item, last_dim): whether the layout test takes t as it is.
 PyObject* py_layout_passes(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
@@ -494,8 +476,6 @@ PyMethodDef kMethods[] = {
      "remember(q, k, v, causal, scale, window, backend, problem, run, plain_sdpa_call) -> bool."},
     {"forget", forget, METH_NOARGS, "Drop every entry."},
     {"size", size, METH_NOARGS, "Number of entries."},
-    {"has_key", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(has_key)), METH_FASTCALL,
-     "has_key(q, k, v, causal, scale, window, backend) -> bool: whether the call would be kept."},
     {"layout_passes", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_layout_passes)),
      METH_FASTCALL, "layout_passes(t, item, last_dim) -> bool: the layout test on one operand."},
     {nullptr, nullptr, 0, nullptr}};
