@@ -78,9 +78,17 @@ def build(verbose: bool = False):
 
     name, directory = build_location()
     directory.mkdir(parents=True, exist_ok=True)
+    # The build compiles a copy inside its directory (named by the source's hash, so any copy
+    # there is this source): every checkout then writes the same build file, and the build tool
+    # finds the work done instead of redoing it for another source path. Written once, whole.
+    source = directory / SOURCE.name
+    if not source.exists():
+        partial = directory / f"{SOURCE.name}.{os.getpid()}"
+        partial.write_bytes(SOURCE.read_bytes())
+        os.replace(partial, source)
     module = cpp_extension.load(
         name=name,
-        sources=[str(SOURCE)],
+        sources=[str(source)],
         build_directory=str(directory),
         extra_cflags=["-O2"],
         verbose=verbose,
@@ -98,9 +106,13 @@ def _load():
         return None, f"off: a CPython extension, and this is {sys.implementation.name}"
     name, directory = build_location()
     path = _built_file(name, directory)
-    if mode == "build":
+    # A build of this source for this torch is used as it is: the build tool would compile it
+    # again for the same source at another path (another checkout, the gate's copies of base
+    # and head), each process in turn. cpp_extension's lock file is there while one builds.
+    finished = path.exists() and not (directory / "lock").exists()
+    if mode == "build" and not finished:
         return build(), f"on: {path}"
-    if not path.exists():
+    if not finished:
         return None, f"off: not built for torch {torch.__version__} (python -m attnkit.fast_calls_cli build)"
     try:
         return _import(name, path), f"on: {path}"

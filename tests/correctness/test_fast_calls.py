@@ -373,3 +373,15 @@ def test_the_command_says_whether_the_memo_is_in_use(capsys):
     assert fast_calls_cli.main(["status"]) == 0
     assert capsys.readouterr().out == f"attnkit fast calls: {fast_calls.status}\n"
     assert fast_calls_cli.main(["rebuild"]) == 2
+
+
+@needs_memo
+def test_a_finished_build_is_loaded_as_it_is(monkeypatch):
+    """With a build of this source for this torch in the cache, ``build`` mode loads it without
+    running the build tool (which would compile it again for the source at another path: the
+    gate's copies of base and head)."""
+    monkeypatch.setenv("ATTNKIT_FAST_CALLS", "build")
+    monkeypatch.setattr(fast_calls, "build", lambda verbose=False: pytest.fail("the build tool ran"))
+    memo, status = fast_calls._load()
+    assert memo is not None
+    assert status.startswith("on: ")
