@@ -104,6 +104,8 @@ def _load():
         return None, "off: ATTNKIT_FAST_CALLS=off"
     if sys.implementation.name != "cpython":
         return None, f"off: a CPython extension, and this is {sys.implementation.name}"
+    if mode == "auto" and not SOURCE.exists():
+        return None, f"off: {SOURCE} is not installed"
     name, directory = build_location()
     path = _built_file(name, directory)
     # A build of this source for this torch is used as it is: the build tool would compile it

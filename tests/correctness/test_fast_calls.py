@@ -158,6 +158,37 @@ def test_a_kept_plain_call_runs_exactly_raw_sdpas_ops(compiled_memo, name, shape
         assert _aten_ops(attend) == raw, f"{name} ({call} call) ran other ops than raw SDPA"
 
 
+def _python_functions_run(step) -> list[str]:
+    """``module:function`` of every Python function ``step`` enters, in order."""
+    import sys
+
+    entered = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            entered.append(f"{frame.f_globals.get('__name__')}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return entered
+
+
+@needs_memo
+@pytest.mark.parametrize("name", SDPA_PATHS)
+def test_a_repeated_plain_call_runs_no_python_past_attention(compiled_memo, name):
+    """Once kept, a plain problem's call is attention()'s frame and the compiled memo's: no other
+    Python function runs (the Python memo's key, the prepared run, the layout rule, the forcer)."""
+    _skip_if_unavailable(name)
+    q, k, v = _operands([(1, 2, 8, 16)] * 3)
+    attnkit.attention(q, k, v, causal=True, backend=name)
+    entered = _python_functions_run(lambda: attnkit.attention(q, k, v, causal=True, backend=name))
+    ours = [function for function in entered if function.startswith("attnkit.")]
+    assert ours == ["attnkit.api:attention"], f"{name}: a repeated call ran {ours}"
+
+
 #: Problems of every kind of entry: plain SDPA calls, runs the memo calls (N > M causal, a
 #: window, Dv != D), and the other paths.
 _PROBLEMS = {
@@ -385,3 +416,9 @@ def test_a_finished_build_is_loaded_as_it_is(monkeypatch):
     memo, status = fast_calls._load()
     assert memo is not None
     assert status.startswith("on: ")
+
+
+def test_an_install_without_the_source_runs_the_python_memo(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATTNKIT_FAST_CALLS", "auto")
+    monkeypatch.setattr(fast_calls, "SOURCE", tmp_path / "fast_calls.cpp")
+    assert fast_calls._load() == (None, f"off: {tmp_path / 'fast_calls.cpp'} is not installed")
