@@ -38,7 +38,9 @@ class Backend:
     sentence saying why not; they are cheap and run before any kernel. ``prepare``, if given,
     returns the eager run for one problem that passed both, with the work that depends on the
     problem alone done up front: :func:`attnkit.attention` calls it once per call signature
-    and keeps the result (``run`` is what torch.compile traces).
+    and keeps the result (``run`` is what torch.compile traces). A prepared run that is one
+    SDPA call may say which as its ``plain_sdpa_call`` attribute (:func:`attnkit.sdpa._plain_call`);
+    the compiled memo (:mod:`attnkit.fast_calls`) then makes that call itself once a call ran.
     """
 
     name: str
