@@ -111,9 +111,12 @@ def _load():
     # A build of this source for this torch is used as it is: the build tool would compile it
     # again for the same source at another path (another checkout, the gate's copies of base
     # and head), each process in turn. cpp_extension's lock file is there while one builds.
-    finished = path.exists() and not (directory / "lock").exists()
+    lock = directory / "lock"
+    finished = path.exists() and not lock.exists()
     if mode == "build" and not finished:
         return build(), f"on: {path}"
+    if lock.exists():
+        return None, f"off: a build is under way, or was stopped (then remove {lock})"
     if not finished:
         return None, f"off: not built for torch {torch.__version__} (python -m attnkit.fast_calls_cli build)"
     try:

@@ -422,3 +422,17 @@ def test_an_install_without_the_source_runs_the_python_memo(monkeypatch, tmp_pat
     monkeypatch.setenv("ATTNKIT_FAST_CALLS", "auto")
     monkeypatch.setattr(fast_calls, "SOURCE", tmp_path / "fast_calls.cpp")
     assert fast_calls._load() == (None, f"off: {tmp_path / 'fast_calls.cpp'} is not installed")
+
+
+def test_a_build_under_way_or_stopped_is_named_with_its_lock(monkeypatch, tmp_path):
+    """torch's build tool holds a lock file in the build's directory; one left by a stopped
+    build makes every later build wait: the status names it."""
+    monkeypatch.setenv("ATTNKIT_FAST_CALLS", "auto")
+    monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path))
+    name, directory = fast_calls.build_location()
+    directory.mkdir(parents=True)
+    (directory / f"{name}.so").write_bytes(b"")
+    (directory / "lock").write_bytes(b"")
+    memo, status = fast_calls._load()
+    assert memo is None
+    assert status == f"off: a build is under way, or was stopped (then remove {directory / 'lock'})"
