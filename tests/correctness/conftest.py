@@ -58,6 +58,19 @@ DEVICE = _select_device()
 INTERPRETED = {"triton"} if DEVICE.type == "cpu" else set()
 
 
+#: attnkit's SDPA paths, and the dtype their tests use: CUDA's fused kernels take fp16 / bf16
+#: only; the CPU's flash kernel takes fp32.
+SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa")]
+SDPA_DTYPE = torch.float32 if DEVICE.type == "cpu" else torch.bfloat16
+
+
+def skip_if_unavailable(name: str) -> None:
+    """Skip the test with the reason backend ``name`` cannot run on DEVICE (``auto`` always can)."""
+    reason = None if name == "auto" else attnkit.unavailable_reason(name, DEVICE)
+    if reason:
+        pytest.skip(reason)
+
+
 def backend_params() -> list:
     """Every registered backend; those unavailable here are skipped with the reason."""
     params = []

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import DEVICE, RecordOps, backend_params
+from conftest import DEVICE, SDPA_PATHS, RecordOps, backend_params
 from decode_strategies import CacheCase, cache_cases, decode_problems
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -175,8 +175,6 @@ def test_split_kv_dispatch_rule(q_len, kv_len, group, expected):
     problem = dataclasses.replace(check_inputs(q, k, k, True, None), device=torch.device("cpu"))
     assert use_split_kv(problem) == expected, f"use_split_kv({problem.describe()}) != {expected}"
 
-
-SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa")]
 
 #: Names of the attention kernels' ops (forward and backward) as the dispatcher sees them; the
 #: math kernel decomposes into matmuls and softmax and has none.

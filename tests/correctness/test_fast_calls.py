@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICE
+from conftest import DEVICE, SDPA_PATHS, skip_if_unavailable
+from conftest import SDPA_DTYPE as DTYPE
 from hypothesis import given
 from hypothesis import strategies as st
 from torch.nn.attention import sdpa_kernel
@@ -26,14 +27,6 @@ from attnkit.testing import assert_close_to_reference, compare_to_reference
 
 MEMO = fast_calls.memo
 needs_memo = pytest.mark.skipif(MEMO is None, reason=f"attnkit.fast_calls: {fast_calls.status}")
-SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa")]
-DTYPE = torch.float32 if DEVICE.type == "cpu" else torch.bfloat16
-
-
-def _skip_if_unavailable(name: str) -> None:
-    reason = None if name == "auto" else attnkit.unavailable_reason(name, DEVICE)
-    if reason:
-        pytest.skip(reason)
 
 
 def _operands(shapes, seed=0, grad=False):
@@ -127,7 +120,7 @@ def test_a_kept_plain_call_runs_exactly_raw_sdpas_ops(compiled_memo, name, shape
     """After its first call, a plain problem's call is the compiled memo's own SDPA call: the
     aten ops of raw SDPA with the path's kernel forced, forward and backward (square causal:
     ``is_causal``; one query against more keys: non-causal, ``enable_gqa``)."""
-    _skip_if_unavailable(name)
+    skip_if_unavailable(name)
     q, k, v = _operands(shapes, grad=True)
     square = shapes[0][2] == shapes[1][2]
     gqa = shapes[0][1] != shapes[1][1]
@@ -181,7 +174,7 @@ def _python_functions_run(step) -> list[str]:
 def test_a_repeated_plain_call_runs_no_python_past_attention(compiled_memo, name):
     """Once kept, a plain problem's call is attention()'s frame and the compiled memo's: no other
     Python function runs (the Python memo's key, the prepared run, the layout rule, the forcer)."""
-    _skip_if_unavailable(name)
+    skip_if_unavailable(name)
     q, k, v = _operands([(1, 2, 8, 16)] * 3)
     attnkit.attention(q, k, v, causal=True, backend=name)
     entered = _python_functions_run(lambda: attnkit.attention(q, k, v, causal=True, backend=name))
@@ -207,7 +200,7 @@ def test_kept_calls_give_the_python_memos_results(compiled_memo, monkeypatch, na
     """The compiled memo's calls (its own SDPA call, or the run it keeps) return what the Python
     memo's calls return, bitwise (the same kernel on the same operands), and their gradients meet
     the tolerance rule against the oracle."""
-    _skip_if_unavailable(name)
+    skip_if_unavailable(name)
     shapes, args = problem
     q, k, v = _operands(shapes, seed=5)
     attend = lambda a, b, c: attnkit.attention(a, b, c, backend=name, **args)

@@ -11,7 +11,8 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICE, RecordOps
+from conftest import DEVICE, SDPA_PATHS, RecordOps, skip_if_unavailable
+from conftest import SDPA_DTYPE as DTYPE
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -23,10 +24,7 @@ from attnkit.inputs import check_inputs
 from attnkit.sdpa import SDPA_BACKENDS, _aligned_for_fused_kernels, _kernel_op, _layout_memo
 from attnkit.testing import assert_close_to_reference, compare_to_reference
 
-SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa")]
 FORCED_PATHS = [name for name in SDPA_PATHS if SDPA_BACKENDS[name] is not None]
-#: CUDA's fused kernels take fp16 / bf16 only; the CPU's flash kernel takes fp32.
-DTYPE = torch.float32 if DEVICE.type == "cpu" else torch.bfloat16
 
 
 @pytest.fixture(autouse=True)
@@ -35,12 +33,6 @@ def _python_memo_alone(monkeypatch):
     (attnkit.fast_calls, tested in test_fast_calls.py) would otherwise make itself; the tests of
     what a caller sees run through both (``memo_in_front``)."""
     monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
-
-
-def _skip_if_unavailable(name: str) -> None:
-    reason = attnkit.unavailable_reason(name, DEVICE)
-    if reason:
-        pytest.skip(reason)
 
 
 def _operands(shape=(1, 2, 8, 16)):
@@ -81,7 +73,7 @@ def test_a_plain_call_runs_exactly_pytorchs_own_ops(name, causal):
     warnings) and a repeated one (memoised signature) run the ops of
     ``F.scaled_dot_product_attention`` with the same kernel forced, forward and backward: the
     path adds host work only, no copy, no extra op, no autograd node."""
-    _skip_if_unavailable(name)
+    skip_if_unavailable(name)
     q, k, v = _operands()
     kernel = SDPA_BACKENDS[name]
     with sdpa_kernel([kernel]) if kernel is not None else contextlib.nullcontext():
@@ -101,7 +93,7 @@ def test_a_decode_step_runs_exactly_pytorchs_own_non_causal_ops(name, kv_heads):
     """One query against more keys under bottom-right causal sees every key: the first and a
     repeated call run the ops of SDPA's non-causal call (``enable_gqa`` where the heads differ)
     with the same kernel forced, forward and backward."""
-    _skip_if_unavailable(name)
+    skip_if_unavailable(name)
     gen = torch.Generator().manual_seed(3)
     q, k, v = (
         torch.randn(shape, generator=gen).to(DEVICE, DTYPE).requires_grad_()
@@ -149,7 +141,7 @@ def test_repeated_forced_calls_call_the_kernels_op_as_sdpa_does(name, causal, ne
     (no kernel choice, no enable-flags): the repeated calls run the ops raw SDPA runs with the
     kernel forced, arguments other than tensors included (the log-sum-exp flag follows whether
     gradients are needed), forward and backward, with bitwise equal results."""
-    _skip_if_unavailable(name)
+    skip_if_unavailable(name)
     q, k, v = _operands()
     if _kernel_op(name, check_inputs(q, k, v, causal, None)) is None:
         pytest.skip(f"{name} goes through SDPA's choice on {DEVICE.type}")
@@ -192,7 +184,7 @@ def test_a_new_grad_or_determinism_state_is_checked_by_sdpa_first(name, monkeypa
     whether deterministic algorithms are on. For a kernel op called without SDPA's checks, the
     first call of a known signature in a state not seen yet goes through SDPA's checked call
     again; the next in that state does not."""
-    _skip_if_unavailable(name)
+    skip_if_unavailable(name)
     q, k, v = _operands(shape=(2, 3, 5, 16))  # a signature no other test calls: no state known
     if not _runs_a_checked_op(name, check_inputs(q, k, v, True, None)):
         pytest.skip(f"{name} on {DEVICE.type} calls no kernel op without SDPA's checks")
@@ -226,7 +218,7 @@ def test_calls_that_need_no_state_check_never_take_the_checked_call(name, monkey
     takes every operand attnkit validated: after a signature's first call none of their calls,
     with or without gradients or deterministic algorithms, goes through the checked call
     (warnings recorded), and each equals raw SDPA's with the same kernel, output and gradients."""
-    _skip_if_unavailable(name)
+    skip_if_unavailable(name)
     q, k, v = _operands(shape=(2, 3, 7, 16))  # a signature no other test calls
     if _runs_a_checked_op(name, check_inputs(q, k, v, True, None)):
         pytest.skip(f"{name} on {DEVICE.type} calls a kernel op SDPA checks per state")
@@ -262,7 +254,7 @@ def test_calls_that_need_no_state_check_never_take_the_checked_call(name, monkey
 def test_forcing_a_kernel_leaves_the_callers_enable_flags(name, memo_in_front):
     """The caller turned PyTorch's choice down to one kernel (not the forced one); a forced call
     runs its own kernel anyway and leaves the caller's flags as they were."""
-    _skip_if_unavailable(name)
+    skip_if_unavailable(name)
     q, k, v = _operands()
     forced = SDPA_BACKENDS[name]
     others = [kernel for kernel in SDPA_BACKENDS.values() if kernel not in (None, forced)]
@@ -328,7 +320,7 @@ def test_a_declined_call_prints_no_warnings(name, recwarn, memo_in_front):
     """A kernel that declines a problem (flash: Dv != D) explains why in attnkit's error only:
     PyTorch's reasons, which it gives as warnings, are not printed as well, however often the
     call is repeated."""
-    _skip_if_unavailable(name)
+    skip_if_unavailable(name)
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 2, 9, d, generator=gen).to(DEVICE, DTYPE) for d in (16, 16, 32))
     declined = 0
@@ -428,7 +420,7 @@ def test_sdpa_math_takes_every_layout_as_it_is(monkeypatch, layout):
     """Math is composite ATen ops, which take any layout: its calls, first and repeated, hand
     the operands over without the fused-kernel layout rule (no copy, no check), and stay
     within the tolerance rule of the oracle, outputs and gradients."""
-    _skip_if_unavailable("sdpa-math")
+    skip_if_unavailable("sdpa-math")
     x = _LAYOUTS[layout][0]
     gen = torch.Generator().manual_seed(1)
 
