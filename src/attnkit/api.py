@@ -108,9 +108,7 @@ def attention(
     problem, run = planned
     out = run(q, k, v, problem)
     if key is not None and _compiled_memo is not None:  # after a call ran: its checks are made
-        _compiled_memo.remember(
-            q, k, v, causal, scale, window, backend, problem, run, getattr(run, "plain_sdpa_call", None)
-        )
+        _compiled_memo.remember(q, k, v, causal, scale, window, backend, problem, run)
     return out
 
 

@@ -4,8 +4,11 @@
 prepared run) in a memo. In Python, that memo and the fused-kernel layout test cost 7-12 us per
 call with gradients on the H100 hosts, before SDPA runs (docs/evidence/h100-2026-11-24/
 session19). The compiled memo does the same lookup in C++, and for a plain SDPA problem also the
-layout test, the forced kernel's enable-flags and the SDPA call. Every other call, and every
-first call of a signature, goes through the Python memo as before, with the same errors.
+layout test, the forced kernel's enable-flags and the SDPA call. For the Triton path's forward
+without gradients it allocates the outputs and launches the kernels a layout's first call bound
+(:class:`attnkit.triton.fast_launch.NativeProgram`), through the CUDA driver, after asking each
+launch whether Triton's knobs and hooks still allow it. Every other call, and every first call
+of a signature, goes through the Python memo as before, with the same errors.
 
 It is a C++ extension built against the installed torch, so it is built on the machine that
 runs it, once, into a cache directory:
@@ -33,8 +36,10 @@ import torch
 from attnkit.cache import cache_root
 
 SOURCE = Path(__file__).with_name("csrc") / "fast_calls.cpp"
-#: The format of :func:`attnkit.sdpa.sdpa_prepare`'s ``plain_sdpa_call`` the source reads.
-SPEC_FORMAT = 1
+#: The format of what the source reads off a prepared run: :func:`attnkit.sdpa.sdpa_prepare`'s
+#: ``plain_sdpa_call`` and the Triton path's native programs
+#: (:class:`attnkit.triton.fast_launch.NativeProgram`).
+SPEC_FORMAT = 2
 MODES = ("auto", "build", "off")
 
 

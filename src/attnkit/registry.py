@@ -41,6 +41,10 @@ class Backend:
     and keeps the result (``run`` is what torch.compile traces). A prepared run that is one
     SDPA call may say which as its ``plain_sdpa_call`` attribute (:func:`attnkit.sdpa._plain_call`);
     the compiled memo (:mod:`attnkit.fast_calls`) then makes that call itself once a call ran.
+    One whose forward, without gradients, is a fixed sequence of kernel launches may describe
+    it per layout as its ``native_forward(q, k, v)`` attribute (a
+    :class:`~attnkit.triton.fast_launch.NativeProgram`, or None); the compiled memo then makes
+    those launches itself (the Triton path's :func:`attnkit.triton.prepare`).
     """
 
     name: str

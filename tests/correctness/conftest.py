@@ -19,6 +19,7 @@ Tests run on ``ATTNKIT_TEST_DEVICE`` if set, else on CUDA when present, else on 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,22 @@ def memo_in_front(request, monkeypatch) -> str:
     else:
         monkeypatch.setattr(attnkit.api, "_compiled_memo", fast_calls.memo)
     return request.param
+
+
+def python_functions_run(step) -> list[str]:
+    """``module:function`` of every Python function ``step`` enters, in order."""
+    entered = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            entered.append(f"{frame.f_globals.get('__name__')}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return entered
 
 
 class RecordOps(TorchDispatchMode):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICE, SDPA_PATHS, skip_if_unavailable
+from conftest import DEVICE, SDPA_PATHS, python_functions_run, skip_if_unavailable
 from conftest import SDPA_DTYPE as DTYPE
 from hypothesis import given
 from hypothesis import strategies as st
@@ -151,24 +151,6 @@ def test_a_kept_plain_call_runs_exactly_raw_sdpas_ops(compiled_memo, name, shape
         assert _aten_ops(attend) == raw, f"{name} ({call} call) ran other ops than raw SDPA"
 
 
-def _python_functions_run(step) -> list[str]:
-    """``module:function`` of every Python function ``step`` enters, in order."""
-    import sys
-
-    entered = []
-
-    def profile(frame, event, arg):
-        if event == "call":
-            entered.append(f"{frame.f_globals.get('__name__')}:{frame.f_code.co_name}")
-
-    sys.setprofile(profile)
-    try:
-        step()
-    finally:
-        sys.setprofile(None)
-    return entered
-
-
 @needs_memo
 @pytest.mark.parametrize("name", SDPA_PATHS)
 def test_a_repeated_plain_call_runs_no_python_past_attention(compiled_memo, name):
@@ -177,7 +159,7 @@ def test_a_repeated_plain_call_runs_no_python_past_attention(compiled_memo, name
     skip_if_unavailable(name)
     q, k, v = _operands([(1, 2, 8, 16)] * 3)
     attnkit.attention(q, k, v, causal=True, backend=name)
-    entered = _python_functions_run(lambda: attnkit.attention(q, k, v, causal=True, backend=name))
+    entered = python_functions_run(lambda: attnkit.attention(q, k, v, causal=True, backend=name))
     ours = [function for function in entered if function.startswith("attnkit.")]
     assert ours == ["attnkit.api:attention"], f"{name}: a repeated call ran {ours}"
 
@@ -275,8 +257,9 @@ def test_a_plain_call_sdpa_declines_goes_to_the_run_with_the_flags_back_and_no_w
         seen.append((problem, _flags()))
         return q + 1
 
+    run.plain_sdpa_call = spec
     before = _flags()
-    assert compiled_memo.remember(q, k, v, False, None, None, "sdpa-x", "problem", run, spec)
+    assert compiled_memo.remember(q, k, v, False, None, None, "sdpa-x", "problem", run)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = compiled_memo.call(q, k, v, False, None, None, "sdpa-x")
@@ -298,9 +281,8 @@ def test_a_kept_plain_call_is_made_without_the_run_unless_the_layout_test_fails(
         return q
 
     layout = (q.element_size(), 16, 16)  # the layout test applies to any device's operands
-    compiled_memo.remember(
-        q, k, v, True, None, None, "sdpa", "problem", run, (None, True, None, False, layout)
-    )
+    run.plain_sdpa_call = (None, True, None, False, layout)
+    compiled_memo.remember(q, k, v, True, None, None, "sdpa", "problem", run)
     out = compiled_memo.call(q, k, v, True, None, None, "sdpa")
     assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
     assert not called, "the run was called for operands the layout test passes"
@@ -319,7 +301,7 @@ def test_a_run_that_empties_the_memo_mid_call_returns(compiled_memo):
         compiled_memo.forget()
         return q * 2
 
-    compiled_memo.remember(q, q, q, False, None, None, "naive", object(), run, None)
+    compiled_memo.remember(q, q, q, False, None, None, "naive", object(), run)
     del run
     assert torch.equal(compiled_memo.call(q, q, q, False, None, None, "naive"), q * 2)
     assert compiled_memo.size() == 0
@@ -330,7 +312,7 @@ def test_a_full_memo_is_emptied_before_the_next_entry(compiled_memo):
     """Bounded as the Python memo is: 4096 entries, emptied when full."""
     for n in range(1, 4098):
         x = torch.empty(1, 1, n, 1)
-        compiled_memo.remember(x, x, x, False, None, None, "naive", None, len, None)
+        compiled_memo.remember(x, x, x, False, None, None, "naive", None, len)
     assert compiled_memo.size() == 1
 
 

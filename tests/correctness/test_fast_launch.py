@@ -15,9 +15,11 @@ import types
 
 import pytest
 import torch
-from conftest import DEVICE
+from conftest import DEVICE, python_functions_run
 
 import attnkit
+import attnkit.api
+from attnkit import fast_calls
 
 triton = pytest.importorskip("triton")
 
@@ -627,6 +629,7 @@ def test_bound_forward_launches_match_normal_launches_bitwise(monkeypatch, dims,
     as the normal path. The regular forward copies a misaligned base first: never bound."""
     if not _verified_triton():
         pytest.skip(f"triton {triton.__version__} is not a verified version: the normal path runs")
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", None)  # its native launches: tested below
     gen = torch.Generator().manual_seed(5)
     b, hq, hkv, n, m, d = dims
     q = _layout(layout, (b, hq, n, d), torch.bfloat16, DEVICE, gen)
@@ -658,3 +661,303 @@ def test_bound_forward_launches_match_normal_launches_bitwise(monkeypatch, dims,
         assert launched == expected, f"{layout}: bound launches returned {launched}, expected {expected}"
     for out in bound:
         assert torch.equal(out, normal), f"bound launch differs (max {(out - normal).abs().max()})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Native launches: a bound launch described as data (NativeLaunch) for attnkit.fast_calls, which
+# makes it from C++. On the CPU: what the description holds, and how the compiled memo keeps,
+# checks and declines programs. On the GPU: that the programs it runs give the bound path's
+# results bit for bit, run no Python but the readiness checks, and replay in a CUDA graph.
+
+MEMO = fast_calls.memo
+needs_memo = pytest.mark.skipif(MEMO is None, reason=f"attnkit.fast_calls: {fast_calls.status}")
+
+
+def _bound(types, leading_key, tail, *, native=True, pdl=False):
+    """A BoundLaunch of a compiled kernel with signature ``types`` (no runtime behind it)."""
+    entry = fast_launch._Entry(
+        launcher=None,
+        function=77,
+        packed_metadata=(4, 1, 1024),
+        constexprs=(),
+        kernel_globals=(),
+        native_layout=(tuple(types), 4, 1024, pdl, False) if native else None,
+    )
+    return fast_launch.BoundLaunch(
+        entry=entry, runtime=None, device=0, options=(), debug=None, kernel=None,
+        leading_key=leading_key, launch_head=(6, 2, 1), launch_tail=tail,
+    )  # fmt: skip
+
+
+_ALIGNED_BF16, _UNALIGNED_FP32 = (torch.bfloat16, True), (torch.float32, False)
+
+
+def test_a_native_launch_packs_the_parameters_triton36_passes():
+    """Pointers from the call's tensor slots, each scalar the compiled signature keeps with its
+    kind, none of the parameters Triton made constant, then the two (null) scratch pointers."""
+    # X, Y (pointers), a stride equal to 1 (specialised to a constant), n (i32), big (i64),
+    # scale (fp32), BLOCK (a declared constexpr, bound as a keyword value)
+    types = ("*bf16", "*fp32", "constexpr", "i32", "i64", "fp32", "constexpr")
+    bound = _bound(types, (_ALIGNED_BF16, _UNALIGNED_FP32), (1, 7, 2**40, 0.5, 64), pdl=True)
+    launch = bound.native((0, 3))
+    assert launch.params == (
+        ("tensor", 0, True), ("tensor", 3, False), ("i32", 7), ("i64", 2**40), ("fp32", 0.5),
+        ("ptr", 0), ("ptr", 0),
+    )  # fmt: skip
+    assert (launch.function, launch.grid, launch.block, launch.shared) == (77, (6, 2, 1), 128, 1024)
+    assert (launch.pdl, launch.cooperative) == (True, False)
+    assert launch.ready == bound.ready
+
+
+@pytest.mark.parametrize(
+    ("types", "tail", "slots", "native"),
+    [
+        (("*bf16", "i32"), (5,), (0,), False),  # not compiled by triton 3.6's launcher
+        (("i32", "i32"), (5,), (0,), True),  # a leading argument the kernel does not take as a pointer
+        (("*bf16", "i1"), (True,), (0,), True),  # a kind it does not pack
+        (("*bf16", "i32"), (0.5,), (0,), True),  # a value of another type than its kind's
+        (("*bf16", "i32"), (5,), (0, 1), True),  # slots for more tensors than are bound
+        (("*bf16", "i32", "i32"), (5,), (0,), True),  # a signature longer than the arguments
+    ],
+    ids=["not-native", "leading-int", "unknown-kind", "mistyped", "slots", "signature"],
+)
+def test_a_launch_native_cannot_describe_is_none(types, tail, slots, native):
+    assert _bound(types, (_ALIGNED_BF16,), tail, native=native).native(slots) is None
+
+
+def _compiled(**metadata):
+    fields = dict(num_ctas=1, global_scratch_size=0, profile_scratch_size=0, num_warps=4, shared=64,
+                  launch_pdl=True, launch_cooperative_grid=False) | metadata  # fmt: skip
+    return types.SimpleNamespace(
+        metadata=types.SimpleNamespace(**fields),
+        packed_metadata=(fields["num_warps"], fields["num_ctas"], fields["shared"]),
+        src=types.SimpleNamespace(signature={"X": "*bf16", "n": "i32", "BLOCK": "constexpr"}),
+    )
+
+
+def test_native_layout_is_read_only_from_a_plain_triton36_launch():
+    runtime = dataclasses.replace(_fake_runtime(), native_launches=True)
+    assert fast_launch._native_layout(_compiled(), runtime) == (
+        ("*bf16", "i32", "constexpr"),
+        4,
+        64,
+        True,
+        False,
+    )
+    assert fast_launch._native_layout(_compiled(), _fake_runtime()) is None, "another triton's launcher"
+    assert fast_launch._native_layout(_compiled(), None) is None
+    for unlike in ({"num_ctas": 2}, {"global_scratch_size": 128}, {"profile_scratch_size": 8}):
+        assert fast_launch._native_layout(_compiled(**unlike), runtime) is None, f"described with {unlike}"
+    mismatched = _compiled()
+    mismatched.packed_metadata = (4, 1, 64, 1)  # another launcher metadata than triton 3.6 packs
+    assert fast_launch._native_layout(mismatched, runtime) is None
+
+
+def _program(q, ready, **launch):
+    fields = dict(ready=ready, function=1, grid=(1, 1, 1), block=32, shared=0, pdl=False, cooperative=False,
+                  params=(("tensor", 3, True), ("i32", 5), ("fp32", 0.5), ("ptr", 0))) | launch  # fmt: skip
+    return fast_launch.NativeProgram(
+        device=0,
+        allocations=((tuple(q.shape), q.dtype),),
+        launches=(fast_launch.NativeLaunch(**fields),),
+        result=3,
+    )
+
+
+@pytest.fixture
+def compiled_memo(monkeypatch):
+    if MEMO is None:
+        pytest.skip(f"attnkit.fast_calls: {fast_calls.status}")
+    MEMO.forget()
+    yield MEMO
+    MEMO.forget()
+
+
+@needs_memo
+@pytest.mark.parametrize(
+    "program",
+    [
+        ("device", (), (), 3),
+        (0, (((2, 2), "float32"),), (), 3),  # a dtype that is not a torch.dtype
+        (0, (), (), 3),  # a result slot past the tensors
+        (0, (), ((print, 1, (1, 1), 32, 0, False, False, ()),), 0),  # a grid of two extents
+        (0, (), ((print, 1, (1, 1, 1), 32, 0, False, False, (("tensor", 3, True),)),), 0),  # no slot 3
+        (0, (), ((print, 1, (1, 1, 1), 32, 0, False, False, (("i32", 2**31),)),), 0),  # not an i32
+        (0, (), ((print, 1, (1, 1, 1), 32, 0, False, False, (("i8", 1),)),), 0),  # a kind it has not
+        (0, (), ((None, 1, (1, 1, 1), 32, 0, False, False, ()),), 0),  # ready not callable
+    ],
+    ids=["device", "dtype", "result", "grid", "slot", "i32-range", "kind", "ready"],
+)
+def test_a_malformed_native_program_is_an_error_when_it_is_kept(compiled_memo, program):
+    q = torch.randn(1, 1, 2, 16)
+
+    def run(q, k, v, problem):
+        return q
+
+    run.native_forward = lambda q, k, v: program
+    with pytest.raises(TypeError, match=r"^native program: "):
+        compiled_memo.remember(q, q, q, False, None, None, "triton", "problem", run)
+
+
+@needs_memo
+def test_native_programs_are_asked_for_calls_without_gradients_and_declined_off_cuda(compiled_memo):
+    """The memo asks a run's ``native_forward`` for each call the run made without gradients;
+    it never runs a program for CPU operands (nor asks it whether it is ready); a call with
+    gradients neither asks nor runs one."""
+    asked, ready_asked, ran = [], [], []
+    x = torch.randn(1, 2, 8, 16)
+
+    def run(q, k, v, problem):
+        ran.append(problem)
+        return q * 2
+
+    run.native_forward = lambda q, k, v: (
+        asked.append(q.stride()) or _program(q, lambda: ready_asked.append(1))
+    )
+    compiled_memo.remember(x, x, x, True, None, None, "triton", "problem", run)
+    assert asked == [x.stride()], "the program was not asked for when the entry was made"
+    for _ in range(2):
+        assert torch.equal(compiled_memo.call(x, x, x, True, None, None, "triton"), x * 2)
+    assert (len(ran), len(asked), ready_asked) == (2, 3, []), (
+        "a program ran, or was not asked for, on the CPU"
+    )
+    graded = x.clone().requires_grad_()
+    compiled_memo.call(graded, graded, graded, True, None, None, "triton")
+    assert (len(ran), len(asked)) == (3, 3), "a call with gradients asked for a program"
+
+
+# On the GPU.
+
+
+def _skip_without_native_launches():
+    if not getattr(fast_launch.find_runtime(), "native_launches", False):
+        pytest.skip(f"triton {triton.__version__}: no native launches (triton 3.6's launcher only)")
+
+
+def _triton_calls(q, k, v, **kwargs):
+    return lambda: attnkit.attention(q, k, v, backend="triton", **kwargs)
+
+
+#: What a native call runs in Python: attention()'s frame and the readiness checks.
+_NATIVE_CALL = {
+    "attnkit.api:attention",
+    *(f"attnkit.triton.fast_launch:{name}" for name in ("ready", "options", "_hook_active")),
+    "attnkit.triton.fast_launch:globals_unchanged",
+    "attnkit.triton.fast_launch:<genexpr>",  # globals_unchanged's
+}
+_PYTHON_RUN = "attnkit.flash_autograd:flash_attention"
+
+NATIVE_CASES = [
+    *[((2, 4, 2, 77, 130, 64), layout, True) for layout in LAYOUTS],
+    ((1, 8, 8, 128, 128, 64), "contiguous", True),  # the per-call table's small shape
+    ((1, 8, 8, 128, 128, 64), "contiguous", False),
+    ((2, 8, 2, 1, 1000, 128), "contiguous", True),  # split-KV decode: split and combine (PDL)
+    ((2, 8, 2, 1, 1000, 128), "offset", True),
+]
+
+
+@gpu_only
+@needs_memo
+@pytest.mark.parametrize(("dims", "layout", "causal"), NATIVE_CASES, ids=str)
+def test_native_launches_match_bound_launches_bitwise(monkeypatch, dims, layout, causal):
+    """A repeated call without gradients runs the layout's native program: no Python but
+    attention()'s frame and the launches' readiness checks (no prepared run, no launcher), and
+    the bound path's output bit for bit. A layout the regular forward copies first (a
+    misaligned base) is never bound, so never native, and still right."""
+    _skip_without_native_launches()
+    gen = torch.Generator().manual_seed(7)
+    b, hq, hkv, n, m, d = dims
+    q = _layout(layout, (b, hq, n, d), torch.bfloat16, DEVICE, gen)
+    k = _layout(layout, (b, hkv, m, d), torch.bfloat16, DEVICE, gen)
+    v = _layout(layout, (b, hkv, m, d), torch.bfloat16, DEVICE, gen)
+    attend = _triton_calls(q, k, v, causal=causal)
+    with monkeypatch.context() as python_memo:
+        python_memo.setattr(attnkit.api, "_compiled_memo", None)
+        bound = [attend() for _ in range(3)][-1]
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", MEMO)
+    MEMO.forget()
+    attend()  # the Python memo's call, which keeps the entry and the layout's program
+    outputs = []
+    entered = python_functions_run(lambda: outputs.append(attend()))
+    ours = {f for f in entered if f.startswith("attnkit.")}
+    if layout == "offset" and n > 1:
+        assert _PYTHON_RUN in ours, f"{layout}: a copied layout's call did not take the Python run"
+    else:
+        assert "attnkit.triton.fast_launch:ready" in ours and ours <= _NATIVE_CALL, (
+            f"{layout}: a repeated call ran {sorted(ours - _NATIVE_CALL)}"
+        )
+    torch.cuda.synchronize()
+    assert torch.equal(outputs[0], bound), f"native launch differs (max {(outputs[0] - bound).abs().max()})"
+
+
+@gpu_only
+@needs_memo
+@pytest.mark.parametrize(
+    "dims", [(1, 8, 8, 128, 128, 64), (2, 8, 2, 1, 1000, 128)], ids=["forward", "decode"]
+)
+def test_native_launches_are_captured_and_replayed_in_a_cuda_graph(monkeypatch, dims):
+    """The launches go on the current stream: captured in a CUDA graph, whose replay computes
+    the output of new inputs copied into the captured ones."""
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", MEMO)
+    b, hq, hkv, n, m, d = dims
+    q, k, v = (
+        torch.randn(b, h, s, d, device=DEVICE, dtype=torch.bfloat16) for h, s in ((hq, n), (hkv, m), (hkv, m))
+    )
+    attend = _triton_calls(q, k, v, causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            attend()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = attend()
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    with monkeypatch.context() as python_memo:
+        python_memo.setattr(attnkit.api, "_compiled_memo", None)
+        expected = attend()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, expected), "the replayed graph did not compute the new inputs' output"
+
+
+@gpu_only
+@needs_memo
+def test_a_launch_hook_sends_native_calls_back_to_the_launcher(monkeypatch):
+    """A launch hook added after a layout's program was kept (a profiler starting) sees every
+    launch; once it is removed, repeated calls are native again."""
+    from triton import knobs
+
+    _skip_without_native_launches()
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", MEMO)
+    q, k, v = (torch.randn(1, 8, 128, 64, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
+    attend = _triton_calls(q, k, v, causal=True)
+    attend(), attend()
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata)
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        attend(), attend()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(seen) == 2, f"the hook saw {len(seen)} of 2 launches"
+    attend()  # the first call after: the Python run, which binds again
+    assert _PYTHON_RUN not in python_functions_run(attend), "the native launches did not resume"
+
+
+@gpu_only
+@needs_memo
+def test_calls_with_gradients_take_the_autograd_path(monkeypatch):
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", MEMO)
+    q, k, v = (torch.randn(1, 8, 128, 64, device=DEVICE, dtype=torch.bfloat16) for _ in range(3))
+    attend = _triton_calls(q, k, v, causal=True)
+    attend(), attend()  # kept, with a program for the layout
+    q.requires_grad_()
+    out = attend()
+    assert out.grad_fn is not None, "a call with gradients was run without its autograd node"
+    out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()

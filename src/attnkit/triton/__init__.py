@@ -25,7 +25,13 @@ from attnkit.errors import UnsupportedProblemError
 from attnkit.flash_autograd import PATHS, flash_attention
 from attnkit.inputs import AttentionProblem
 from attnkit.triton.config import AttentionConfig, KernelConfig, padded_dim
-from attnkit.triton.decode import decode_forward, decode_forward_only, dense_plan, use_split_kv
+from attnkit.triton.decode import (
+    decode_forward,
+    decode_forward_only,
+    decode_native_forward_only,
+    dense_plan,
+    use_split_kv,
+)
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
 from attnkit.triton.launch import attention_backward, attention_forward, launch_setup
 
@@ -105,10 +111,15 @@ def prepare(problem: AttentionProblem):
         def forward_only(q, k, v):
             return decode_forward_only(q, k, v, problem, plan)
 
-    else:
-        forward_only = launch_setup(problem).forward_only
+        def native_forward(q, k, v):
+            return decode_native_forward_only(q, k, v, problem, plan)
 
-    return partial(flash_attention, _DEFAULT_IMPLEMENTATION, forward_only=forward_only)
+    else:
+        setup = launch_setup(problem)
+        forward_only, native_forward = setup.forward_only, setup.native_forward_only
+    run = partial(flash_attention, _DEFAULT_IMPLEMENTATION, forward_only=forward_only)
+    run.native_forward = native_forward
+    return run
 
 
 def triton_device_support(device: torch.device) -> str | None:

@@ -22,7 +22,7 @@ import triton
 from attnkit.inputs import AttentionProblem
 from attnkit.triton.config import next_power_of_2, padded_dim
 from attnkit.triton.decode_kernels import _decode_combine_kernel, _decode_split_kernel, _merge_pair_kernel
-from attnkit.triton.fast_launch import KernelLaunch
+from attnkit.triton.fast_launch import KernelLaunch, NativeProgram
 from attnkit.triton.launch import _capability, _dot_precision
 
 
@@ -157,6 +157,28 @@ def decode_forward_only(
             plan.bound.clear()
         plan.bound[key] = (split, combine)
     return out
+
+
+def decode_native_forward_only(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem, plan: _DecodePlan
+) -> NativeProgram | None:
+    """:func:`decode_forward_only` for q, k and v's layout as a
+    :class:`~attnkit.triton.fast_launch.NativeProgram` (as
+    :meth:`attnkit.triton.launch.LaunchSetup.native_forward_only`): the partial results and the
+    output allocated, then the bound split and combine launches; None until they are bound."""
+    bound = plan.bound.get((q.stride(), k.stride(), v.stride()))
+    if not bound:
+        return None
+    # Slots: q, k, v, parts, out. q stands in for seqlens and the block table, out for the lse.
+    split, combine = bound[0].native((0, 1, 2, 3, 0, 0)), bound[1].native((3, 4, 4))
+    if split is None or combine is None:
+        return None
+    p = problem
+    parts = ((plan.part_elements,), torch.float32)
+    output = ((p.batch, p.q_heads, p.q_len, p.value_dim), p.dtype)
+    return NativeProgram(
+        device=bound[0].device, allocations=(parts, output), launches=(split, combine), result=4
+    )
 
 
 def _split_args(plan, q, k, v, parts, seqlens, table, p: AttentionProblem, paged: bool) -> tuple:

@@ -45,6 +45,17 @@ with the fixed arguments unchanged (the tensors' dtypes and alignment, the devic
 and hooks, the kernel's globals) and launches nothing when any did; the caller takes its
 normal path.
 
+Native launches. Where the compiled launcher is triton 3.6's (read in
+``backends/nvidia/driver.py``: ``make_launcher``, ``_launch``), :meth:`BoundLaunch.native`
+describes a bound launch as data, a :class:`NativeLaunch`, for :mod:`attnkit.fast_calls` to make
+from C++ with no Python launcher in between: the kernel's CUDA function, grid, block, shared
+memory and launch attributes, and its parameters as ``_launch`` packs them (each argument the
+compiled signature keeps, in order: pointers as 64-bit addresses, ``i32`` / ``i64`` as they are,
+``fp32`` as the bits of a C float; then the two scratch pointers, null). A
+:class:`NativeProgram` is a call's launches with the tensors they read and allocate. Every
+call still asks :meth:`BoundLaunch.ready` first, so a changed knob, hook or global sends it
+back to the normal path as it does a bound call.
+
 Tensor descriptors (TMA). A :class:`KernelLaunch` built with ``tensor_descriptors={position:
 block shape}`` takes plain tensors at those positions. The normal path wraps each in Triton's
 ``TensorDescriptor`` (which validates it); Triton's launcher then expands every descriptor
@@ -83,7 +94,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -115,6 +126,8 @@ class TritonRuntime:
     #: triton 3.6's TMA encoder and its device-to-host dtype codes; None elsewhere.
     fill_tma: Callable | None = None
     tma_dtype_codes: dict | None = None
+    #: The compiled launcher packs arguments as triton 3.6's does (:meth:`BoundLaunch.native`).
+    native_launches: bool = False
 
     def options(self) -> tuple | None:
         """The launch options Triton reads from its knobs on every call (part of its key), or
@@ -173,6 +186,7 @@ def find_runtime() -> TritonRuntime | None:
             descriptor=TensorDescriptor,
             fill_tma=fill_tma,
             tma_dtype_codes=dtype_codes,
+            native_launches=version == (3, 6),
         )
         runtime.options()  # every knob it reads exists
         return runtime
@@ -238,6 +252,9 @@ class _Entry:
     raw_launch: Callable | None = None
     raw_flags: tuple = ()
     tma_plan: tuple = ()
+    #: triton 3.6, no descriptors: (the compiled signature's types, one per kernel parameter,
+    #: warps, shared bytes, pdl, cooperative) for :meth:`BoundLaunch.native`; None elsewhere.
+    native_layout: tuple | None = None
 
     def globals_unchanged(self) -> bool:
         return all(scope.get(name, _MISSING) is value for scope, name, value in self.kernel_globals)
@@ -387,6 +404,8 @@ class KernelLaunch:
             raw = _raw_descriptor_launch(launcher, list(self.descriptor_blocks), _get_runtime())
             if raw is not None:
                 entry = dataclasses.replace(entry, raw_launch=raw[0], raw_flags=raw[1], tma_plan=raw[2])
+        else:
+            entry = dataclasses.replace(entry, native_layout=_native_layout(compiled, _get_runtime()))
         return entry
 
 
@@ -419,13 +438,9 @@ class BoundLaunch:
     def __call__(self, *tensors) -> bool:
         runtime, entry = self.runtime, self.entry
         if (
-            _runtime is not runtime  # replaced (tests) or never found: the caller's normal path
-            or tuple([(x.dtype, x.data_ptr() % 16 == 0) for x in tensors]) != self.leading_key
+            tuple([(x.dtype, x.data_ptr() % 16 == 0) for x in tensors]) != self.leading_key
             or runtime.current_device() != self.device
-            or runtime.options() != self.options
-            or self.kernel.debug != self.debug
-            or self.kernel.pre_run_hooks
-            or (entry.kernel_globals and not entry.globals_unchanged())
+            or not self.ready()
         ):
             return False
         entry.launcher(
@@ -434,6 +449,114 @@ class BoundLaunch:
             *tensors, *self.launch_tail,
         )  # fmt: skip
         return True
+
+    def ready(self) -> bool:
+        """Whether a call may still launch the bound kernel as it is, whatever its tensors: the
+        runtime is the one it was bound with, and the launch options and hooks, ``kernel.debug``
+        and the kernel's globals are as they were."""
+        runtime, entry = self.runtime, self.entry
+        return not (
+            _runtime is not runtime  # replaced (tests) or never found: the caller's normal path
+            or runtime.options() != self.options
+            or self.kernel.debug != self.debug
+            or self.kernel.pre_run_hooks
+            or (entry.kernel_globals and not entry.globals_unchanged())
+        )
+
+    def native(self, slots: Sequence[int]) -> NativeLaunch | None:
+        """This launch as data for :mod:`attnkit.fast_calls` (module docstring, "Native
+        launches"), its leading tensors read from the call's tensor ``slots`` (one per leading
+        tensor; a :class:`NativeProgram` numbers them); None where the compiled launcher is
+        not triton 3.6's, or an argument is of a kind it does not pack."""
+        layout = self.entry.native_layout
+        if layout is None or len(slots) != len(self.leading_key):
+            return None
+        types, warps, shared, pdl, cooperative = layout
+        fixed = self.launch_tail  # the bound positional arguments, then the constexprs' values
+        if len(types) != len(slots) + len(fixed):
+            return None
+        params = []
+        for position, kind in enumerate(types):
+            if position < len(slots):
+                if not kind.startswith("*"):
+                    return None
+                params.append(("tensor", slots[position], self.leading_key[position][1]))
+            elif kind == "constexpr":  # declared so, or specialised (an int equal to 1)
+                continue
+            elif type(value := fixed[position - len(slots)]) in _NATIVE_SCALARS.get(kind, ()):
+                params.append((kind, value))
+            else:
+                return None
+        params += [("ptr", 0), ("ptr", 0)]  # global and profile scratch: none (native_layout)
+        return NativeLaunch(
+            ready=self.ready,
+            function=self.entry.function,
+            grid=self.launch_head,
+            block=32 * warps,
+            shared=shared,
+            pdl=pdl,
+            cooperative=cooperative,
+            params=tuple(params),
+        )
+
+
+#: The scalar kinds a native launch packs, and the Python types a bound argument of each may have.
+_NATIVE_SCALARS = {"i32": (int,), "i64": (int,), "u64": (int,), "fp32": (float,)}
+
+
+class NativeLaunch(NamedTuple):
+    """One kernel launch for :mod:`attnkit.fast_calls` to make (:meth:`BoundLaunch.native`).
+    ``params`` are the kernel's parameters in order: ``("tensor", slot, aligned)`` (the address
+    of the program's tensor ``slot``, which must be 16-byte aligned if ``aligned`` is, and
+    must not be if it is not: Triton specialised the kernel on it), ``("i32" | "i64" | "u64",
+    int)``, ``("fp32", float)``, ``("ptr", address)``. ``ready()`` is asked before every call."""
+
+    ready: Callable[[], bool]
+    function: int  # CUfunction
+    grid: tuple[int, int, int]
+    block: int  # threads
+    shared: int  # dynamic shared memory, bytes
+    pdl: bool  # programmatic stream serialization
+    cooperative: bool
+    params: tuple
+
+
+class NativeProgram(NamedTuple):
+    """A forward call as :mod:`attnkit.fast_calls` makes it: tensors 0, 1, 2 are the call's q, k
+    and v; each of ``allocations``, ``(sizes, dtype)``, is allocated on their device, as the next
+    slot; ``launches`` run in order on the current stream of CUDA device ``device``; the
+    result is the tensor in slot ``result``. Kept by the strides of q, k and v it was made for."""
+
+    device: int
+    allocations: tuple[tuple[tuple[int, ...], torch.dtype], ...]
+    launches: tuple[NativeLaunch, ...]
+    result: int
+
+
+def _native_layout(compiled, runtime: TritonRuntime | None) -> tuple | None:
+    """:attr:`_Entry.native_layout` of a compiled kernel, or None where its launch is not the
+    one :meth:`BoundLaunch.native` describes: another launcher than triton 3.6's, clusters
+    (``num_ctas`` > 1), or scratch memory its launcher would allocate."""
+    if runtime is None or not runtime.native_launches:
+        return None
+    try:
+        metadata = compiled.metadata
+        if (
+            metadata.num_ctas != 1
+            or metadata.global_scratch_size
+            or metadata.profile_scratch_size
+            or tuple(compiled.packed_metadata) != (metadata.num_warps, 1, metadata.shared)
+        ):
+            return None
+        return (
+            tuple(compiled.src.signature.values()),
+            metadata.num_warps,
+            metadata.shared,
+            bool(metadata.launch_pdl),
+            bool(metadata.launch_cooperative_grid),
+        )
+    except (AttributeError, TypeError, ValueError):  # an unexpected shape of Triton's objects
+        return None
 
 
 def _raw_descriptor_launch(launcher, positions: list[int], runtime: TritonRuntime | None):
