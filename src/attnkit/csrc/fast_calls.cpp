@@ -36,11 +36,13 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -450,7 +452,7 @@ std::shared_ptr<NativeProgram> find_program(const Programs& programs, const Stri
   return nullptr;
 }
 
-// Most parameters a native launch passes (attnkit's kernels pass at most 40).
+// Most parameters a native launch passes (attnkit's kernels pass 27 at most).
 constexpr size_t kMaxParams = 64;
 
 bool fail(const char* what) {
