@@ -899,6 +899,7 @@ def test_native_launches_are_captured_and_replayed_in_a_cuda_graph(monkeypatch, 
     """The launches go on the current stream: captured in a CUDA graph, whose replay computes
     the output of new inputs copied into the captured ones."""
     monkeypatch.setattr(attnkit.api, "_compiled_memo", MEMO)
+    outputs = []
     b, hq, hkv, n, m, d = dims
     q, k, v = (
         torch.randn(b, h, s, d, device=DEVICE, dtype=torch.bfloat16) for h, s in ((hq, n), (hkv, m), (hkv, m))
@@ -912,7 +913,10 @@ def test_native_launches_are_captured_and_replayed_in_a_cuda_graph(monkeypatch, 
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = attend()
+        entered = python_functions_run(lambda: outputs.append(attend()))
+    captured = outputs[0]
+    if getattr(fast_launch.find_runtime(), "native_launches", False):
+        assert _PYTHON_RUN not in entered, "the captured call did not take the native launches"
     q.copy_(torch.randn_like(q))
     graph.replay()
     with monkeypatch.context() as python_memo:

@@ -197,8 +197,7 @@ std::vector<std::string>& g_backends = *new std::vector<std::string>();
 
 // Drops an entry's references, once it has left the table: a run's destructor may call attention.
 void release(Entry& entry) {
-  Programs programs = std::move(entry.programs);
-  programs.clear();
+  entry.programs.clear();
   Py_XDECREF(entry.problem);
   Py_XDECREF(entry.run);
   Py_XDECREF(entry.native_source);
@@ -515,7 +514,11 @@ bool parse_launch(PyObject* spec, int slots, NativeLaunch& launch) {
     if (!PyTuple_Check(param) || PyTuple_GET_SIZE(param) < 2 || !PyUnicode_Check(PyTuple_GET_ITEM(param, 0))) {
       return fail("a parameter is (kind, value, ...)");
     }
-    const std::string_view kind(PyUnicode_AsUTF8(PyTuple_GET_ITEM(param, 0)));
+    const char* kind_text = PyUnicode_AsUTF8(PyTuple_GET_ITEM(param, 0));
+    if (kind_text == nullptr) {
+      return false;
+    }
+    const std::string_view kind(kind_text);
     PyObject* value = PyTuple_GET_ITEM(param, 1);
     NativeParam parsed;
     long long number = 0;
