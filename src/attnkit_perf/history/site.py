@@ -66,11 +66,12 @@ def analyse(history: GpuHistory, rule: Rule) -> dict[str, Analysed]:
     return result
 
 
-def _page(title: str, body: str, root: str) -> str:
+def _page(title: str, body: str, root: str, charts: bool = True) -> str:
+    script = f'<script src="{root}plotly.min.js"></script>' if charts else ""
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{escape(title)}</title>'
-        f'<link rel="icon" href="data:,"><style>{CSS}</style><script src="{root}plotly.min.js"></script>'
+        f'<link rel="icon" href="data:,"><style>{CSS}</style>{script}'
         f'</head><body><nav><a href="{root}index.html">attnkit performance history</a>'
         f'<a href="{root}regressions.html">regressions</a></nav><main>{body}</main></body></html>\n'
     )
@@ -237,14 +238,14 @@ def _index_page(
         + _table(["GPU model", "key", "runs", "benchmarks", "open findings", "latest commit"], rows, "gpus")
         + f'<p class="muted">Detection rule (docs/HISTORY.md): {escape(rule_text)}.</p>'
     )
-    return _page("attnkit performance history", body, "")
+    return _page("attnkit performance history", body, "", charts=False)
 
 
 def _regressions_page(analysed: dict[str, dict[str, Analysed]], links: CommitLinks) -> str:
     body = "<h1>Regressions: steps and drifts in GPU time</h1>"
     for key, per_gpu in analysed.items():
         body += f'<h2 id="{escape(key)}">{escape(key)}</h2>' + _findings_tables(key, per_gpu, links, "")
-    return _page("attnkit performance history: regressions", body, "")
+    return _page("attnkit performance history: regressions", body, "", charts=False)
 
 
 def findings_json(analysed: dict[str, dict[str, Analysed]]) -> list[dict]:
