@@ -147,7 +147,8 @@ def test_the_planted_step_and_drift_are_found_and_nothing_else(planted):
 
 @pytest.mark.parametrize("seed", range(25))
 def test_detection_over_seeds(seed):
-    """The rule on fresh noise: 0.4% run-to-run, as the fixture's; every seed must come out right."""
+    """The rule on fresh noise: 0.4% run-to-run, as the fixture's, and a noisy 2% series; every
+    seed must come out right."""
     rng = np.random.default_rng(seed)
     noisy = lambda factor: [factor(i) * float(np.exp(rng.normal(0, 0.004))) for i in range(36)]
     rule = Rule.load()
@@ -155,6 +156,8 @@ def test_detection_over_seeds(seed):
     assert kinds(noisy(lambda i: 1.04 if i >= 18 else 1.0)) == ["step"]
     assert kinds(noisy(lambda i: 1.015 ** sum(i >= at for at in (12, 16, 20)))) == ["drift"]
     assert kinds(noisy(lambda i: 1.0)) == []
+    # A host-bound benchmark's runs scatter by 2% and more: the drift threshold rises with it.
+    assert kinds([float(np.exp(rng.normal(0, 0.02))) for _ in range(60)]) == []
 
 
 def test_a_step_that_was_undone_is_listed_as_recovered():

@@ -12,15 +12,20 @@ level before it. Then, with the thresholds of :class:`Rule` (``detection.json``)
   steps inside are divided out: several small steps (or a slope) that no single step explains.
   asv's fit models correlated noise, and a slow rise is exactly that to it (it fits one piece to
   three 1.5% steps), so drifts are measured on a running median of ``drift_window`` runs
-  instead. Overlapping windows merge, and the drift is reported from the last run near the lowest
-  running median to the first near the highest.
+  instead. A noisy series needs more: the threshold is raised to ``drift_noise_z`` standard
+  deviations of the ratio of two running medians, the noise estimated from consecutive runs
+  (:func:`drift_threshold`), so 2% run-to-run noise does not read as drift. Overlapping windows
+  merge, and the drift is reported from the last run near the lowest running median to the
+  first near the highest.
 
 A finding ``persists`` when the latest level still holds at least half of its rise.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from importlib import resources
@@ -39,6 +44,7 @@ class Rule:
     drift_min: float
     drift_lookback: int
     drift_window: int
+    drift_noise_z: float
     min_points: int
 
     @classmethod
@@ -94,6 +100,20 @@ def running_median(values: list[float], window: int) -> list[float]:
     return [statistics.median(values[max(0, k - half) : k + half + 1]) for k in range(len(values))]
 
 
+def run_noise(values: list[float]) -> float:
+    """The run-to-run standard deviation of log(value), from consecutive runs (a step moves one
+    difference of many, so the median ignores it): median |log ratio| / (0.6745 sqrt 2)."""
+    diffs = [abs(math.log(b / a)) for a, b in itertools.pairwise(values)]
+    return statistics.median(diffs) / (0.6745 * math.sqrt(2)) if diffs else 0.0
+
+
+def drift_threshold(values: list[float], rule: Rule) -> float:
+    """``drift_min``, raised for a noisy series to ``drift_noise_z`` standard deviations of the
+    ratio of two running medians (each ~1.25 sigma / sqrt(window) for normal noise)."""
+    spread = math.sqrt(2) * 1.2533 * run_noise(values) / math.sqrt(rule.drift_window)
+    return max(rule.drift_min, rule.drift_noise_z * spread)
+
+
 def detect(values: list[float], rule: Rule) -> tuple[list[float], list[Finding]]:
     """``(levels, findings)`` of one series; no findings below ``rule.min_points`` runs."""
     if len(values) < rule.min_points:
@@ -108,6 +128,7 @@ def detect(values: list[float], rule: Rule) -> tuple[list[float], list[Finding]]
     step_ratio = {f.bad: f.ratio for f in findings}
 
     smooth = running_median(list(values), rule.drift_window)
+    drift_min = drift_threshold(list(values), rule)
 
     def unexplained(i: int, j: int) -> float:
         ratio = smooth[j] / smooth[i]
@@ -119,7 +140,7 @@ def detect(values: list[float], rule: Rule) -> tuple[list[float], list[Finding]]
     windows = [
         (max(0, j - rule.drift_lookback), j)
         for j in range(1, len(level))
-        if unexplained(max(0, j - rule.drift_lookback), j) - 1 >= rule.drift_min
+        if unexplained(max(0, j - rule.drift_lookback), j) - 1 >= drift_min
     ]
     merged: list[list[int]] = []
     for start, end in windows:
@@ -132,10 +153,10 @@ def detect(values: list[float], rule: Rule) -> tuple[list[float], list[Finding]]
         # drift_min, so the run-to-run wobble of a flat stretch does not move the ends.
         top = max(range(start, end + 1), key=lambda k: (smooth[k], -k))
         floor = min(smooth[start : top + 1])
-        low = max(k for k in range(start, top + 1) if smooth[k] <= floor * (1 + rule.drift_min / 4))
-        high = min(k for k in range(low, top + 1) if smooth[k] >= smooth[top] * (1 - rule.drift_min / 4))
+        low = max(k for k in range(start, top + 1) if smooth[k] <= floor * (1 + drift_min / 4))
+        high = min(k for k in range(low, top + 1) if smooth[k] >= smooth[top] * (1 - drift_min / 4))
         ratio = unexplained(low, top)
-        if ratio - 1 >= rule.drift_min:
+        if ratio - 1 >= drift_min:
             persists = unexplained(low, last) - 1 >= (ratio - 1) / 2
             findings.append(Finding("drift", low, high, ratio, persists))
     return level, sorted(findings, key=lambda f: (f.bad, f.kind))
