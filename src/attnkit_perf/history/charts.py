@@ -7,12 +7,16 @@ runs minutes apart are spaced alike and a step sits between two named commits.
 
 from __future__ import annotations
 
+import statistics
+
 import plotly.graph_objects as go
 import plotly.io as pio
 
 from attnkit_perf.history.detect import Finding
 from attnkit_perf.history.store import Series
 
+#: The overview's reference: the median of this many first runs of each benchmark.
+REFERENCE_RUNS = 5
 #: Shading of a finding's commits on a chart.
 FINDING_COLOURS = {"step": "rgba(214, 39, 40, 0.22)", "drift": "rgba(255, 127, 14, 0.22)"}
 #: Opens the clicked run's commit (customdata[0] holds its URL, empty when there is none).
@@ -106,25 +110,28 @@ def series_figure(series: Series, level: list[float], findings: list[Finding], u
     return fig
 
 
-def overview_figure(all_series: list[tuple[Series, list[float]]], flagged: set[str]) -> go.Figure:
-    """Every benchmark's median relative to its first level (asv's fit, so one odd first run
-    does not offset the whole line): which moved, and together or alone. ``all_series``:
-    ``(series, level per point)``. Flagged benchmarks are drawn bold; the rest thin and grey."""
+def overview_figure(all_series: list[Series], flagged: set[str]) -> go.Figure:
+    """Every benchmark's median relative to the median of its first :data:`REFERENCE_RUNS` runs
+    (one odd first run does not offset the whole line): which moved, and together or alone.
+    Flagged benchmarks are drawn bold; the rest thin and grey."""
     fig = go.Figure()
-    longest = max((series for series, _ in all_series), key=lambda s: len(s.points))
-    for series, level in sorted(all_series, key=lambda pair: pair[0].name in flagged):
-        first = level[0]
+    longest = max(all_series, key=lambda s: len(s.points))
+    for series in sorted(all_series, key=lambda s: s.name in flagged):
+        first = statistics.median(series.medians[:REFERENCE_RUNS])
         bold = series.name in flagged
         fig.add_scatter(
             x=list(range(len(series.points))),
             y=[p.median_ms / first - 1 for p in series.points],
-            mode="lines",
+            mode="lines+markers",
+            marker={"size": 4},
             name=series.name,
             showlegend=bold,
             line={"width": 2.5 if bold else 1, **({} if bold else {"color": "rgba(120, 120, 120, 0.35)"})},
-            hovertemplate=f"{series.name}<br>%{{y:+.1%}} vs its first level<extra></extra>",
+            hovertemplate=f"{series.name}<br>%{{y:+.1%}} vs its first runs<extra></extra>",
         )
-    fig.update_layout(**_layout("Every benchmark against its first level", "change of the median", 460))
+    fig.update_layout(
+        **_layout(f"Every benchmark against its first {REFERENCE_RUNS} runs", "change of the median", 460)
+    )
     fig.update_yaxes(tickformat="+.0%")
     fig.update_xaxes(**_ticks(longest))
     return fig

@@ -48,6 +48,8 @@ class Analysed:
     series: Series
     level: list[float]
     findings: list[Finding]
+    #: Whether the series had the rule's ``min_points`` runs (else nothing was looked for).
+    checked: bool = True
 
 
 def slug(name: str) -> str:
@@ -59,7 +61,7 @@ def analyse(history: GpuHistory, rule: Rule) -> dict[str, Analysed]:
     result = {}
     for name, series in sorted(history.series.items()):
         level, findings = detect(series.medians, rule)
-        result[name] = Analysed(series, level, findings)
+        result[name] = Analysed(series, level, findings, len(series.points) >= rule.min_points)
     files = [slug(name) for name in result]
     if len(set(files)) != len(files):
         raise ValueError("two benchmark names map to one page name; rename one")
@@ -136,9 +138,15 @@ def _findings_tables(gpu: str, analysed: dict[str, Analysed], links: CommitLinks
 
 def _status(item: Analysed) -> str:
     open_ = [f for f in item.findings if f.persists]
+    if not item.checked:
+        return '<span class="muted">too few runs</span>'
     if not open_:
         return '<span class="ok">ok</span>'
     return " ".join(f'<span class="{f.kind}">{f.kind} {f.ratio - 1:+.1%}</span>' for f in open_)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _mib(value: int | None) -> str:
@@ -151,7 +159,7 @@ def _num(value: float | None, fmt: str) -> str:
 
 def _gpu_page(history: GpuHistory, analysed: dict[str, Analysed], links: CommitLinks) -> str:
     flagged = {name for name, item in analysed.items() if any(f.persists for f in item.findings)}
-    overview = charts.overview_figure([(a.series, a.level) for a in analysed.values()], flagged)
+    overview = charts.overview_figure([a.series for a in analysed.values()], flagged)
     bench_rows = []
     for name, item in analysed.items():
         last = item.series.points[-1]
@@ -178,7 +186,7 @@ def _gpu_page(history: GpuHistory, analysed: dict[str, Analysed], links: CommitL
     first, last = history.runs[0], history.runs[-1]
     body = (
         f"<h1>{escape(history.device_name or history.gpu_key)}</h1>"
-        f"<p>GPU key <code>{escape(history.gpu_key)}</code>: {len(history.runs)} runs, commits "
+        f"<p>GPU key <code>{escape(history.gpu_key)}</code>: {_count(len(history.runs), 'run')}, commits "
         f"{_commit(first['commit'], links)} ({escape(first['commit_date'][:10])}) to "
         f"{_commit(last['commit'], links)} ({escape(last['commit_date'][:10])}), "
         f"{len(analysed)} benchmarks. {len(flagged)} with a step or drift still present "
@@ -210,7 +218,8 @@ def _series_page(gpu: str, item: Analysed, links: CommitLinks) -> str:
     ]
     body = (
         f"<h1>{escape(series.name)}</h1><p>{escape(gpu)} · {escape(series.backend)} · "
-        f"{escape(series.pass_name)} · {len(series.points)} runs. Click a point to open its commit.</p>"
+        f"{escape(series.pass_name)} · {_count(len(series.points), 'run')}. "
+        "Click a point to open its commit.</p>"
         + charts.figure_html(fig, "series", clickable=True)
         + "<h2>Steps and drifts</h2>"
         + _findings_tables(gpu, {series.name: item}, links, "../")
