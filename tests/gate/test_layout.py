@@ -61,6 +61,30 @@ def test_imports_point_one_way(package, forbidden):
     assert not bad, f"{package} must not import {', '.join(forbidden)}:\n" + "\n".join(bad)
 
 
+#: What the history package may import from attnkit_perf: it reads files the gate wrote, and runs
+#: where the dashboard is built (a CPU job without torch or a GPU stack).
+HISTORY_MAY_IMPORT = ("attnkit_perf.history", "attnkit_perf.decide.formats")
+
+
+def test_the_history_package_needs_no_torch_and_no_gate_internals():
+    files = _python_files(SRC / "attnkit_perf" / "history")
+    assert files, "no source files under src/attnkit_perf/history"
+    bad = [
+        f"{path.relative_to(REPO)}:{line} imports {module}"
+        for path in files
+        for line, module in _file_imports(path)
+        if module.split(".")[0] in ("torch", "triton", "attnkit")
+        or (
+            module.startswith("attnkit_perf")
+            and not module.startswith(HISTORY_MAY_IMPORT)
+            and module != "attnkit_perf"
+        )
+    ]
+    assert not bad, (
+        f"attnkit_perf.history may import only {HISTORY_MAY_IMPORT} of the project:\n" + "\n".join(bad)
+    )
+
+
 def _names_a_test_file(text: str) -> bool:
     return bool(TEST_TREE_PATH.search(text.strip())) and " " not in text.strip()
 
