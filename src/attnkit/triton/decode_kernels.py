@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from attnkit.triton.forward_kernels import LN2, _dot, _load_tile
+from attnkit.triton.forward_kernels import LN2, _dot, _load_tile, _visible
 
 #: Runtime ints Triton must not specialise (a value of 1 would become a compile-time constant).
 DECODE_DYNAMIC_INTS = ["q_len", "kv_len", "group_size", "kv_heads", "chunk", "block_size", "lse_offset"]
@@ -119,7 +119,6 @@ def _decode_split_kernel(
     end_n = tl.minimum(start_n + chunk, seq_len)
     for start in range(start_n, end_n, BLOCK_N):
         cols = start + offs_n
-        col_ok = cols < end_n
         k_rows = _kv_rows(
             TABLE, stride_tb, batch, start, cols, end_n, stride_kb, stride_kn, block_size, PAGED, PAGE_ALIGNED
         )
@@ -135,9 +134,11 @@ def _decode_split_kernel(
             True,
         )
         s = _dot(q, tl.trans(k), None, DOT_PRECISION) * qk_scale
-        visible = col_ok[None, :] & row_ok[:, None]
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= query[:, None] + causal_offset)
+        # The band of the forward with no window, per sequence; rows past G*N see nothing.
+        visible = (
+            _visible(query[:, None], cols[None, :], end_n, causal_offset, 0, True, CAUSAL, False)
+            & row_ok[:, None]
+        )
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row with nothing visible so far keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
