@@ -67,3 +67,15 @@ def test_bad_arguments_stop_before_anything_runs(argv, message, capsys):
         yardstick.parse_args(argv)
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_small_run_measures_every_quantity_and_passes_the_rule(monkeypatch):
+    """End to end on the CPU with one small problem and one dtype: one row per quantity, each
+    error measured against the float64 oracle, and the SDPA path inside the rule."""
+    monkeypatch.setattr(yardstick, "PROBLEMS", ((1, 2, 1, 9, 13, 16, 16, True, "unit"),))
+    monkeypatch.setattr(yardstick, "DTYPES", {"bf16": torch.bfloat16})
+    rows = yardstick.measure(torch.device("cpu"), ["sdpa"], seeds=1)
+    assert sorted(r["quantity"] for r in rows) == sorted(yardstick.QUANTITIES)
+    for r in rows:
+        assert min(r["error"], r["yardstick_error"], r["dtype_softmax_error"]) > 0, r
+        assert r["ok"], f"sdpa {r['quantity']}: error {r['error']:.3e} above its bound {r['bound']:.3e}"
