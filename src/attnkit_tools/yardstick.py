@@ -3,7 +3,7 @@ rule's) against one computing everything, softmax included, in the input dtype.
 
 The rule (attnkit.testing) bounds a path's error against the float64 oracle by c times the
 error of the naive path in the same dtype, plus a floor. This tool measures, per dtype and
-quantity (out, dq, dk, dv), on a fixed set of problems (:data:`PROBLEMS`):
+quantity (out, dq, dk, dv), on a fixed set of problems (``PROBLEMS`` in the module):
 
 * ``dtype-softmax / yardstick``: the error of a naive path with scores, softmax and P @ V all in
   the input dtype divided by the error of the rule's yardstick (scores and softmax in float32,
