@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
 import json
 import platform
 import sys
@@ -228,12 +229,13 @@ def summary(values: np.ndarray) -> dict:
 def fast_path_status() -> tuple[bool | None, str]:
     """(whether the Triton path launches its kernels directly, skipping ``JITFunction.run``;
     the compiled call memo's status): what the host figures depend on besides the code. None
-    and "not installed" where the optional pieces are missing."""
-    try:
-        from attnkit import fast_calls
-        from attnkit.triton.fast_launch import find_runtime
-    except ImportError:
-        return None, "not installed"
+    and "no triton" where Triton is not installed; any other import error is raised, so a page
+    never claims a missing fast path that merely moved."""
+    if importlib.util.find_spec("triton") is None:
+        return None, "no triton"
+    from attnkit import fast_calls
+    from attnkit.triton.fast_launch import find_runtime
+
     return find_runtime() is not None, str(fast_calls.status)
 
 

@@ -111,3 +111,11 @@ def test_measuring_on_a_machine_with_no_gpu_is_refused_with_the_reason(tmp_path)
     with pytest.raises(SystemExit, match="no CUDA GPU is visible here"):
         per_call.main(["--out", str(tmp_path / "p.json")])
     assert not (tmp_path / "p.json").exists()
+
+
+def test_the_fast_path_status_says_no_triton_only_when_triton_is_missing(monkeypatch):
+    if per_call.importlib.util.find_spec("triton") is not None:
+        direct, memo = per_call.fast_path_status()
+        assert isinstance(direct, bool) and memo, (direct, memo)
+    monkeypatch.setattr(per_call.importlib.util, "find_spec", lambda name: None)
+    assert per_call.fast_path_status() == (None, "no triton")
