@@ -104,13 +104,18 @@ def _dkdv_inner(
             delta = tl.load(delta_head + rows)
         s_t = _dot(k, tl.trans(q), None, DOT_PRECISION) * qk_scale
         p_t = tl.exp2(s_t - (lse * LOG2E)[None, :])
-        if MASKED and (CAUSAL or WINDOW):
-            # Hidden keys may score above the row's lse (they are not in its sum): zero them.
-            # Keys past M need no mask: they are loaded as 0 and their dK, dV rows never stored.
-            visible_t = _visible(
-                rows[None, :], keys[:, None], 0, causal_offset, lower_offset, False, CAUSAL, WINDOW
+        # Hidden keys may score above the row's lse (they are not in its sum): zero them. Keys
+        # past M need no mask: they load as 0 and their dK, dV rows are never stored. One edge
+        # at a time (two selects, as many instructions as one and-ed mask and one select), which
+        # keeps this loop's schedule and register use as they were tuned.
+        if MASKED and CAUSAL:
+            p_t = tl.where(
+                _visible(rows[None, :], keys[:, None], 0, causal_offset, 0, False, True, False), p_t, 0.0
             )
-            p_t = tl.where(visible_t, p_t, 0.0)
+        if MASKED and WINDOW:
+            p_t = tl.where(
+                _visible(rows[None, :], keys[:, None], 0, 0, lower_offset, False, False, True), p_t, 0.0
+            )
         dv = _dot(p_t.to(do.dtype), do, dv, DOT_PRECISION)
         dp_t = _dot(v, tl.trans(do), None, DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])

@@ -119,6 +119,7 @@ def _decode_split_kernel(
     end_n = tl.minimum(start_n + chunk, seq_len)
     for start in range(start_n, end_n, BLOCK_N):
         cols = start + offs_n
+        col_ok = cols < end_n
         k_rows = _kv_rows(
             TABLE, stride_tb, batch, start, cols, end_n, stride_kb, stride_kn, block_size, PAGED, PAGE_ALIGNED
         )
@@ -134,11 +135,13 @@ def _decode_split_kernel(
             True,
         )
         s = _dot(q, tl.trans(k), None, DOT_PRECISION) * qk_scale
-        # The band of the forward with no window, per sequence; rows past G*N see nothing.
-        visible = (
-            _visible(query[:, None], cols[None, :], end_n, causal_offset, 0, True, CAUSAL, False)
-            & row_ok[:, None]
-        )
+        # Keys of this chunk and of the sequence, rows of the group; causally, the forward's band
+        # (no window) with the sequence's own offset.
+        visible = col_ok[None, :] & row_ok[:, None]
+        if CAUSAL:
+            visible = visible & _visible(
+                query[:, None], cols[None, :], 0, causal_offset, 0, False, True, False
+            )
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row with nothing visible so far keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
