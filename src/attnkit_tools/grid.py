@@ -1,6 +1,7 @@
 """The performance grid of the Triton path against SDPA's flash and cuDNN backends.
 
-    python -m attnkit_tools.grid --out docs/PERFORMANCE.md
+    python -m attnkit_tools.grid --out docs/PERFORMANCE.md --json grid.json        # on a GPU
+    python -m attnkit_tools.grid --render grid.json --out docs/PERFORMANCE.md      # anywhere
 
 bf16, B=4, H*D=2048, N in 1024..16384, D in {64, 128}, causal and not, forward and backward:
 every cell times triton, sdpa-flash and sdpa-cudnn side by side in one run, with
@@ -8,7 +9,9 @@ the gate's timing protocol (:func:`attnkit_perf.measure.timing.median_time_s`: w
 flushed, CUDA events, median) on random
 inputs, through :func:`attnkit_perf.measure.cases.build_runner` so every provider is timed the same
 way. Prints TFLOP/s and the ratios to both peers, and writes a Markdown report with provenance,
-the floor of issue 3 (forward >= 1.2x sdpa-flash, backward >= 1.0x, at N >= 2048) and a plot.
+the floor the Triton path is held to (forward >= 1.2x sdpa-flash, backward >= 1.0x, at
+N >= 2048) and a plot. ``--render`` writes the report and plot again from a saved ``--json``,
+without a GPU.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ import torch
 from attnkit_perf.machine import provenance
 from attnkit_perf.measure.cases import BenchCase, build_runner
 from attnkit_perf.measure.timing import median_time_s
+from attnkit_tools.provenance import provenance_table, require_cuda
 
 PROVIDERS = ("triton", "sdpa-flash", "sdpa-cudnn")
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
 HEAD_DIMS = (64, 128)
 PASSES = ("fwd", "bwd")
-#: Issue 3's floor: triton / sdpa-flash per pass, required at N >= FLOOR_FROM.
+#: The floor: triton / sdpa-flash per pass, required at N >= FLOOR_FROM (below it both paths
+#: are short enough that launch overheads, not the kernels, set the ratio).
 FLOOR = {"fwd": 1.2, "bwd": 1.0}
 FLOOR_FROM = 2048
 
@@ -87,11 +92,9 @@ def report(rows: list[dict], info: dict, plot_name: str | None, out: str = "docs
         "median of the gate's timing protocol (L2 flushed, CUDA events), random inputs, the three "
         "providers timed in one run.",
         "",
-        "| | |",
-        "| --- | --- |",
-        *(f"| {k} | {v} |" for k, v in info.items()),
+        *provenance_table(info),
         "",
-        f"Each cell: triton TFLOP/s (x sdpa-flash, x sdpa-cudnn). Floor (issue 3): forward >= "
+        f"Each cell: triton TFLOP/s (x sdpa-flash, x sdpa-cudnn). Floor: forward >= "
         f"{FLOOR['fwd']}x and backward >= {FLOOR['bwd']}x sdpa-flash at N >= {FLOOR_FROM}; "
         "a cell below it is marked **(below floor)**.",
         "",
@@ -164,27 +167,41 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnkit_tools.grid", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="docs/PERFORMANCE.md", help="Markdown report to write")
-    parser.add_argument("--json", help="also write the raw rows here")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        parser.error("the grid needs a CUDA GPU")
-    info = provenance(torch.device("cuda"))
-    print(" | ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
-    rows = measure(log=lambda s: print(s, flush=True))
-    out = Path(args.out)
+def write_report(rows: list[dict], info: dict, out: Path) -> None:
+    """The Markdown report at ``out`` and, where matplotlib is installed, its plot beside it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     plot_path = out.with_name("performance.png")
     try:
         plot(rows, plot_path)
     except ImportError:
         plot_path = None
-    out.write_text(report(rows, info, plot_path.name if plot_path else None, args.out))
+    out.write_text(report(rows, info, plot_path.name if plot_path else None, str(out)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attnkit_tools.grid", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="docs/PERFORMANCE.md", help="Markdown report to write")
+    parser.add_argument("--json", help="also write the raw rows here")
+    parser.add_argument(
+        "--render", metavar="FILE.json", help="write the report from these saved rows; no GPU"
+    )
+    args = parser.parse_args(argv)
+    if args.render:
+        saved = json.loads(Path(args.render).read_text())
+        missing = {"provenance", "rows"} - set(saved)
+        if missing:
+            parser.error(f"{args.render} is not a saved grid (--json): it has no {sorted(missing)}")
+        write_report(saved["rows"], saved["provenance"], Path(args.out))
+        print(f"wrote {args.out}")
+        return 0
+    require_cuda("attnkit_tools.grid")
+    info = provenance(torch.device("cuda"))
+    print(" | ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
+    rows = measure(log=lambda s: print(s, flush=True))
     if args.json:
         Path(args.json).write_text(json.dumps({"provenance": info, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_report(rows, info, Path(args.out))
+    print(f"wrote {args.out}")
     return 0
 
 

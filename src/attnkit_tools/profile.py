@@ -8,8 +8,8 @@
     python -m attnkit_tools.profile summarize counters.csv --cases cases.json --out docs/PROFILE.md
 
 Each case is a path x pass x head dim x causal x sequence length at the grid's shape (B=4,
-H*D=2048, bf16). ``--seq-lens`` defaults to the lengths issue 15 sets targets at (4096, 8192,
-16384); ``list`` and ``run`` must be given the same.
+H*D=2048, bf16). ``--seq-lens`` defaults to the long lengths where the kernels, not launches,
+set the time (4096, 8192, 16384); ``list`` and ``run`` must be given the same.
 
 * ``list`` (not under ncu) writes the machine's provenance and the cases in order, each with
   the kernels one call launches (torch.profiler).

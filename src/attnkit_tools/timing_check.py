@@ -1,4 +1,4 @@
-"""Evidence for the timing protocol, run on a GPU: ``python -m attnkit_tools.timing_check OUT.json``.
+"""Checks of the timing protocol, run on a GPU: ``python -m attnkit_tools.timing_check OUT.json``.
 
 1. Agreement: for each case, the median of the suite's protocol (:mod:`attnkit_perf.measure.timing`)
    against ``triton.testing.do_bench``'s median, measured alternately (A B A B) so slow drift

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     table = {"gpu_key": gpu_key(device), "provenance": provenance(device), "seq_lens": args.seq_lens}
     table["kernels_tuned"] = args.kernels
     if previous:
-        # Kernels not re-tuned keep the configs (and evidence) of the run that chose them.
+        # Kernels not re-tuned keep the configs (and the provenance) of the run that chose them.
         table["previous_provenance"] = previous.get("provenance")
     table["families"], table["timings_ms"] = {}, {}
     jobs = [

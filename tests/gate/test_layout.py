@@ -110,6 +110,7 @@ def test_no_package_code_names_a_file_of_the_test_tree():
         "gate",
         "perf",
         "correctness",
+        "tools",
     ],
 )
 def test_no_test_module_imports_another(folder):
@@ -128,9 +129,46 @@ def test_no_test_module_imports_another(folder):
 
 def test_every_test_folder_is_checked():
     folders = {p.parent.name for p in TESTS.rglob("test_*.py")}
-    assert folders <= {"gate", "perf", "correctness"}, (
-        f"add {folders - {'gate', 'perf', 'correctness'}} above"
-    )
+    checked = {"gate", "perf", "correctness", "tools"}
+    assert folders <= checked, f"add {folders - checked} above"
+
+
+def _private_names(module: str) -> list[str]:
+    return [part for part in module.split(".") if part.startswith("_") and not part.startswith("__")]
+
+
+def test_the_tools_use_only_public_names_of_the_library():
+    """A tool is a user of attnkit: what it needs from the library is public, so a refactor of
+    the library's insides cannot silently break the commands that regenerate the docs."""
+    files = _python_files(SRC / "attnkit_tools")
+    assert files, f"no source files under {SRC / 'attnkit_tools'}"
+    bad = [
+        f"{path.relative_to(REPO)}:{line} imports {module}"
+        for path in files
+        for line, module in _file_imports(path)
+        if module.split(".")[0] == "attnkit" and _private_names(module)
+    ]
+    assert not bad, "attnkit_tools imports private names of attnkit:\n" + "\n".join(bad)
+
+
+def test_there_is_one_home_for_tools():
+    """Tools are modules of attnkit_tools, run as ``python -m attnkit_tools.<name>`` and tested;
+    a loose scripts folder beside them would be a second home."""
+    message = "a tools/ folder exists: make each script a tested module of attnkit_tools"
+    assert not (REPO / "tools").exists(), message
+
+
+@pytest.mark.parametrize(
+    ("module", "private"),
+    [
+        ("attnkit.triton.launch._DOT_PRECISION", ["_DOT_PRECISION"]),
+        ("attnkit.triton.forward_kernels._attn_fwd_kernel", ["_attn_fwd_kernel"]),
+        ("attnkit.triton.__init__", []),
+        ("attnkit.testing.compare_to_reference", []),
+    ],
+)
+def test_the_private_name_scan(module, private):
+    assert _private_names(module) == private, module
 
 
 @pytest.mark.parametrize(

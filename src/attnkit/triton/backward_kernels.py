@@ -44,6 +44,7 @@ from attnkit.triton.forward_kernels import (
     _phase_bounds,
     _program_coords,
     _store_tile,
+    _visible,
 )
 
 
@@ -103,11 +104,18 @@ def _dkdv_inner(
             delta = tl.load(delta_head + rows)
         s_t = _dot(k, tl.trans(q), None, DOT_PRECISION) * qk_scale
         p_t = tl.exp2(s_t - (lse * LOG2E)[None, :])
+        # Hidden keys may score above the row's lse (they are not in its sum): zero them. Keys
+        # past M need no mask: they load as 0 and their dK, dV rows are never stored. One edge
+        # at a time (two selects, as many instructions as one and-ed mask and one select), which
+        # keeps this loop's schedule and register use as they were tuned.
         if MASKED and CAUSAL:
-            # Hidden keys may score above the row's lse (they are not in its sum): zero them.
-            p_t = tl.where(keys[:, None] <= rows[None, :] + causal_offset, p_t, 0.0)
+            p_t = tl.where(
+                _visible(rows[None, :], keys[:, None], 0, causal_offset, 0, False, True, False), p_t, 0.0
+            )
         if MASKED and WINDOW:
-            p_t = tl.where(keys[:, None] >= rows[None, :] + lower_offset, p_t, 0.0)
+            p_t = tl.where(
+                _visible(rows[None, :], keys[:, None], 0, 0, lower_offset, False, False, True), p_t, 0.0
+            )
         dv = _dot(p_t.to(do.dtype), do, dv, DOT_PRECISION)
         dp_t = _dot(v, tl.trans(do), None, DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
@@ -246,11 +254,9 @@ def _dq_inner(
         s = _dot(q, tl.trans(k), None, DOT_PRECISION) * qk_scale
         p = tl.exp2(s - lse2[:, None])
         if MASKED:
-            visible = cols[None, :] < kv_len
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
-            if WINDOW:
-                visible = visible & (cols[None, :] >= rows[:, None] + lower_offset)
+            visible = _visible(
+                rows[:, None], cols[None, :], kv_len, causal_offset, lower_offset, True, CAUSAL, WINDOW
+            )
             p = tl.where(visible, p, 0.0)
         dp = _dot(do, tl.trans(v), None, DOT_PRECISION)
         ds = p * (dp - delta[:, None])

@@ -40,9 +40,11 @@ class DecodeConfig:
     see :mod:`attnkit.triton.decode_kernels`).
 
     The tile (32 keys, 4 warps, 3 stages, 2 programs per SM) is the one closest to the best on
-    every shape of ``tools/decode_table.py --sweep`` on the H100 (B 1..8, N 1..16, M 4K..128K;
-    docs/evidence/h100-2026-11-24/session12). The previous tile, 64 keys with 2 stages, took
-    1.07x the best time on average and reached 0.81x this tile's bandwidth at B4 N16 M16384.
+    every shape of ``python -m attnkit_tools.decode_table --sweep``: 48 configs timed from CUDA
+    graph replays on an H100 80GB HBM3 (torch 2.11, triton 3.6) over 8 shapes of B 1..8,
+    N 1..16, M 4K..128K (Hq 32, Hkv 8, D 128, bf16), it took x1.019 of each shape's best time
+    on geometric mean. A 64-key, 2-stage tile took x1.071 and read 64% of the copy bandwidth at
+    B4 N16 M16384, where this tile reads 79%.
     """
 
     block_n: int = 32
@@ -60,7 +62,7 @@ class DecodeConfig:
 DEFAULT_DECODE_CONFIG = DecodeConfig()
 #: The tile through a block table: a key block there waits on its page's table entry, which
 #: favours longer blocks and more programs than the contiguous cache. Closest to the best of
-#: ``tools/decode_table.py --sweep-paged`` on the H100 (x1.036 of the best on average); the
+#: ``python -m attnkit_tools.decode_table --sweep-paged`` on the H100 (x1.036 of the best on average); the
 #: contiguous tile took x1.10 there.
 DEFAULT_PAGED_DECODE_CONFIG = DecodeConfig(block_n=64, num_stages=2, programs_per_sm=4)
 

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from attnkit.triton.forward_kernels import LN2, _dot, _load_tile
+from attnkit.triton.forward_kernels import LN2, _dot, _load_tile, _visible
 
 #: Runtime ints Triton must not specialise (a value of 1 would become a compile-time constant).
 DECODE_DYNAMIC_INTS = ["q_len", "kv_len", "group_size", "kv_heads", "chunk", "block_size", "lse_offset"]
@@ -135,9 +135,13 @@ def _decode_split_kernel(
             True,
         )
         s = _dot(q, tl.trans(k), None, DOT_PRECISION) * qk_scale
+        # Keys of this chunk and of the sequence, rows of the group; causally, the forward's band
+        # (no window) with the sequence's own offset.
         visible = col_ok[None, :] & row_ok[:, None]
         if CAUSAL:
-            visible = visible & (cols[None, :] <= query[:, None] + causal_offset)
+            visible = visible & _visible(
+                query[:, None], cols[None, :], 0, causal_offset, 0, False, True, False
+            )
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row with nothing visible so far keeps max -inf: shift by 0 so exp2 gives 0, not NaN.

@@ -92,6 +92,33 @@ def _store_tile(ptrs, x, rows, n_rows, cols, DIM: tl.constexpr):
 
 
 @triton.jit
+def _visible(
+    rows, cols, kv_len, causal_offset, lower_offset,
+    KEY_END: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+):  # fmt: skip
+    """The band as a boolean tile: query row ``rows`` sees key ``cols`` iff ``cols < kv_len``
+    (with KEY_END), ``cols <= rows + causal_offset`` (with CAUSAL) and
+    ``cols >= rows + lower_offset`` (with WINDOW). ``rows`` and ``cols`` come already
+    broadcastable ((BLOCK_M, 1) and (1, BLOCK_N), or transposed for the dK/dV pass), so the tile
+    has the caller's orientation and no transpose is built. At least one flag is set: the
+    callers ask only in their masked phases, and a bare phase builds no mask at all. The
+    conditions are and-ed in this order, the order the kernels wrote them out before."""
+    if KEY_END:
+        visible = cols < kv_len
+        if CAUSAL:
+            visible = visible & (cols <= rows + causal_offset)
+        if WINDOW:
+            visible = visible & (cols >= rows + lower_offset)
+    elif CAUSAL:
+        visible = cols <= rows + causal_offset
+        if WINDOW:
+            visible = visible & (cols >= rows + lower_offset)
+    else:
+        visible = cols >= rows + lower_offset
+    return visible
+
+
+@triton.jit
 def _key_phases(
     m0, kv_len, causal_offset, lower_offset,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
@@ -196,11 +223,9 @@ def _attn_fwd_inner(
         qk = _dot(q, tl.trans(k), None, DOT_PRECISION)
         if MASKED:
             s = qk * qk_scale
-            visible = cols[None, :] < kv_len
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
-            if WINDOW:
-                visible = visible & (cols[None, :] >= rows[:, None] + lower_offset)
+            visible = _visible(
+                rows[:, None], cols[None, :], kv_len, causal_offset, lower_offset, True, CAUSAL, WINDOW
+            )
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # A row with nothing visible so far keeps max -inf: shift by 0 so exp2 gives 0, not NaN.

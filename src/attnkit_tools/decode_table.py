@@ -1,8 +1,8 @@
-"""Decode / KV-cache throughput on one GPU: the table of the decode issue, and tokens/s against
+"""Decode / KV-cache throughput on one GPU: a table of decode shapes, and tokens/s against
 context length, side by side with SDPA.
 
-    PYTHONPATH=src python3 tools/decode_table.py --out decode.json [--md docs/DECODE.md] \
-        [--sweep] [--sweep-paged]
+    python -m attnkit_tools.decode_table --out decode.json --md docs/DECODE.md [--sweep] [--sweep-paged]
+    python -m attnkit_tools.decode_table --from-json decode.json --md docs/DECODE.md   # no GPU
 
 Shapes: Hq 32, Hkv 8, D 128, bf16, causal (bottom-right). Every time is the median of the
 gate's timing protocol (:func:`attnkit_perf.measure.timing.median_time_s`: L2 flushed before
@@ -11,8 +11,8 @@ graph: the kernels' own time, as a serving loop that captures its decode step se
 others are eager calls, whose host work can outlast a short kernel. GB/s is the bytes of K and
 V read (B x Hkv x M x D x 2 tensors x 2 bytes) over the time; "% copy" divides it by this
 device's measured copy bandwidth (bytes read + written by a 1 GiB device-to-device copy over
-its time). ``--sweep`` also times split-KV configs (graph replays) over the decode shapes of
-the issue and prints the one closest to the best on every shape (to update
+its time). ``--sweep`` also times split-KV configs (graph replays) over :data:`SWEEP_SHAPES`
+and prints the one closest to the best on every shape (to update
 ``attnkit.triton.decode.DEFAULT_DECODE_CONFIG``); ``--sweep-paged`` does the same through a
 shuffled block table (``DEFAULT_PAGED_DECODE_CONFIG``). Markdown on stdout, JSON to --out.
 """
@@ -34,13 +34,16 @@ from attnkit.triton.decode import DecodeConfig, decode_config, decode_forward
 from attnkit_perf.machine import provenance
 from attnkit_perf.measure.cases import captured
 from attnkit_perf.measure.timing import median_time_s
+from attnkit_tools.provenance import produced_by, provenance_table, require_cuda
 from attnkit_tools.tune import time_over_best
 
 HQ, HKV, D, DTYPE = 32, 8, 128, torch.bfloat16
-ISSUE_ROWS = [(8, 1, 4096), (8, 1, 32768), (1, 1, 131072), (4, 16, 16384)]  # (B, N, M)
+#: (B, N, M) of the table: decode steps of a batch and of one long sequence, and a short
+#: speculative block of 16 queries.
+TABLE_ROWS = [(8, 1, 4096), (8, 1, 32768), (1, 1, 131072), (4, 16, 16384)]
 CONTEXTS = [512 * 2**i for i in range(9)]  # 512 .. 128K
 SDPA = ("sdpa-flash", "sdpa-cudnn")
-#: Also timed causal against non-causal in the issue rows (the 1.2x check of every SDPA path).
+#: Also timed causal against non-causal in the table rows (causal should cost at most 1.2x).
 SDPA_ALL = (*SDPA, "sdpa-efficient", "sdpa")
 PAGE = 256  # block size of the paged cache (FlashAttention-2's paged KV granularity)
 
@@ -165,7 +168,7 @@ def tokens_per_second(batch: int = 8) -> list[dict]:
     return rows
 
 
-#: (B, N, M) of the sweep: the issue's decode range (B 1..8, N 1..16, M 4K..128K), corners and middle.
+#: (B, N, M) of the sweep: the decode range (B 1..8, N 1..16, M 4K..128K), corners and middle.
 SWEEP_SHAPES = [
     (1, 1, 4096), (8, 1, 4096), (1, 1, 131072), (8, 1, 32768), (2, 1, 16384),
     (4, 16, 16384), (1, 16, 65536), (8, 16, 4096),
@@ -222,10 +225,13 @@ def sweep(copy_gbs: float, paged: bool = False) -> list[dict]:
     return sorted(results, key=lambda r: r["geomean_time_over_best"])
 
 
-def markdown(rows: list[dict], tokens: list[dict], copy_gbs: float) -> str:
+def markdown(result: dict) -> str:
+    """The tables of a result (what :func:`main` writes to --out): each row's times, the
+    causal / non-causal ratios, and tokens/s against context length."""
+    rows, tokens, copy_gbs = result["rows"], result["tokens"], result["copy_gbs"]
     labels = list(rows[0]["times_us"])
     lines = [
-        f"Device: {torch.cuda.get_device_name()}; copy bandwidth {copy_gbs:.0f} GB/s; "
+        f"Device: {result['provenance']['device_name']}; copy bandwidth {copy_gbs:.0f} GB/s; "
         f"Hq {HQ} Hkv {HKV} D {D} bf16.",
         "",
         "| shape | " + " | ".join(labels) + " |",
@@ -266,22 +272,55 @@ def markdown(rows: list[dict], tokens: list[dict], copy_gbs: float) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="JSON file to write")
+def page(result: dict, command: str) -> str:
+    """The Markdown page: the command, the provenance, then :func:`markdown`'s tables."""
+    header = [
+        "# Decode and KV-cache attention",
+        "",
+        f"Produced by `{command}` (the module's docstring says how each figure is measured).",
+        "",
+        *provenance_table(result["provenance"]),
+        "",
+    ]
+    return "\n".join(header) + "\n" + markdown(result) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m attnkit_tools.decode_table", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--out", help="JSON file to write (required unless --from-json)")
     parser.add_argument("--md", help="also write the tables, with provenance, to this Markdown file")
+    parser.add_argument("--from-json", help="render this saved result as --md instead of measuring")
     parser.add_argument("--sweep", action="store_true", help="also time split-KV tile configs")
     parser.add_argument(
         "--sweep-paged", action="store_true", help="also time split-KV tile configs through a block table"
     )
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU")
+    if args.from_json and not args.md:
+        parser.error("--from-json renders a saved result: give --md")
+    if not args.from_json and not args.out:
+        parser.error("--out is required when measuring")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            result = json.load(f)
+        # A result saved without its command was measured by the canonical one.
+        canonical = produced_by("decode_table", ["--out", "decode.json", "--md", args.md])
+        with open(args.md, "w") as f:
+            f.write(page(result, result.get("command", canonical)))
+        return 0
+    require_cuda("attnkit_tools.decode_table")
     copy_gbs = copy_bandwidth()
-    rows = [time_row(b, n, m, copy_gbs) for b, n, m in ISSUE_ROWS]
+    rows = [time_row(b, n, m, copy_gbs) for b, n, m in TABLE_ROWS]
     tokens = tokens_per_second()
     info = provenance(torch.device("cuda"))
-    result = {"provenance": info, "copy_gbs": copy_gbs, "rows": rows, "tokens": tokens}
+    command = produced_by("decode_table", sys.argv[1:] if argv is None else argv)
+    result = {"command": command, "provenance": info, "copy_gbs": copy_gbs, "rows": rows, "tokens": tokens}
     result["config"] = dataclasses.asdict(decode_config(paged=False))
     result["paged_config"] = dataclasses.asdict(decode_config(paged=True))
     sweeps = {"sweep": args.sweep, "sweep_paged": args.sweep_paged}
@@ -289,22 +328,10 @@ def main(argv: list[str] | None = None) -> int:
         result[key] = sweep(copy_gbs, paged=key == "sweep_paged")
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    tables = markdown(rows, tokens, copy_gbs)
-    print(tables)
+    print(markdown(result))
     if args.md:
-        header = [
-            "# Decode and KV-cache attention",
-            "",
-            f"Produced by `PYTHONPATH=src python tools/decode_table.py --out decode.json --md {args.md}` "
-            "(the tool's docstring says how each figure is measured).",
-            "",
-            "| | |",
-            "| --- | --- |",
-            *(f"| {key} | {value} |" for key, value in info.items()),
-            "",
-        ]
         with open(args.md, "w") as f:
-            f.write("\n".join(header) + "\n" + tables + "\n")
+            f.write(page(result, command))
     for key in (key for key in sweeps if result.get(key)):
         top = result[key][0]
         print(

@@ -1,20 +1,23 @@
-"""How strict the tolerance rule's yardstick is, before and after its softmax moved to float32.
+"""How strict the tolerance rule's yardstick is: the naive path with its softmax in float32 (the
+rule's) against one computing everything, softmax included, in the input dtype.
 
 The rule (attnkit.testing) bounds a path's error against the float64 oracle by c times the
 error of the naive path in the same dtype, plus a floor. This tool measures, per dtype and
-quantity (out, dq, dk, dv), on a fixed set of problems:
+quantity (out, dq, dk, dv), on a fixed set of problems (``PROBLEMS`` in the module):
 
-* ``legacy/yardstick``: the error of the former naive path (scores, softmax and P @ V all in
-  the input dtype) divided by the error of today's (scores and softmax in float32, P rounded to
-  the dtype before P @ V): how much looser the former bound was;
+* ``dtype-softmax / yardstick``: the error of a naive path with scores, softmax and P @ V all in
+  the input dtype divided by the error of the rule's yardstick (scores and softmax in float32,
+  P rounded to the dtype before P @ V): how much looser a bound on the former would be;
 * for every available path, the largest multiple error(path) / error(yardstick), against the
-  legacy yardstick (before) and today's (after), and whether the path passes today's rule.
+  dtype-softmax yardstick and the rule's, and whether the path passes the rule.
 
-Usage (CPU or GPU; no network; < 4 min on a GPU, ~1 min on a CPU without --triton-interpreted):
+Usage (CPU or GPU; no network; < 4 min on a GPU, ~1 min on a CPU, the Triton path left out
+when interpreted):
 
-    PYTHONPATH=src python3 tools/yardstick.py [--out results.json] [--device cuda]
+    python -m attnkit_tools.yardstick --seeds 3 --doc docs/YARDSTICK.md [--out results.json] [--device cuda]
 
-Prints a Markdown table; ``--out`` also writes the numbers as JSON.
+Prints a Markdown table; ``--doc`` writes it as a page with its provenance, ``--out`` the
+numbers as JSON. Exits 1 when a path falls outside the rule on some problem.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import attnkit
 from attnkit.inputs import check_inputs
 from attnkit.reference import visibility
 from attnkit.testing import ERROR_FACTORS, compare_to_reference, make_tensor, max_abs_error, run_with_grads
+from attnkit_perf.machine import provenance
+from attnkit_tools.provenance import produced_by, provenance_table
 
 QUANTITIES = ("out", "dq", "dk", "dv")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -50,8 +55,9 @@ PROBLEMS = (
 )
 
 
-def legacy_naive(q, k, v, causal, scale):
-    """The former yardstick: everything in q's dtype (softmax included)."""
+def naive_dtype_softmax(q, k, v, causal, scale):
+    """The naive path with everything in q's dtype, softmax included. q: (B, Hq, N, D);
+    k: (B, Hkv, M, D); v: (B, Hkv, M, Dv); returns (B, Hq, N, Dv)."""
     p = check_inputs(q, k, v, causal, scale)
     qg = q.reshape(p.batch, p.kv_heads, p.group_size, p.q_len, p.head_dim)
     scores = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * p.scale
@@ -85,10 +91,10 @@ def measure(device, backends, seeds):
                     lambda a, b, c, cz=causal: attnkit.reference_attention(a, b, c, causal=cz),
                     q.double(), k.double(), v.double(), grad_out.double(),
                 )  # fmt: skip
-                legacy = run_with_grads(
-                    lambda a, b, c, cz=causal: legacy_naive(a, b, c, cz, None), q, k, v, grad_out
+                loose = run_with_grads(
+                    lambda a, b, c, cz=causal: naive_dtype_softmax(a, b, c, cz, None), q, k, v, grad_out
                 )
-                legacy_err = {x: max_abs_error(legacy[x], ref[x]) for x in QUANTITIES}
+                loose_err = {x: max_abs_error(loose[x], ref[x]) for x in QUANTITIES}
                 for name in backends:
 
                     def run(a, b, c, name=name, cz=causal):
@@ -104,7 +110,7 @@ def measure(device, backends, seeds):
                         rows.append({
                             "dtype": dname, "problem": list(spec), "seed": seed, "backend": name,
                             "quantity": c.quantity, "error": c.error, "yardstick_error": c.baseline_error,
-                            "legacy_error": legacy_err[c.quantity], "bound": c.bound, "ok": c.ok,
+                            "dtype_softmax_error": loose_err[c.quantity], "bound": c.bound, "ok": c.ok,
                         })  # fmt: skip
     return rows
 
@@ -114,7 +120,7 @@ def _ratio(a, b):
 
 
 def summarise(rows):
-    lines = ["## Yardstick error: legacy (softmax in dtype) / today (softmax in float32)", ""]
+    lines = ["## Yardstick error: softmax in the dtype / softmax in float32 (the rule's)", ""]
     lines += ["| dtype | " + " | ".join(f"{x} median / min / max" for x in QUANTITIES) + " |"]
     lines += ["|---" * (len(QUANTITIES) + 1) + "|"]
     summary = {"looseness": {}, "multiples": {}}
@@ -122,7 +128,7 @@ def summarise(rows):
         cells = []
         for x in QUANTITIES:
             seen = {
-                (tuple(r["problem"]), r["seed"]): _ratio(r["legacy_error"], r["yardstick_error"])
+                (tuple(r["problem"]), r["seed"]): _ratio(r["dtype_softmax_error"], r["yardstick_error"])
                 for r in rows
                 if r["dtype"] == dname and r["quantity"] == x
             }
@@ -134,12 +140,12 @@ def summarise(rows):
             summary["looseness"][f"{dname}/{x}"] = stats
             cells.append(" / ".join(f"{s:.2f}" for s in stats))
         lines.append(f"| {dname} | " + " | ".join(cells) + " |")
-    lines += ["", "## Largest error(path) / error(yardstick): before (legacy) -> after (today)", ""]
+    lines += ["", "## Largest error(path) / error(yardstick): dtype-softmax yardstick -> the rule's", ""]
     lines += [
         "Allowed multiple: "
         + ", ".join(f"{x} {ERROR_FACTORS[x]:g}x" for x in QUANTITIES)
-        + " (plus the floor). `error/bound` is the largest error over today's bound (floor included; "
-        + "the path fails above 1), `fail` counts the problems outside today's rule.",
+        + " (plus the floor). `error/bound` is the largest error over the rule's bound (floor included; "
+        + "the path fails above 1), `fail` counts the problems outside the rule.",
         "",
     ]
     lines += [
@@ -154,7 +160,7 @@ def summarise(rows):
             cells = []
             for x in QUANTITIES:
                 sel = [r for r in mine if r["quantity"] == x]
-                before = max(_ratio(r["error"], r["legacy_error"]) for r in sel)
+                before = max(_ratio(r["error"], r["dtype_softmax_error"]) for r in sel)
                 after = max(_ratio(r["error"], r["yardstick_error"]) for r in sel)
                 summary["multiples"][f"{name}/{dname}/{x}"] = (before, after)
                 cells.append(f"{before:.2f} -> {after:.2f}")
@@ -165,33 +171,62 @@ def summarise(rows):
     return "\n".join(lines), summary
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default=str(attnkit.registry.default_device()))
+def page(table: str, info: dict, command: str, seeds: int) -> str:
+    """The Markdown page: title, command, provenance, what is measured (this module's
+    docstring), then ``table`` (:func:`summarise`'s)."""
+    what = (__doc__ or "").split("\n\n", 1)[1].split("Usage")[0].strip()
+    return "\n".join(
+        [
+            "# The tolerance rule's yardstick",
+            "",
+            f"Produced by `{command}`: {len(PROBLEMS)} problems x {seeds} seeds per dtype.",
+            "",
+            *provenance_table(info),
+            "",
+            what,
+            "",
+            table,
+            "",
+        ]
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m attnkit_tools.yardstick", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seeds", type=int, default=2, help="random draws per problem")
     parser.add_argument("--backends", nargs="*", help="default: every available one but naive")
     parser.add_argument("--out", help="write the rows and the summary as JSON here")
     parser.add_argument("--doc", help="also write the table as a Markdown page here, with this command")
     args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds must be at least 1, not {args.seeds}")
+    available = attnkit.available_backends(torch.device(args.device))
+    unknown = [name for name in args.backends or () if name not in available]
+    if unknown:
+        parser.error(f"--backends {unknown} not available on {args.device}; available: {list(available)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     device = torch.device(args.device)
     backends = args.backends or [n for n in attnkit.available_backends(device) if n != "naive"]
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and not args.backends:
         backends = [n for n in backends if n != "triton"]  # interpreted: far too slow at these sizes
     rows = measure(device, backends, args.seeds)
     table, summary = summarise(rows)
-    header = f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
-    header += f"torch {torch.__version__}, {len(PROBLEMS)} problems x {args.seeds} seeds per dtype\n"
-    print(header + "\n" + table)
+    info = provenance(device)
+    print(table)
     if args.doc:
-        command = "PYTHONPATH=src python3 tools/yardstick.py " + " ".join(argv or sys.argv[1:])
+        command = produced_by("yardstick", sys.argv[1:] if argv is None else argv)
         with open(args.doc, "w") as f:
-            f.write(
-                f"# The tolerance rule's yardstick, before and after\n\nProduced by `{command}`; {header}\n"
-            )
-            f.write((__doc__ or "").split("\n\n", 1)[1].split("Usage")[0].strip() + "\n\n" + table + "\n")
+            f.write(page(table, info, command, args.seeds))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"header": header, "summary": summary, "rows": rows}, f, indent=1)
+            json.dump({"provenance": info, "summary": summary, "rows": rows}, f, indent=1)
     failed = sum(not r["ok"] for r in rows)
     return 1 if failed else 0
 

@@ -1,12 +1,11 @@
-"""Sliding-window (local) attention against full causal and the SDPA paths that take a mask:
-the table of the window issue.
+"""Sliding-window (local) attention against full causal and the SDPA paths that take a mask.
 
 Shapes: B=1, H=16, D=128, bf16, causal with window (1024, 0), N = 4K .. 64K. Per N and pass
 (fwd, bwd): Triton windowed, Triton full causal (no window), and the SDPA paths that take the
 window as a mask (``sdpa-efficient``, ``sdpa`` = PyTorch's choice), side by side in one process.
 Every time is :func:`attnkit_perf.measure.timing.median_time_s` (the gate's timing path: L2
 flushed, warm-up, rounds) of the case's :func:`attnkit_perf.measure.cases.build_runner`, so the
-cells are the perf grid's ``-W1024`` cases at other lengths. The issue's checks:
+cells are the perf grid's ``-W1024`` cases at other lengths. The checks:
 
 1. windowed Triton fwd and bwd grow linearly in N: time / N, normalised to the smallest N, ~1;
 2. at the largest N, windowed Triton fwd >= 5x faster than full causal Triton, and >= 1.5x
@@ -16,8 +15,8 @@ An SDPA cell whose mask would not fit is skipped with the reason (the mask is a 
 which PyTorch turns into a (N, M) additive mask in q's dtype: 12 GB at 64K, more for the
 backward); an out-of-memory error or a kernel that declines is recorded the same way.
 
-    PYTHONPATH=src python tools/window_table.py --out $OUT/window          # on a GPU, ~2-3 min
-    PYTHONPATH=src TRITON_INTERPRET=1 python tools/window_table.py --out /tmp/w --smoke   # CPU
+    python -m attnkit_tools.window_table --out window/                        # on a GPU, ~2-3 min
+    TRITON_INTERPRET=1 python -m attnkit_tools.window_table --out /tmp/w --smoke   # CPU pipeline
 
 Writes ``window_table.json`` (provenance, every cell, the checks) and ``window_table.md`` under
 --out, and prints the Markdown.
@@ -27,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -36,6 +36,7 @@ from attnkit.errors import UnsupportedProblemError
 from attnkit_perf.machine import provenance
 from attnkit_perf.measure.cases import DTYPES, BenchCase, build_runner
 from attnkit_perf.measure.timing import median_time_s
+from attnkit_tools.provenance import produced_by, provenance_table
 
 WINDOW = (1024, 0)
 SIZES = (4096, 8192, 16384, 32768, 65536)
@@ -51,7 +52,7 @@ PASSES = ("fwd", "bwd")
 #: Of the free GPU memory, the most a mask and its additive copy may take (the rest: operands,
 #: gradients, the kernels' workspaces).
 _MASK_MEMORY_FRACTION = 0.5
-#: The issue's targets at the largest N.
+#: The targets at the largest N: what a window must buy over full causal and over a mask.
 TARGET_VS_CAUSAL, TARGET_VS_SDPA = 5.0, 1.5
 
 
@@ -96,7 +97,8 @@ def time_cell(case: BenchCase, device: torch.device, budget_s: float) -> dict:
 
 
 def checks(cells: dict, sizes: list[int]) -> dict:
-    """The issue's ratios from the timed cells (None where a cell is missing)."""
+    """The checks' ratios from the timed cells, keyed ``(label, pass, N)`` (None where a cell
+    is missing)."""
 
     def ms(label, pass_name, n):
         return cells.get((label, pass_name, n), {}).get("ms")
@@ -133,8 +135,10 @@ def markdown(report: dict) -> str:
         f"# Sliding-window attention: window {tuple(shape['window'])}, causal, B=1 H={shape['heads']} "
         f"D={shape['head_dim']} {shape['dtype']}",
         "",
-        f"{prov.get('device_name') or prov.get('gpu_key')}, torch {prov['torch']}, triton {prov['triton']}, "
-        f"commit {prov['commit']}. Median ms (TFLOP/s of the visible pairs).",
+        f"Produced by `{report['command']}` (the module's docstring says how each cell is timed). "
+        "Median ms (TFLOP/s of the visible pairs).",
+        "",
+        *provenance_table(prov),
         "",
     ]
     by_key = {(c["label"], c["pass"], c["N"]): c for c in cells}
@@ -177,8 +181,10 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m attnkit_tools.window_table", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--out", required=True, help="directory for window_table.json and window_table.md")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma-separated N")
     parser.add_argument("--budget-s", type=float, default=0.2, help="timing budget per cell (median_time_s)")
@@ -186,15 +192,27 @@ def main() -> None:
         "--smoke", action="store_true",
         help="tiny fp32 shapes on the current device (the CPU: run the pipeline, not the numbers)",
     )  # fmt: skip
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    try:
+        args.sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes takes comma-separated integers, not {args.sizes!r}")
+    if not args.smoke and not torch.cuda.is_available():
+        parser.error(
+            "the window table times kernels on a CUDA GPU and none is visible here; "
+            "--smoke runs the pipeline on tiny shapes instead"
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape = {"heads": HEADS, "head_dim": HEAD_DIM, "dtype": DTYPE, "window": WINDOW}
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = args.sizes
     if args.smoke:
         shape = {"heads": 2, "head_dim": 16, "dtype": "fp32", "window": (16, 0)}
         sizes, args.budget_s = [64, 128], 0.01
-    elif device.type != "cuda":
-        parser.error("needs a CUDA GPU (or --smoke)")
     cells, by_key = [], {}
     for n in sizes:
         for pass_name in PASSES:
@@ -212,6 +230,7 @@ def main() -> None:
                 cells.append(cell)
                 by_key[label, pass_name, n] = cell
     report = {
+        "command": produced_by("window_table", sys.argv[1:] if argv is None else argv),
         "provenance": provenance(device),
         "shape": shape,
         "sizes": sizes,
@@ -224,7 +243,8 @@ def main() -> None:
     text = markdown(report)
     (out / "window_table.md").write_text(text)
     print(text)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
