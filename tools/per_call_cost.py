@@ -416,7 +416,7 @@ def main() -> None:
 def _direct_launches() -> bool | None:
     """Whether the Triton path skips ``JITFunction.run`` here (None: no triton installed)."""
     try:
-        from attnkit.triton.fast_launch import find_runtime
+        from attnkit.triton.runtime import find_runtime
     except ImportError:
         return None
     return find_runtime() is not None

@@ -26,13 +26,14 @@ from attnkit.prepared import NativeLaunch, NativeProgram, PreparedRun
 triton = pytest.importorskip("triton")
 
 from attnkit.triton import fast_launch  # noqa: E402
+from attnkit.triton import runtime as triton_runtime  # noqa: E402
 from attnkit.triton.backward_kernels import (  # noqa: E402
     _attn_bwd_dkdv_kernel,
     _attn_bwd_dq_kernel,
     _attn_bwd_preprocess,
 )
 from attnkit.triton.decode_kernels import _decode_combine_kernel, _decode_split_kernel  # noqa: E402
-from attnkit.triton.fast_launch import KernelLaunch, TritonRuntime, launch_key  # noqa: E402
+from attnkit.triton.fast_launch import KernelLaunch, launch_key  # noqa: E402
 from attnkit.triton.forward_kernels import _attn_fwd_kernel  # noqa: E402
 
 ON_GPU = DEVICE.type == "cuda"
@@ -252,7 +253,7 @@ def _fake_runtime(**runtime_knobs):
         ),
         compilation=types.SimpleNamespace(instrumentation_mode=""),
     )
-    return TritonRuntime(knobs, lambda: 0, lambda device: 1234, _FakeKernel, None)
+    return triton_runtime.TritonRuntime(knobs, lambda: 0, lambda device: 1234, _FakeKernel, None)
 
 
 @pytest.fixture
@@ -461,9 +462,9 @@ def test_forward_only_launches_a_layout_bound_after_its_first_call(fake):
 
 def test_find_runtime_declines_without_cuda_or_when_disabled(monkeypatch):
     if not torch.cuda.is_available():
-        assert fast_launch.find_runtime() is None, "a CPU-only machine has no direct launch path"
-    monkeypatch.setenv(fast_launch.DISABLE_ENV, "0")
-    assert fast_launch.find_runtime() is None, f"{fast_launch.DISABLE_ENV}=0 must disable the path"
+        assert triton_runtime.find_runtime() is None, "a CPU-only machine has no direct launch path"
+    monkeypatch.setenv(triton_runtime.DISABLE_ENV, "0")
+    assert triton_runtime.find_runtime() is None, f"{triton_runtime.DISABLE_ENV}=0 must disable the path"
 
 
 def _closure_like_triton36(launcher, tensordesc_indices, tensordesc_meta):
@@ -486,7 +487,7 @@ def test_descriptor_expansion_follows_triton36_make_tensordesc_arg():
     encoder called as Triton calls it; a launcher of another shape, scratch memory, or a
     descriptor Triton did not lower to TMA gives no plan (the compiled launcher expands)."""
     meta = {"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [1, 1, 64, 64], "fp4_padded": False}
-    runtime = TritonRuntime(
+    runtime = triton_runtime.TritonRuntime(
         knobs=None, current_device=None, current_stream=None, jit_function=object, descriptor=None,
         fill_tma=object(), tma_dtype_codes={9: 8},
     )  # fmt: skip
@@ -526,14 +527,14 @@ def test_descriptor_expansion_follows_triton36_make_tensordesc_arg():
 
 def _verified_triton() -> bool:
     version = tuple(int(part) for part in triton.__version__.split(".")[:2])
-    return version in fast_launch.VERIFIED_TRITON
+    return version in triton_runtime.VERIFIED_TRITON
 
 
 @gpu_only
 def test_direct_path_is_active_on_this_gpu():
     if not _verified_triton():
         pytest.skip(f"triton {triton.__version__} is not a verified version: the normal path runs")
-    assert fast_launch.find_runtime() is not None, "CUDA with a verified triton: the direct path should run"
+    assert triton_runtime.find_runtime() is not None, "CUDA with a verified triton: the direct path runs"
 
 
 @gpu_only
@@ -832,7 +833,7 @@ def test_native_programs_are_asked_for_calls_without_gradients_and_declined_off_
 
 
 def _skip_without_native_launches():
-    if not getattr(fast_launch.find_runtime(), "native_launches", False):
+    if not getattr(triton_runtime.find_runtime(), "native_launches", False):
         pytest.skip(f"triton {triton.__version__}: no native launches (triton 3.6's launcher only)")
 
 
@@ -843,7 +844,8 @@ def _triton_calls(q, k, v, **kwargs):
 #: What a native call runs in Python: attention()'s frame and the readiness checks.
 _NATIVE_CALL = {
     "attnkit.api:attention",
-    *(f"attnkit.triton.fast_launch:{name}" for name in ("ready", "options", "_hook_active")),
+    "attnkit.triton.fast_launch:ready",
+    *(f"attnkit.triton.runtime:{name}" for name in ("options", "_hook_active")),
     "attnkit.triton.fast_launch:globals_unchanged",
     "attnkit.triton.fast_launch:<genexpr>",  # globals_unchanged's
 }
@@ -917,7 +919,7 @@ def test_native_launches_are_captured_and_replayed_in_a_cuda_graph(monkeypatch, 
     with torch.cuda.graph(graph):
         entered = python_functions_run(lambda: outputs.append(attend()))
     captured = outputs[0]
-    if getattr(fast_launch.find_runtime(), "native_launches", False):
+    if getattr(triton_runtime.find_runtime(), "native_launches", False):
         assert _PYTHON_RUN not in entered, "the captured call did not take the native launches"
     q.copy_(torch.randn_like(q))
     graph.replay()

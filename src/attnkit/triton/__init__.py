@@ -4,6 +4,8 @@ Layers, one module each:
 
 * ``forward_kernels`` / ``backward_kernels``: the ``@triton.jit`` kernels;
 * ``launch``: host launchers over one shared setup (shapes, strides, scale, grid, config);
+* ``fast_launch`` / ``runtime``: each kernel launched without Triton's per-call binding once a
+  layout was seen, and the Triton internals that needs;
 * ``decode_kernels`` / ``decode``: the split-KV forward for few queries against many keys;
 * ``config``: per-GPU tile configs, read from ``configs/<gpu>.json`` (written by ``tune``);
 * this module: :class:`TritonImplementation` for the shared autograd function, the public

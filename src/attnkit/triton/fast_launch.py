@@ -65,7 +65,8 @@ are part of the key, so the first call with a new layout takes the normal path, 
 scratch memory, a descriptor Triton did not lower to TMA), the direct launch passes
 ``TensorDescriptor`` objects to the compiled launcher instead.
 
-Fallbacks to ``kernel[grid](...)`` (the normal path, always correct):
+Fallbacks to ``kernel[grid](...)`` (the normal path, always correct; the Triton internals this
+module reads are found by :func:`attnkit.triton.runtime.find_runtime`):
 
 * anything this module relies on is missing or unverified: triton other than 3.6 / 3.9, no
   CUDA, a HIP build (AMD specialises tensors differently), no ``driver.active``
@@ -84,7 +85,6 @@ Fallbacks to ``kernel[grid](...)`` (the normal path, always correct):
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -92,13 +92,10 @@ from typing import Any
 import torch
 
 from attnkit.fastpath.native import native_layout
+from attnkit.triton.runtime import TritonRuntime, find_runtime
 
-#: Triton versions whose ``JITFunction.run`` and specialisation were read for this module.
-VERIFIED_TRITON = ((3, 6), (3, 9))
 #: Entries per :class:`KernelLaunch` before its cache is cleared (a program sweeping layouts).
 MAX_ENTRIES = 256
-#: Set to ``0`` before import to launch every kernel through ``kernel[grid]``.
-DISABLE_ENV = "ATTNKIT_FAST_LAUNCH"
 
 #: Keyword argument values keyed as they are (with their types).
 _PLAIN = frozenset({int, float, bool, str, type(None)})
@@ -107,87 +104,6 @@ _MISSING = object()
 
 class _Uncacheable(Exception):
     """An argument this module does not key: the call takes the normal path."""
-
-
-@dataclass(frozen=True)
-class TritonRuntime:
-    """The Triton internals a direct launch reads, found once by :func:`find_runtime`."""
-
-    knobs: Any  # triton.knobs
-    current_device: Callable[[], int]
-    current_stream: Callable[[int], int]
-    jit_function: type
-    descriptor: type | None  # triton.tools.tensor_descriptor.TensorDescriptor
-    #: triton 3.6's TMA encoder and its device-to-host dtype codes; None elsewhere.
-    fill_tma: Callable | None = None
-    tma_dtype_codes: dict | None = None
-    #: The compiled launcher packs arguments as triton 3.6's does
-    #: (:func:`attnkit.fastpath.native.native_launch`).
-    native_launches: bool = False
-
-    def options(self) -> tuple | None:
-        """The launch options Triton reads from its knobs on every call (part of its key), or
-        None when a launch hook or a pipeline inspection hook is set (the normal path then)."""
-        runtime, compilation = self.knobs.runtime, self.knobs.compilation
-        if (
-            _hook_active(runtime.launch_enter_hook)
-            or _hook_active(runtime.launch_exit_hook)
-            or getattr(runtime, "add_stages_inspection_hook", None) is not None
-        ):
-            return None
-        return (
-            runtime.debug,
-            compilation.instrumentation_mode,
-            getattr(compilation, "fpsan_homomorphic_casts", None),
-        )
-
-
-def _hook_active(hook) -> bool:
-    """A launch hook is set: a callable, or Triton's ``HookChain`` (3.6+) with hooks in it."""
-    return hook is not None and bool(getattr(hook, "calls", True))
-
-
-def find_runtime() -> TritonRuntime | None:
-    """The Triton internals, or None where any is missing or unverified (then every launch
-    takes the normal path)."""
-    if os.environ.get(DISABLE_ENV) == "0":
-        return None
-    try:
-        import triton
-        from triton import knobs
-        from triton.runtime.driver import driver
-        from triton.runtime.jit import JITFunction
-
-        version = tuple(int(part) for part in triton.__version__.split(".")[:2])
-        if version not in VERIFIED_TRITON or knobs.runtime.interpret:
-            return None
-        if not torch.cuda.is_available() or torch.version.hip is not None:
-            return None
-        active = driver.active
-        if active.get_current_target().backend != "cuda":
-            return None
-        from triton.tools.tensor_descriptor import TensorDescriptor  # in every verified version
-
-        fill_tma, dtype_codes = None, None
-        if version == (3, 6):
-            from triton.backends.nvidia import driver as nvidia_driver
-
-            fill_tma = active.utils.fill_tma_descriptor
-            dtype_codes = dict(nvidia_driver.TMA_DTYPE_DEVICE_TO_HOST)
-        runtime = TritonRuntime(
-            knobs=knobs,
-            current_device=active.get_current_device,
-            current_stream=active.get_current_stream,
-            jit_function=JITFunction,
-            descriptor=TensorDescriptor,
-            fill_tma=fill_tma,
-            tma_dtype_codes=dtype_codes,
-            native_launches=version == (3, 6),
-        )
-        runtime.options()  # every knob it reads exists
-        return runtime
-    except Exception:  # any missing piece: the normal path, which Triton keeps working
-        return None
 
 
 #: Resolved on the first launch (not at import: CUDA initialises lazily). Tests replace it.
