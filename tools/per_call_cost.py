@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnkit
-from attnkit import attention, fastpath
+from attnkit import attention, fast_calls
 from attnkit_perf.decide.stats import median_interval
 from attnkit_perf.machine import provenance
 
@@ -304,7 +304,7 @@ def markdown(report: dict) -> str:
         f"`tools/per_call_cost.py` on {prov['device_name']} (driver {prov['driver']}, CUDA {prov['cuda']}, "
         f"torch {prov['torch']}, triton {prov['triton']}, Python {report['python']}), commit "
         f"{prov['commit']}; Triton kernels launched directly: {report['direct_launches']}; "
-        f"compiled call memo (attnkit.fastpath): {report.get('fast_calls', 'not known (older run)')}. "
+        f"compiled call memo (attnkit.fast_calls): {report.get('fast_calls', 'not known (older run)')}. "
         "bf16, causal; microseconds of host time per call. How it is measured and decided: the "
         "tool's docstring.",
         "",
@@ -396,12 +396,12 @@ def main() -> None:
     print("\n".join(verdicts))
     direct = _direct_launches()
     print(f"Triton kernels launched directly (attnkit.triton.fast_launch): {direct}")
-    print(f"compiled call memo (attnkit.fastpath): {fastpath.status}")
+    print(f"compiled call memo (attnkit.fast_calls): {fast_calls.status}")
     report = {
         "provenance": provenance(device),
         "python": platform.python_version(),
         "direct_launches": direct,
-        "fast_calls": fastpath.status,
+        "fast_calls": fast_calls.status,
         "rows": rows,
         "paired": paired,
         "targets": verdicts,
@@ -416,7 +416,7 @@ def main() -> None:
 def _direct_launches() -> bool | None:
     """Whether the Triton path skips ``JITFunction.run`` here (None: no triton installed)."""
     try:
-        from attnkit.triton.runtime import find_runtime
+        from attnkit.triton.fast_launch import find_runtime
     except ImportError:
         return None
     return find_runtime() is not None

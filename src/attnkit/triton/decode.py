@@ -43,7 +43,7 @@ class DecodeConfig:
 
     The tile (32 keys, 4 warps, 3 stages, 2 programs per SM) is the one closest to the best on
     every shape of ``tools/decode_table.py --sweep`` on the H100 (B 1..8, N 1..16, M 4K..128K;
-    triton 3.6, torch 2.11). The previous tile, 64 keys with 2 stages, took
+    docs/evidence/h100-2026-11-24/session12). The previous tile, 64 keys with 2 stages, took
     1.07x the best time on average and reached 0.81x this tile's bandwidth at B4 N16 M16384.
     """
 
