@@ -23,7 +23,7 @@ from attnkit.tiled import tiled_attention
 
 DeviceCheck = Callable[[torch.device], "str | None"]
 ProblemCheck = Callable[[AttentionProblem], "str | None"]
-Prepare = Callable[[AttentionProblem], PreparedRun]
+Prepare = Callable[[AttentionProblem], PreparedRun | RunFn]
 
 
 def _always(_) -> None:
@@ -37,11 +37,11 @@ class Backend:
     ``device_support`` and ``problem_support`` return None when the path can run, or a
     sentence saying why not; they are cheap and run before any kernel. ``prepare``, if given,
     returns the eager run for one problem that passed both, as a
-    :class:`~attnkit.prepared.PreparedRun`, with the work that depends on the problem alone done
-    up front: :func:`attnkit.attention` calls it once per call signature and keeps the result
-    (``run`` is what torch.compile traces). The prepared run may describe itself for the
-    compiled fast path (:mod:`attnkit.prepared`: one SDPA call, or a forward of fixed kernel
-    launches).
+    :class:`~attnkit.prepared.PreparedRun` (or a plain run function, which describes nothing),
+    with the work that depends on the problem alone done up front: :func:`attnkit.attention`
+    calls it once per call signature and keeps the result (``run`` is what torch.compile
+    traces). The prepared run may describe itself for the compiled fast path
+    (:mod:`attnkit.prepared`: one SDPA call, or a forward of fixed kernel launches).
     """
 
     name: str
@@ -53,7 +53,10 @@ class Backend:
 
     def prepared_run(self, problem: AttentionProblem) -> PreparedRun:
         """The eager run for ``problem``: ``prepare(problem)``, or ``run`` without one."""
-        return PreparedRun(self.run) if self.prepare is None else self.prepare(problem)
+        if self.prepare is None:
+            return PreparedRun(self.run)
+        prepared = self.prepare(problem)
+        return prepared if isinstance(prepared, PreparedRun) else PreparedRun(prepared)
 
 
 _REGISTRY: dict[str, Backend] = {}

@@ -356,3 +356,42 @@ def test_a_build_under_way_or_stopped_is_named_with_its_lock(monkeypatch, tmp_pa
     memo, status = loader._load()
     assert memo is None
     assert status == f"off: a build is under way, or was stopped (then remove {directory / 'lock'})"
+
+
+@pytest.mark.parametrize("prepared", ["PreparedRun", "plain function"])
+def test_a_backends_prepare_may_return_a_prepared_run_or_a_plain_run(monkeypatch, prepared, memo_in_front):
+    """The registry's protocol: ``prepare`` returns a PreparedRun, or a plain run function that
+    describes nothing; either runs, first and repeated calls, through either memo."""
+    from attnkit import registry
+
+    def run(q, k, v, problem):
+        return q * 3
+
+    def prepare(problem):
+        return PreparedRun(run) if prepared == "PreparedRun" else run
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    registry.register(registry.Backend("triple", "q times 3, for a test", run, prepare=prepare))
+    monkeypatch.setattr(attnkit.api, "_PLANNED", {})
+    q = torch.randn(1, 1, 4, 8)
+    for call in ("first", "repeated", "repeated again"):
+        out = attnkit.attention(q, q, q, backend="triple")
+        assert torch.equal(out, q * 3), f"{prepared}, {call} call: not the prepared run's output"
+    if MEMO is not None:
+        MEMO.forget()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((None,), "run: expected a callable"),
+        ((len,), "plain_sdpa_call: expected a PlainSdpaCall"),
+        ((len,), "native_forward: expected a callable"),
+    ],
+    ids=["run", "plain_sdpa_call", "native_forward"],
+)
+def test_a_prepared_run_takes_only_its_typed_fields(args, message):
+    field = message.split(":")[0]
+    keywords = {} if field == "run" else {field: (None, True, None, False, None)}
+    with pytest.raises(TypeError, match=message):
+        PreparedRun(*args, **keywords)
