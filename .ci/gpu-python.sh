@@ -13,7 +13,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 python="${ATTNKIT_PYTHON:-python3}"
 export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}"
-# The compiled call memo (attnkit.fast_calls): built for this torch on first import, once.
+# The compiled fast path (attnkit.fastpath): built for this torch on first import, once.
 export ATTNKIT_FAST_CALLS="${ATTNKIT_FAST_CALLS:-build}"
 
 if ! "$python" -c "import torch, pytest, pytest_benchmark, hypothesis" 2>/dev/null; then

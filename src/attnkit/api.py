@@ -6,9 +6,10 @@ from functools import partial
 
 import torch
 
-from attnkit import fast_calls
+from attnkit import fastpath
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem, check_inputs
+from attnkit.prepared import PreparedRun
 from attnkit.reference import degenerate_attention
 from attnkit.registry import auto_skip_reason, get_backend, unavailable_reason
 
@@ -16,11 +17,11 @@ from attnkit.registry import auto_skip_reason, get_backend, unavailable_reason
 #: an attribute (dynamo knows ``is_compiling`` by its identity, whatever it is called here).
 _is_compiling = torch.compiler.is_compiling
 _Tensor = torch.Tensor
-#: The compiled memo in front of the Python one (:mod:`attnkit.fast_calls`), or None.
-_compiled_memo = fast_calls.memo
+#: The compiled memo in front of the Python one (:mod:`attnkit.fastpath`), or None.
+_compiled_memo = fastpath.memo
 
-#: Order in which ``backend="auto"`` tries paths: fastest first, as measured on the H100
-#: (docs/PERFORMANCE.md); a path is skipped when it is unavailable or rejects the inputs.
+#: Order in which ``backend="auto"`` tries paths: fastest first, as measured on the H100; a
+#: path is skipped when it is unavailable or rejects the inputs.
 AUTO_ORDER = ("triton", "sdpa", "tiled", "naive")
 
 
@@ -61,7 +62,7 @@ def attention(
     if _is_compiling():  # traced once: the plain checks, no host-side caches
         problem = check_inputs(q, k, v, causal, scale, window)
         return _plan(backend, problem)(q, k, v, problem)
-    if _compiled_memo is not None:  # attnkit.fast_calls: None where it keeps no entry
+    if _compiled_memo is not None:  # attnkit.fastpath: None where it keeps no entry
         out = _compiled_memo.call(q, k, v, causal, scale, window, backend)
         if out is not None:
             return out
@@ -69,7 +70,10 @@ def attention(
     # None/float scale, a None/(int, int) tuple window and a str backend are looked up; anything
     # else goes straight to the checks, which raise the right error (``(True, 1)`` equals
     # ``(1, 1)`` as a key, so a window is looked up only when both sides are exactly ints).
-    # Written out here rather than in a helper: the call alone was ~10% of the memo's cost.
+    # Written out here rather than in a helper: the call alone was ~10% of the memo's cost. The
+    # compiled memo's key (make_key in attnkit/fastpath/csrc) has these conditions too, but for
+    # exact tensors only (a subclass's __torch_function__ must see its calls); a parity test
+    # runs both over one table.
     if (
         isinstance(q, _Tensor)
         and isinstance(k, _Tensor)
@@ -100,30 +104,45 @@ def attention(
         key = planned = None
     if planned is None:
         problem = check_inputs(q, k, v, causal, scale, window)
-        planned = problem, _plan(backend, problem, prepared=True)
+        prepared = _plan(backend, problem, prepared=True)
+        # The run itself beside its PreparedRun: each call makes one call, not two.
+        planned = problem, prepared.run, prepared
         if key is not None:
             if len(_PLANNED) >= _CACHE_SIZE:
                 _PLANNED.clear()
             _PLANNED[key] = planned
-    problem, run = planned
+    problem, run, prepared = planned
     out = run(q, k, v, problem)
     if key is not None and _compiled_memo is not None:  # after a call ran: its checks are made
-        _compiled_memo.remember(q, k, v, causal, scale, window, backend, problem, run)
+        _compiled_memo.remember(q, k, v, causal, scale, window, backend, problem, prepared)
     return out
 
 
 #: Host-side memo of what depends only on a call's signature: the validated problem, and the
-#: backend's run function once its support checks passed, prepared for the problem
-#: (:meth:`Backend.prepared_run`; for ``auto``, the candidates' checks made too). A call with a
+#: backend's run once its support checks passed, prepared for the problem
+#: (:meth:`Backend.prepared_run`; for ``auto``, the candidates' checks made too), as
+#: ``(problem, prepared.run, prepared)``. A call with a
 #: known signature pays one tuple and one dict lookup (~1.5 us on CPU) instead of the checks and
 #: the plan (~10 us). Bounded: cleared when full; it holds no tensors. Backend availability is
 #: therefore decided once per signature.
 _CACHE_SIZE = 4096
-_PLANNED: dict[tuple, tuple[AttentionProblem, object]] = {}
+_PLANNED: dict[tuple, tuple[AttentionProblem, object, PreparedRun]] = {}
 
 
 def _exact_int_pair(window) -> bool:
-    return type(window) is tuple and len(window) == 2 and type(window[0]) is int and type(window[1]) is int
+    """A pair of exact ints that each fit a 64-bit word: the compiled memo keys its sides as such
+    words, and both memos keep the same calls (a wider window goes to the checks every time)."""
+    return (
+        type(window) is tuple
+        and len(window) == 2
+        and type(window[0]) is int
+        and type(window[1]) is int
+        and _INT64_MIN <= window[0] <= _INT64_MAX
+        and _INT64_MIN <= window[1] <= _INT64_MAX
+    )
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @torch.compiler.assume_constant_result
@@ -135,11 +154,13 @@ def _device_reason(backend: str, device: torch.device) -> str | None:
 
 def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
     """The function that runs ``problem`` on ``backend``, or the error saying why it cannot;
-    ``prepared``: the eager run made for this problem (memoised), else the plain one (traced)."""
+    ``prepared``: the eager run made for this problem, a :class:`PreparedRun` (memoised), else
+    the plain one (traced)."""
     if backend == "auto":
         if problem.is_degenerate:
-            return degenerate_attention
-        return partial(_run_first, _auto_candidates(problem, prepared))
+            return PreparedRun(degenerate_attention) if prepared else degenerate_attention
+        run = partial(_run_first, _auto_candidates(problem, prepared))
+        return PreparedRun(run) if prepared else run
     chosen = get_backend(backend)
     reason = _device_reason(backend, problem.device)
     if reason is not None:
@@ -148,7 +169,7 @@ def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
     if reason is not None:
         raise UnsupportedProblemError(f"backend {backend!r} does not support {problem.describe()}: {reason}")
     if problem.is_degenerate:  # a zero-size dimension: one answer for every path (README)
-        return degenerate_attention
+        return PreparedRun(degenerate_attention) if prepared else degenerate_attention
     return chosen.prepared_run(problem) if prepared else chosen.run
 
 
@@ -168,7 +189,7 @@ def _auto_candidates(problem: AttentionProblem, prepared: bool) -> tuple:
             or candidate.problem_support(problem)
         )
         if reason is None:
-            candidates.append((name, candidate.prepared_run(problem) if prepared else candidate.run))
+            candidates.append((name, candidate.prepared_run(problem).run if prepared else candidate.run))
         else:
             candidates.append((f"{name}: {reason}", None))
     return tuple(candidates)

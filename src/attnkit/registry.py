@@ -10,6 +10,7 @@ import torch
 
 from attnkit.device import default_device
 from attnkit.inputs import AttentionProblem
+from attnkit.prepared import PreparedRun, RunFn
 from attnkit.reference import naive_attention
 from attnkit.sdpa import (
     SDPA_BACKENDS,
@@ -20,10 +21,9 @@ from attnkit.sdpa import (
 )
 from attnkit.tiled import tiled_attention
 
-RunFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionProblem], torch.Tensor]
 DeviceCheck = Callable[[torch.device], "str | None"]
 ProblemCheck = Callable[[AttentionProblem], "str | None"]
-Prepare = Callable[[AttentionProblem], RunFn]
+Prepare = Callable[[AttentionProblem], PreparedRun | RunFn]
 
 
 def _always(_) -> None:
@@ -36,15 +36,12 @@ class Backend:
 
     ``device_support`` and ``problem_support`` return None when the path can run, or a
     sentence saying why not; they are cheap and run before any kernel. ``prepare``, if given,
-    returns the eager run for one problem that passed both, with the work that depends on the
-    problem alone done up front: :func:`attnkit.attention` calls it once per call signature
-    and keeps the result (``run`` is what torch.compile traces). A prepared run that is one
-    SDPA call may say which as its ``plain_sdpa_call`` attribute (:func:`attnkit.sdpa._plain_call`);
-    the compiled memo (:mod:`attnkit.fast_calls`) then makes that call itself once a call ran.
-    One whose forward, without gradients, is a fixed sequence of kernel launches may describe
-    it per layout as its ``native_forward(q, k, v)`` attribute (a
-    :class:`~attnkit.triton.fast_launch.NativeProgram`, or None); the compiled memo then makes
-    those launches itself (the Triton path's :func:`attnkit.triton.prepare`).
+    returns the eager run for one problem that passed both, as a
+    :class:`~attnkit.prepared.PreparedRun` (or a plain run function, which describes nothing),
+    with the work that depends on the problem alone done up front: :func:`attnkit.attention`
+    calls it once per call signature and keeps the result (``run`` is what torch.compile
+    traces). The prepared run may describe itself for the compiled fast path
+    (:mod:`attnkit.prepared`: one SDPA call, or a forward of fixed kernel launches).
     """
 
     name: str
@@ -54,9 +51,12 @@ class Backend:
     problem_support: ProblemCheck = _always
     prepare: Prepare | None = None
 
-    def prepared_run(self, problem: AttentionProblem) -> RunFn:
+    def prepared_run(self, problem: AttentionProblem) -> PreparedRun:
         """The eager run for ``problem``: ``prepare(problem)``, or ``run`` without one."""
-        return self.run if self.prepare is None else self.prepare(problem)
+        if self.prepare is None:
+            return PreparedRun(self.run)
+        prepared = self.prepare(problem)
+        return prepared if isinstance(prepared, PreparedRun) else PreparedRun(prepared)
 
 
 _REGISTRY: dict[str, Backend] = {}

@@ -233,10 +233,10 @@ def fast_path_status() -> tuple[bool | None, str]:
     never claims a missing fast path that merely moved."""
     if importlib.util.find_spec("triton") is None:
         return None, "no triton"
-    from attnkit import fast_calls
-    from attnkit.triton.fast_launch import find_runtime
+    from attnkit import fastpath
+    from attnkit.triton.runtime import find_runtime
 
-    return find_runtime() is not None, str(fast_calls.status)
+    return find_runtime() is not None, str(fastpath.status)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit
 import attnkit.api
-from attnkit import fast_calls
+from attnkit import fastpath
 
 #: One database per checkout, not per working directory: pytest started from tests/ or from the
 #: root replays the same saved failures.
@@ -101,13 +101,13 @@ def _return_cached_gpu_memory():
 @pytest.fixture(params=["python-memo", "compiled-memo"])
 def memo_in_front(request, monkeypatch) -> str:
     """attention()'s repeated calls through the Python memo alone, then through the compiled memo
-    (:mod:`attnkit.fast_calls`) in front of it; the compiled case is skipped where it is not built."""
+    (:mod:`attnkit.fastpath`) in front of it; the compiled case is skipped where it is not built."""
     if request.param == "python-memo":
         monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
-    elif fast_calls.memo is None:
-        pytest.skip(f"attnkit.fast_calls: {fast_calls.status}")
+    elif fastpath.memo is None:
+        pytest.skip(f"attnkit.fastpath: {fastpath.status}")
     else:
-        monkeypatch.setattr(attnkit.api, "_compiled_memo", fast_calls.memo)
+        monkeypatch.setattr(attnkit.api, "_compiled_memo", fastpath.memo)
     return request.param
 
 

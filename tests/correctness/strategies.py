@@ -153,10 +153,10 @@ def windowed_problems(draw, **kwargs):
 
 @st.composite
 def split_causal_problems(draw, *, max_len: int = 160, max_dim: int = 128):
-    """Causal problems the mask-free cuDNN split takes (:func:`attnkit.sdpa_split_causal.splits`:
+    """Causal problems the mask-free cuDNN split takes (:func:`attnkit.sdpa.split_causal.splits`:
     1 < N and M - N >= 2), otherwise drawn as :func:`problems` (GQA, dtypes, layouts, magnitudes),
     with Dv = D (the CPU flash kernel, the split's CPU twin, takes no other) and a positive scale
-    (zero, negative and tiny scales are translated before any kernel runs: :mod:`attnkit.sdpa`)."""
+    (zero, negative and tiny scales are translated before any kernel runs: :mod:`attnkit.sdpa.semantics`)."""
     problem = draw(problems(max_len=max_len, max_dim=max_dim))
     kv_len = draw(_lengths(max_len).filter(lambda m: m >= 4))
     # N = 2 (the smallest square), M - N = 2 (the smallest prefix), and anything between.

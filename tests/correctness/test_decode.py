@@ -237,11 +237,11 @@ def test_the_bottom_right_kernel_calls_match_their_schemas(kernel, kv_heads, hea
     """The private ops' calls, on meta tensors (PyTorch's shape functions; the kernels
     themselves are CUDA-only): the arguments bind to the schema and the output (and, through
     autograd, each gradient) has its operand's shape."""
-    from attnkit import sdpa_lower_right
+    from attnkit.sdpa import lower_right
 
     shapes = [(2, 4, 3, head_dim), (2, kv_heads, 50, head_dim), (2, kv_heads, 50, head_dim)]
     q, k, v = (torch.empty(s, device="meta", dtype=torch.bfloat16, requires_grad=with_grad) for s in shapes)
-    out = getattr(sdpa_lower_right, kernel)(q, k, v, check_inputs(q, k, v, True, None))
+    out = getattr(lower_right, kernel)(q, k, v, check_inputs(q, k, v, True, None))
     assert out.shape == q.shape and out.dtype == q.dtype, f"{kernel}: out {out.shape} {out.dtype}"
     if with_grad:
         grads = torch.autograd.grad(out.sum(), (q, k, v))

@@ -1,32 +1,35 @@
-"""The compiled call memo (:mod:`attnkit.fast_calls`): it keeps the calls the Python memo keeps and
-no others, a kept plain SDPA call runs exactly raw SDPA's ops with the path's kernel, its layout
-test passes only what the Python rule passes as it is, and whatever it does not take (a kernel
-that declines, a mode, a subclass) goes to the Python run, with the flags put back and no stray
-warnings. How it is built, found and switched off is tested without the extension."""
+"""The compiled call memo (:mod:`attnkit.fastpath`): a kept plain SDPA call runs exactly raw
+SDPA's ops with the path's kernel, and whatever it does not take (a kernel that declines, a
+mode, an operand its layout test does not pass) goes to the prepared run, with the flags put back
+and no stray warnings. Which calls it keeps and which operands it passes are the Python memo's
+rules: test_fastpath_parity.py. How it is built, found and switched off is tested without the
+extension."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import DEVICE, SDPA_PATHS, python_functions_run, skip_if_unavailable
 from conftest import SDPA_DTYPE as DTYPE
-from hypothesis import given
-from hypothesis import strategies as st
 from torch.nn.attention import sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
 import attnkit
 import attnkit.api
-from attnkit import fast_calls
-from attnkit.sdpa import SDPA_BACKENDS, _aligned_for_fused_kernels
+from attnkit import fastpath
+from attnkit.fastpath import loader
+from attnkit.prepared import PlainSdpaCall, PreparedRun
+from attnkit.sdpa import SDPA_BACKENDS
 from attnkit.testing import assert_close_to_reference, compare_to_reference
 
-MEMO = fast_calls.memo
-needs_memo = pytest.mark.skipif(MEMO is None, reason=f"attnkit.fast_calls: {fast_calls.status}")
+MEMO = fastpath.memo
+needs_memo = pytest.mark.skipif(MEMO is None, reason=f"attnkit.fastpath: {fastpath.status}")
 
 
 def _operands(shapes, seed=0, grad=False):
@@ -38,57 +41,12 @@ def _operands(shapes, seed=0, grad=False):
 def compiled_memo(monkeypatch):
     """attention() with the compiled memo in front, started empty (and the Python memo too)."""
     if MEMO is None:
-        pytest.skip(f"attnkit.fast_calls: {fast_calls.status}")
+        pytest.skip(f"attnkit.fastpath: {fastpath.status}")
     monkeypatch.setattr(attnkit.api, "_compiled_memo", MEMO)
     monkeypatch.setattr(attnkit.api, "_PLANNED", {})
     MEMO.forget()
     yield MEMO
     MEMO.forget()
-
-
-class _TensorSubclass(torch.Tensor):
-    pass
-
-
-class _BackendName(str):
-    pass
-
-
-def _kept_by_each(args: dict, make=lambda x: x) -> tuple[int, int]:
-    q, k, v = (make(x) for x in _operands([(1, 2, 8, 16)] * 3))
-    attnkit.attention(q, k, v, **args)
-    return len(attnkit.api._PLANNED), MEMO.size()
-
-
-#: attention()'s keyword arguments -> (kept by the Python memo, kept by the compiled memo).
-_KEEPS = {
-    "defaults": ({}, (1, 1)),
-    "causal": ({"causal": True}, (1, 1)),
-    "scale within 1": ({"scale": 0.25}, (1, 1)),
-    "negative scale": ({"scale": -0.5}, (1, 1)),
-    "scale above 1 (checked against the data)": ({"scale": 2.0}, (0, 0)),
-    "int scale": ({"scale": 1}, (0, 0)),
-    "causal as a NumPy bool": ({"causal": np.bool_(True)}, (0, 0)),
-    "window": ({"window": (2, 0)}, (1, 1)),
-    "window of a NumPy int and an int": ({"window": (np.int64(2), 0)}, (0, 0)),
-    "window as a list": ({"window": [2, 0]}, (0, 0)),
-    "backend named by a str subclass": ({"backend": _BackendName("naive")}, (0, 0)),
-}
-
-
-@needs_memo
-@pytest.mark.parametrize(("args", "kept"), list(_KEEPS.values()), ids=list(_KEEPS))
-def test_the_compiled_memo_keeps_the_calls_the_python_memo_keeps(compiled_memo, args, kept):
-    args = {"backend": "naive", **args}
-    assert _kept_by_each(args) == kept
-
-
-@needs_memo
-def test_tensor_subclasses_are_left_to_the_python_memo(compiled_memo):
-    """A subclass may override ``__torch_function__``: the Python memo reads its shapes through
-    it and its run calls SDPA through it; the compiled memo keeps no entry for it."""
-    kept = _kept_by_each({"backend": "naive"}, make=lambda x: x.as_subclass(_TensorSubclass))
-    assert kept == (1, 0)
 
 
 @needs_memo
@@ -202,41 +160,6 @@ def test_kept_calls_give_the_python_memos_results(compiled_memo, monkeypatch, na
     assert_close_to_reference(f"{name} through the compiled memo", checks)
 
 
-@st.composite
-def _strided_operands(draw):
-    """A 4-D view of a buffer with drawn sizes, strides (zero and size-1 dimensions' odd ones
-    included) and storage offset, of a 2-, 4- or 8-byte dtype."""
-    dtype = draw(st.sampled_from([torch.bfloat16, torch.float32, torch.float64]))
-    shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 4, 8]), min_size=4, max_size=4)))
-    last = draw(st.sampled_from([1, 1, 1, 2]))
-    strides = [last]
-    for size in reversed(shape[1:]):
-        choice = draw(st.sampled_from(["packed", "padded", "odd", "zero"]))
-        step = strides[-1] * size
-        strides.append({"packed": step, "padded": step + 8, "odd": step + 3, "zero": 0}[choice])
-    strides = tuple(reversed(strides))
-    offset = draw(st.sampled_from([0, 0, 1, 8, 16]))
-    extent = offset + sum((size - 1) * stride for size, stride in zip(shape, strides, strict=True)) + 1
-    buffer = torch.zeros(extent + 16, dtype=dtype)
-    return buffer.as_strided(shape, strides, offset)
-
-
-@needs_memo
-@given(x=_strided_operands())
-def test_the_layout_test_passes_only_what_the_python_rule_passes_as_it_is(x):
-    """attnkit.sdpa's rule decides which operands reach the fused kernels as they are; the
-    compiled test takes exactly those, except rows no layout aligns, which it leaves to the rule
-    (the rule may pass them as they are, after ``contiguous()``)."""
-    item, last_dim = x.element_size(), x.shape[-1]
-    passes = _aligned_for_fused_kernels(x, item, last_dim) is x
-    if (last_dim * item) % 16:
-        assert not MEMO.layout_passes(x, item, last_dim)
-    else:
-        assert MEMO.layout_passes(x, item, last_dim) == passes, (
-            f"strides {x.stride()}, offset {x.storage_offset()}"
-        )
-
-
 def _flags() -> tuple[bool, ...]:
     return tuple(
         getattr(torch._C, f"_get_{flag}_sdp_enabled")() for flag in torch.nn.attention._backend_names
@@ -249,17 +172,18 @@ def test_a_plain_call_sdpa_declines_goes_to_the_run_with_the_flags_back_and_no_w
     hands the call to its run, which sees the caller's enable-flags and leaves them so; the
     declined call's warnings are not printed (the run gives the reasons)."""
     q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
-    # (kernels: flash, efficient, math, cudnn, overrideable), is_causal, scale, enable_gqa, layout
-    spec = ((False, True, False, False, False), False, None, False, None)
+    spec = PlainSdpaCall(
+        kernels=(False, True, False, False, False), is_causal=False, scale=None, enable_gqa=False, layout=None
+    )
     seen = []
 
     def run(q, k, v, problem):
         seen.append((problem, _flags()))
         return q + 1
 
-    run.plain_sdpa_call = spec
+    prepared = PreparedRun(run, plain_sdpa_call=spec)
     before = _flags()
-    assert compiled_memo.remember(q, k, v, False, None, None, "sdpa-x", "problem", run)
+    assert compiled_memo.remember(q, k, v, False, None, None, "sdpa-x", "problem", prepared)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = compiled_memo.call(q, k, v, False, None, None, "sdpa-x")
@@ -281,8 +205,10 @@ def test_a_kept_plain_call_is_made_without_the_run_unless_the_layout_test_fails(
         return q
 
     layout = (q.element_size(), 16, 16)  # the layout test applies to any device's operands
-    run.plain_sdpa_call = (None, True, None, False, layout)
-    compiled_memo.remember(q, k, v, True, None, None, "sdpa", "problem", run)
+    plain = PlainSdpaCall(kernels=None, is_causal=True, scale=None, enable_gqa=False, layout=layout)
+    compiled_memo.remember(
+        q, k, v, True, None, None, "sdpa", "problem", PreparedRun(run, plain_sdpa_call=plain)
+    )
     out = compiled_memo.call(q, k, v, True, None, None, "sdpa")
     assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
     assert not called, "the run was called for operands the layout test passes"
@@ -301,7 +227,7 @@ def test_a_run_that_empties_the_memo_mid_call_returns(compiled_memo):
         compiled_memo.forget()
         return q * 2
 
-    compiled_memo.remember(q, q, q, False, None, None, "naive", object(), run)
+    compiled_memo.remember(q, q, q, False, None, None, "naive", object(), PreparedRun(run))
     del run
     assert torch.equal(compiled_memo.call(q, q, q, False, None, None, "naive"), q * 2)
     assert compiled_memo.size() == 0
@@ -310,9 +236,10 @@ def test_a_run_that_empties_the_memo_mid_call_returns(compiled_memo):
 @needs_memo
 def test_a_full_memo_is_emptied_before_the_next_entry(compiled_memo):
     """Bounded as the Python memo is: 4096 entries, emptied when full."""
+    prepared = PreparedRun(len)
     for n in range(1, 4098):
         x = torch.empty(1, 1, n, 1)
-        compiled_memo.remember(x, x, x, False, None, None, "naive", None, len)
+        compiled_memo.remember(x, x, x, False, None, None, "naive", None, prepared)
     assert compiled_memo.size() == 1
 
 
@@ -345,40 +272,58 @@ def test_an_unknown_mode_is_an_error_naming_the_variable(monkeypatch):
     with pytest.raises(
         ValueError, match=r"ATTNKIT_FAST_CALLS: expected one of auto, build, off, got 'always'"
     ):
-        fast_calls._load()
+        loader._load()
 
 
 def test_off_loads_nothing(monkeypatch):
     monkeypatch.setenv("ATTNKIT_FAST_CALLS", "off")
-    assert fast_calls._load() == (None, "off: ATTNKIT_FAST_CALLS=off")
+    assert loader._load() == (None, "off: ATTNKIT_FAST_CALLS=off")
 
 
 def test_auto_without_a_build_runs_the_python_memo_and_says_how_to_build(monkeypatch, tmp_path):
     monkeypatch.setenv("ATTNKIT_FAST_CALLS", "auto")
     monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path))
-    memo, status = fast_calls._load()
+    memo, status = loader._load()
     assert memo is None
-    assert "python -m attnkit.fast_calls_cli build" in status
+    assert "python -m attnkit.fastpath build" in status
 
 
 def test_a_build_is_named_for_its_torch_and_its_source(monkeypatch, tmp_path):
     """A build made for another torch or another source is never found."""
     monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path))
-    name, directory = fast_calls.build_location()
+    name, directory = loader.build_location()
     assert directory.parent.parent == tmp_path
     assert torch.__version__.replace("+", "_") in directory.parent.name
     edited = tmp_path / "fast_calls.cpp"
-    edited.write_text(fast_calls.SOURCE.read_text() + "\n// edited\n")
-    monkeypatch.setattr(fast_calls, "SOURCE", edited)
-    assert fast_calls.build_location()[0] != name
+    edited.write_text(loader.SOURCE.read_text() + "\n// edited\n")
+    monkeypatch.setattr(loader, "SOURCE", edited)
+    assert loader.build_location()[0] != name
 
 
 def test_the_command_says_whether_the_memo_is_in_use(capsys):
-    from attnkit import fast_calls_cli
+    from attnkit.fastpath.__main__ import main
 
-    assert fast_calls_cli.main(["status"]) == 0
-    assert capsys.readouterr().out == f"attnkit fast calls: {fast_calls.status}\n"
-    assert fast_calls_cli.main(["rebuild"]) == 2
+    assert main(["status"]) == 0
+    assert capsys.readouterr().out == f"attnkit fast path: {fastpath.status}\n"
+    assert main(["rebuild"]) == 2
+
+
+@needs_memo
+def test_the_build_command_builds_through_the_package(tmp_path):
+    """``python -m attnkit.fastpath build`` runs the package's command and builds (here: finds
+    this source's build for this torch, which the build tool then has nothing to redo), even
+    where loading is switched off."""
+    env = {**os.environ, "ATTNKIT_FAST_CALLS": "off", "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "attnkit.fastpath", "build"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    directory = loader.build_location()[1]
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    assert f"attnkit fast path: built in {directory}" in done.stdout, done.stdout[-2000:]
 
 
 @needs_memo
@@ -387,16 +332,16 @@ def test_a_finished_build_is_loaded_as_it_is(monkeypatch):
     running the build tool (which would compile it again for the source at another path: the
     gate's copies of base and head)."""
     monkeypatch.setenv("ATTNKIT_FAST_CALLS", "build")
-    monkeypatch.setattr(fast_calls, "build", lambda verbose=False: pytest.fail("the build tool ran"))
-    memo, status = fast_calls._load()
+    monkeypatch.setattr(loader, "build", lambda verbose=False: pytest.fail("the build tool ran"))
+    memo, status = loader._load()
     assert memo is not None
     assert status.startswith("on: ")
 
 
 def test_an_install_without_the_source_runs_the_python_memo(monkeypatch, tmp_path):
     monkeypatch.setenv("ATTNKIT_FAST_CALLS", "auto")
-    monkeypatch.setattr(fast_calls, "SOURCE", tmp_path / "fast_calls.cpp")
-    assert fast_calls._load() == (None, f"off: {tmp_path / 'fast_calls.cpp'} is not installed")
+    monkeypatch.setattr(loader, "SOURCE", tmp_path / "fast_calls.cpp")
+    assert loader._load() == (None, f"off: {tmp_path / 'fast_calls.cpp'} is not installed")
 
 
 def test_a_build_under_way_or_stopped_is_named_with_its_lock(monkeypatch, tmp_path):
@@ -404,10 +349,49 @@ def test_a_build_under_way_or_stopped_is_named_with_its_lock(monkeypatch, tmp_pa
     build makes every later build wait: the status names it."""
     monkeypatch.setenv("ATTNKIT_FAST_CALLS", "auto")
     monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path))
-    name, directory = fast_calls.build_location()
+    name, directory = loader.build_location()
     directory.mkdir(parents=True)
     (directory / f"{name}.so").write_bytes(b"")
     (directory / "lock").write_bytes(b"")
-    memo, status = fast_calls._load()
+    memo, status = loader._load()
     assert memo is None
     assert status == f"off: a build is under way, or was stopped (then remove {directory / 'lock'})"
+
+
+@pytest.mark.parametrize("prepared", ["PreparedRun", "plain function"])
+def test_a_backends_prepare_may_return_a_prepared_run_or_a_plain_run(monkeypatch, prepared, memo_in_front):
+    """The registry's protocol: ``prepare`` returns a PreparedRun, or a plain run function that
+    describes nothing; either runs, first and repeated calls, through either memo."""
+    from attnkit import registry
+
+    def run(q, k, v, problem):
+        return q * 3
+
+    def prepare(problem):
+        return PreparedRun(run) if prepared == "PreparedRun" else run
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    registry.register(registry.Backend("triple", "q times 3, for a test", run, prepare=prepare))
+    monkeypatch.setattr(attnkit.api, "_PLANNED", {})
+    q = torch.randn(1, 1, 4, 8)
+    for call in ("first", "repeated", "repeated again"):
+        out = attnkit.attention(q, q, q, backend="triple")
+        assert torch.equal(out, q * 3), f"{prepared}, {call} call: not the prepared run's output"
+    if MEMO is not None:
+        MEMO.forget()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((None,), "run: expected a callable"),
+        ((len,), "plain_sdpa_call: expected a PlainSdpaCall"),
+        ((len,), "native_forward: expected a callable"),
+    ],
+    ids=["run", "plain_sdpa_call", "native_forward"],
+)
+def test_a_prepared_run_takes_only_its_typed_fields(args, message):
+    field = message.split(":")[0]
+    keywords = {} if field == "run" else {field: (None, True, None, False, None)}
+    with pytest.raises(TypeError, match=message):
+        PreparedRun(*args, **keywords)

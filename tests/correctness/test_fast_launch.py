@@ -19,18 +19,21 @@ from conftest import DEVICE, python_functions_run
 
 import attnkit
 import attnkit.api
-from attnkit import fast_calls
+from attnkit import fastpath
+from attnkit.fastpath.native import native_launch, native_layout
+from attnkit.prepared import NativeLaunch, NativeProgram, PreparedRun
 
 triton = pytest.importorskip("triton")
 
 from attnkit.triton import fast_launch  # noqa: E402
+from attnkit.triton import runtime as triton_runtime  # noqa: E402
 from attnkit.triton.backward_kernels import (  # noqa: E402
     _attn_bwd_dkdv_kernel,
     _attn_bwd_dq_kernel,
     _attn_bwd_preprocess,
 )
 from attnkit.triton.decode_kernels import _decode_combine_kernel, _decode_split_kernel  # noqa: E402
-from attnkit.triton.fast_launch import KernelLaunch, TritonRuntime, launch_key  # noqa: E402
+from attnkit.triton.fast_launch import KernelLaunch, launch_key  # noqa: E402
 from attnkit.triton.forward_kernels import _attn_fwd_kernel  # noqa: E402
 
 ON_GPU = DEVICE.type == "cuda"
@@ -250,7 +253,7 @@ def _fake_runtime(**runtime_knobs):
         ),
         compilation=types.SimpleNamespace(instrumentation_mode=""),
     )
-    return TritonRuntime(knobs, lambda: 0, lambda device: 1234, _FakeKernel, None)
+    return triton_runtime.TritonRuntime(knobs, lambda: 0, lambda device: 1234, _FakeKernel, None)
 
 
 @pytest.fixture
@@ -459,9 +462,9 @@ def test_forward_only_launches_a_layout_bound_after_its_first_call(fake):
 
 def test_find_runtime_declines_without_cuda_or_when_disabled(monkeypatch):
     if not torch.cuda.is_available():
-        assert fast_launch.find_runtime() is None, "a CPU-only machine has no direct launch path"
-    monkeypatch.setenv(fast_launch.DISABLE_ENV, "0")
-    assert fast_launch.find_runtime() is None, f"{fast_launch.DISABLE_ENV}=0 must disable the path"
+        assert triton_runtime.find_runtime() is None, "a CPU-only machine has no direct launch path"
+    monkeypatch.setenv(triton_runtime.DISABLE_ENV, "0")
+    assert triton_runtime.find_runtime() is None, f"{triton_runtime.DISABLE_ENV}=0 must disable the path"
 
 
 def _closure_like_triton36(launcher, tensordesc_indices, tensordesc_meta):
@@ -484,7 +487,7 @@ def test_descriptor_expansion_follows_triton36_make_tensordesc_arg():
     encoder called as Triton calls it; a launcher of another shape, scratch memory, or a
     descriptor Triton did not lower to TMA gives no plan (the compiled launcher expands)."""
     meta = {"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [1, 1, 64, 64], "fp4_padded": False}
-    runtime = TritonRuntime(
+    runtime = triton_runtime.TritonRuntime(
         knobs=None, current_device=None, current_stream=None, jit_function=object, descriptor=None,
         fill_tma=object(), tma_dtype_codes={9: 8},
     )  # fmt: skip
@@ -524,14 +527,14 @@ def test_descriptor_expansion_follows_triton36_make_tensordesc_arg():
 
 def _verified_triton() -> bool:
     version = tuple(int(part) for part in triton.__version__.split(".")[:2])
-    return version in fast_launch.VERIFIED_TRITON
+    return version in triton_runtime.VERIFIED_TRITON
 
 
 @gpu_only
 def test_direct_path_is_active_on_this_gpu():
     if not _verified_triton():
         pytest.skip(f"triton {triton.__version__} is not a verified version: the normal path runs")
-    assert fast_launch.find_runtime() is not None, "CUDA with a verified triton: the direct path should run"
+    assert triton_runtime.find_runtime() is not None, "CUDA with a verified triton: the direct path runs"
 
 
 @gpu_only
@@ -664,13 +667,14 @@ def test_bound_forward_launches_match_normal_launches_bitwise(monkeypatch, dims,
 
 
 # ---------------------------------------------------------------------------------------------
-# Native launches: a bound launch described as data (NativeLaunch) for attnkit.fast_calls, which
-# makes it from C++. On the CPU: what the description holds, and how the compiled memo keeps,
-# checks and declines programs. On the GPU: that the programs it runs give the bound path's
-# results bit for bit, run no Python but the readiness checks, and replay in a CUDA graph.
+# Native launches: a bound launch described as data (NativeLaunch, attnkit.fastpath.native) for
+# the compiled fast path, which makes it from C++. On the CPU: what the description holds, and how
+# the compiled memo keeps, checks and declines programs. On the GPU: that the programs it runs
+# give the bound path's results bit for bit, run no Python but the readiness checks, and replay
+# in a CUDA graph.
 
-MEMO = fast_calls.memo
-needs_memo = pytest.mark.skipif(MEMO is None, reason=f"attnkit.fast_calls: {fast_calls.status}")
+MEMO = fastpath.memo
+needs_memo = pytest.mark.skipif(MEMO is None, reason=f"attnkit.fastpath: {fastpath.status}")
 
 
 def _bound(types, leading_key, tail, *, native=True, pdl=False):
@@ -699,7 +703,7 @@ def test_a_native_launch_packs_the_parameters_triton36_passes():
     # scale (fp32), BLOCK (a declared constexpr, bound as a keyword value)
     types = ("*bf16", "*fp32", "constexpr", "i32", "i64", "fp32", "constexpr")
     bound = _bound(types, (_ALIGNED_BF16, _UNALIGNED_FP32), (1, 7, 2**40, 0.5, 64), pdl=True)
-    launch = bound.native((0, 3))
+    launch = native_launch(bound, (0, 3))
     assert launch.params == (
         ("tensor", 0, True), ("tensor", 3, False), ("i32", 7), ("i64", 2**40), ("fp32", 0.5),
         ("ptr", 0), ("ptr", 0),
@@ -722,7 +726,7 @@ def test_a_native_launch_packs_the_parameters_triton36_passes():
     ids=["not-native", "leading-int", "unknown-kind", "mistyped", "slots", "signature"],
 )
 def test_a_launch_native_cannot_describe_is_none(types, tail, slots, native):
-    assert _bound(types, (_ALIGNED_BF16,), tail, native=native).native(slots) is None
+    assert native_launch(_bound(types, (_ALIGNED_BF16,), tail, native=native), slots) is None
 
 
 def _compiled(**metadata):
@@ -736,30 +740,28 @@ def _compiled(**metadata):
 
 
 def test_native_layout_is_read_only_from_a_plain_triton36_launch():
-    runtime = dataclasses.replace(_fake_runtime(), native_launches=True)
-    assert fast_launch._native_layout(_compiled(), runtime) == (
+    assert native_layout(_compiled(), True) == (
         ("*bf16", "i32", "constexpr"),
         4,
         64,
         True,
         False,
     )
-    assert fast_launch._native_layout(_compiled(), _fake_runtime()) is None, "another triton's launcher"
-    assert fast_launch._native_layout(_compiled(), None) is None
+    assert native_layout(_compiled(), False) is None, "another triton's launcher"
     for unlike in ({"num_ctas": 2}, {"global_scratch_size": 128}, {"profile_scratch_size": 8}):
-        assert fast_launch._native_layout(_compiled(**unlike), runtime) is None, f"described with {unlike}"
+        assert native_layout(_compiled(**unlike), True) is None, f"described with {unlike}"
     mismatched = _compiled()
     mismatched.packed_metadata = (4, 1, 64, 1)  # another launcher metadata than triton 3.6 packs
-    assert fast_launch._native_layout(mismatched, runtime) is None
+    assert native_layout(mismatched, True) is None
 
 
 def _program(q, ready, **launch):
     fields = dict(ready=ready, function=1, grid=(1, 1, 1), block=32, shared=0, pdl=False, cooperative=False,
                   params=(("tensor", 3, True), ("i32", 5), ("fp32", 0.5), ("ptr", 0))) | launch  # fmt: skip
-    return fast_launch.NativeProgram(
+    return NativeProgram(
         device=0,
         allocations=((tuple(q.shape), q.dtype),),
-        launches=(fast_launch.NativeLaunch(**fields),),
+        launches=(NativeLaunch(**fields),),
         result=3,
     )
 
@@ -767,7 +769,7 @@ def _program(q, ready, **launch):
 @pytest.fixture
 def compiled_memo(monkeypatch):
     if MEMO is None:
-        pytest.skip(f"attnkit.fast_calls: {fast_calls.status}")
+        pytest.skip(f"attnkit.fastpath: {fastpath.status}")
     MEMO.forget()
     yield MEMO
     MEMO.forget()
@@ -794,14 +796,14 @@ def test_a_malformed_native_program_is_an_error_when_it_is_kept(compiled_memo, p
     def run(q, k, v, problem):
         return q
 
-    run.native_forward = lambda q, k, v: program
+    prepared = PreparedRun(run, native_forward=lambda q, k, v: program)
     with pytest.raises(TypeError, match=r"^native program: "):
-        compiled_memo.remember(q, q, q, False, None, None, "triton", "problem", run)
+        compiled_memo.remember(q, q, q, False, None, None, "triton", "problem", prepared)
 
 
 @needs_memo
 def test_native_programs_are_asked_for_calls_without_gradients_and_declined_off_cuda(compiled_memo):
-    """The memo asks a run's ``native_forward`` for each call the run made without gradients;
+    """The memo asks a prepared run's ``native_forward`` for each call the run made without gradients;
     it never runs a program for CPU operands (nor asks it whether it is ready); a call with
     gradients neither asks nor runs one."""
     asked, ready_asked, ran = [], [], []
@@ -811,10 +813,11 @@ def test_native_programs_are_asked_for_calls_without_gradients_and_declined_off_
         ran.append(problem)
         return q * 2
 
-    run.native_forward = lambda q, k, v: (
-        asked.append(q.stride()) or _program(q, lambda: ready_asked.append(1))
+    prepared = PreparedRun(
+        run,
+        native_forward=lambda q, k, v: asked.append(q.stride()) or _program(q, lambda: ready_asked.append(1)),
     )
-    compiled_memo.remember(x, x, x, True, None, None, "triton", "problem", run)
+    compiled_memo.remember(x, x, x, True, None, None, "triton", "problem", prepared)
     assert asked == [x.stride()], "the program was not asked for when the entry was made"
     for _ in range(2):
         assert torch.equal(compiled_memo.call(x, x, x, True, None, None, "triton"), x * 2)
@@ -830,7 +833,7 @@ def test_native_programs_are_asked_for_calls_without_gradients_and_declined_off_
 
 
 def _skip_without_native_launches():
-    if not getattr(fast_launch.find_runtime(), "native_launches", False):
+    if not getattr(triton_runtime.find_runtime(), "native_launches", False):
         pytest.skip(f"triton {triton.__version__}: no native launches (triton 3.6's launcher only)")
 
 
@@ -841,7 +844,8 @@ def _triton_calls(q, k, v, **kwargs):
 #: What a native call runs in Python: attention()'s frame and the readiness checks.
 _NATIVE_CALL = {
     "attnkit.api:attention",
-    *(f"attnkit.triton.fast_launch:{name}" for name in ("ready", "options", "_hook_active")),
+    "attnkit.triton.fast_launch:ready",
+    *(f"attnkit.triton.runtime:{name}" for name in ("options", "_hook_active")),
     "attnkit.triton.fast_launch:globals_unchanged",
     "attnkit.triton.fast_launch:<genexpr>",  # globals_unchanged's
 }
@@ -915,7 +919,7 @@ def test_native_launches_are_captured_and_replayed_in_a_cuda_graph(monkeypatch, 
     with torch.cuda.graph(graph):
         entered = python_functions_run(lambda: outputs.append(attend()))
     captured = outputs[0]
-    if getattr(fast_launch.find_runtime(), "native_launches", False):
+    if getattr(triton_runtime.find_runtime(), "native_launches", False):
         assert _PYTHON_RUN not in entered, "the captured call did not take the native launches"
     q.copy_(torch.randn_like(q))
     graph.replay()

@@ -6,6 +6,8 @@ per call on the host whether an operand is copied."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import re
 import warnings
 
 import pytest
@@ -18,10 +20,19 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit
 import attnkit.api
-import attnkit.sdpa
 from attnkit import UnsupportedProblemError
 from attnkit.inputs import check_inputs
-from attnkit.sdpa import SDPA_BACKENDS, _aligned_for_fused_kernels, _kernel_op, _layout_memo
+from attnkit.sdpa import (
+    SDPA_BACKENDS,
+    WINDOW_MASK_KERNELS,
+    forcing,
+    sdpa_device_support,
+    sdpa_problem_support,
+)
+from attnkit.sdpa import calls as sdpa_calls
+from attnkit.sdpa import layout as sdpa_layout
+from attnkit.sdpa.layout import aligned_for_fused_kernels, layout_memo
+from attnkit.sdpa.prepare import kernel_op
 from attnkit.testing import assert_close_to_reference, compare_to_reference
 
 FORCED_PATHS = [name for name in SDPA_PATHS if SDPA_BACKENDS[name] is not None]
@@ -30,7 +41,7 @@ FORCED_PATHS = [name for name in SDPA_PATHS if SDPA_BACKENDS[name] is not None]
 @pytest.fixture(autouse=True)
 def _python_memo_alone(monkeypatch):
     """These tests pin the Python memo's prepared runs, whose repeated calls the compiled memo
-    (attnkit.fast_calls, tested in test_fast_calls.py) would otherwise make itself; the tests of
+    (attnkit.fastpath, tested in test_fast_calls.py) would otherwise make itself; the tests of
     what a caller sees run through both (``memo_in_front``)."""
     monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
 
@@ -143,7 +154,7 @@ def test_repeated_forced_calls_call_the_kernels_op_as_sdpa_does(name, causal, ne
     gradients are needed), forward and backward, with bitwise equal results."""
     skip_if_unavailable(name)
     q, k, v = _operands()
-    if _kernel_op(name, check_inputs(q, k, v, causal, None)) is None:
+    if kernel_op(name, check_inputs(q, k, v, causal, None)) is None:
         pytest.skip(f"{name} goes through SDPA's choice on {DEVICE.type}")
     for x in (q, k, v):
         x.requires_grad_(needs_grad)
@@ -163,7 +174,7 @@ def test_repeated_forced_calls_call_the_kernels_op_as_sdpa_does(name, causal, ne
     def no_sdpa_call(*args, **kwargs):
         raise AssertionError("a repeated call went through SDPA's checked call")
 
-    monkeypatch.setattr(attnkit.sdpa, "_call_sdpa", no_sdpa_call)
+    monkeypatch.setattr(sdpa_calls, "call_sdpa", no_sdpa_call)
     monkeypatch.setattr(F, "scaled_dot_product_attention", no_sdpa_call)
     for call in ("second", "third"):
         calls, ours = run(lambda q, k, v: attnkit.attention(q, k, v, causal=causal, backend=name))
@@ -175,7 +186,7 @@ def test_repeated_forced_calls_call_the_kernels_op_as_sdpa_does(name, causal, ne
 def _runs_a_checked_op(name: str, problem) -> bool:
     """Whether the prepared run of ``name`` calls a kernel op whose acceptance SDPA checks per
     state (the efficient and cuDNN ops; not math's, which takes every validated operand)."""
-    return _kernel_op(name, problem) is not None and SDPA_BACKENDS[name] is not SDPBackend.MATH
+    return kernel_op(name, problem) is not None and SDPA_BACKENDS[name] is not SDPBackend.MATH
 
 
 @pytest.mark.parametrize("name", FORCED_PATHS)
@@ -190,8 +201,8 @@ def test_a_new_grad_or_determinism_state_is_checked_by_sdpa_first(name, monkeypa
         pytest.skip(f"{name} on {DEVICE.type} calls no kernel op without SDPA's checks")
     attnkit.attention(q, k, v, causal=True, backend=name)  # grad needed, determinism off
     checked = []
-    real = attnkit.sdpa._call_sdpa
-    monkeypatch.setattr(attnkit.sdpa, "_call_sdpa", lambda *a, **kw: checked.append(1) or real(*a, **kw))
+    real = sdpa_calls.call_sdpa
+    monkeypatch.setattr(sdpa_calls, "call_sdpa", lambda *a, **kw: checked.append(1) or real(*a, **kw))
     attnkit.attention(q, k, v, causal=True, backend=name)
     assert not checked, f"{name}: a call in a known state went through SDPA's checked call"
     with torch.no_grad():
@@ -237,7 +248,7 @@ def test_calls_that_need_no_state_check_never_take_the_checked_call(name, monkey
             with torch.set_grad_enabled(state != "no grad"):
                 with kernels():
                     raw = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                monkeypatch.setattr(attnkit.sdpa, "_call_sdpa", checked_call)
+                monkeypatch.setattr(sdpa_calls, "call_sdpa", checked_call)
                 ours = attnkit.attention(q, k, v, causal=True, backend=name)
                 monkeypatch.undo()
             assert torch.equal(ours, raw), f"{name} ({state}): output differs from raw SDPA's"
@@ -268,9 +279,9 @@ def test_forcing_a_kernel_leaves_the_callers_enable_flags(name, memo_in_front):
 def test_a_forcer_enables_exactly_its_kernel_and_puts_every_flag_back(name):
     """During the call a forcer makes, only the forced kernel's enable-flag is on; afterwards every
     flag is as the caller left it, after a call that returned and after one that raised."""
-    if attnkit.sdpa._FORCERS is None:
+    if forcing.FORCERS is None:
         pytest.skip("this torch's enable-flags are not the five the forcers are written for")
-    forced = attnkit.sdpa._FORCERS[name]
+    forced = forcing.FORCERS[name]
     names = torch.nn.attention._backend_names
 
     def flags():
@@ -295,24 +306,31 @@ def test_forcers_are_not_made_for_enable_flags_they_were_not_written_for(monkeyp
     made, and forced calls go through ``sdpa_kernel`` instead."""
     four = dict(list(torch.nn.attention._backend_names.items())[:4])
     monkeypatch.setattr(torch.nn.attention, "_backend_names", four)
-    assert attnkit.sdpa._kernel_forcers() is None
+    assert forcing.kernel_forcers() is None
 
 
-@pytest.mark.skipif(
-    DEVICE.type != "cpu", reason="CUDA operands are first copied to a layout the kernels take"
-)
-def test_a_known_signature_in_a_layout_the_kernel_declines_says_why(memo_in_front):
-    """The signature ran before (no warnings recorded any more); the same shapes with a strided
-    last dimension are declined by the CPU flash kernel: the error still carries PyTorch's reason,
-    and the enable-flags are restored after the failed call."""
+@pytest.mark.parametrize("name", FORCED_PATHS)
+def test_operands_in_a_layout_the_kernel_declines_run_on_a_copy(name, memo_in_front, recwarn):
+    """Any strides work on every path: an operand whose last dimension is strided, which the
+    fused kernels decline as it is (CPU flash: "last dimension ... stride 1"), is copied to the
+    layout they take, on a signature's first call and on repeated ones after a contiguous call;
+    the result is the reference's, the enable-flags are the caller's, nothing is printed."""
+    skip_if_unavailable(name)
     q, k, v = _operands()
-    attnkit.attention(q, k, v, causal=True, backend="sdpa-flash")
-    strided_q = torch.randn(1, 2, 8, 32, dtype=DTYPE)[..., ::2]
+    strided = torch.randn(1, 2, 8, 32, generator=torch.Generator().manual_seed(3)).to(DEVICE, DTYPE)[..., ::2]
     with _enable_flags_restored() as flags:
         before = flags()
-        with pytest.raises(UnsupportedProblemError, match=r"'sdpa-flash' cannot run .*stride 1"):
-            attnkit.attention(strided_q, k, v, causal=True, backend="sdpa-flash")
-        assert flags() == before, f"enable-flags {before} became {flags()} after the declined call"
+        for call in ("first", "after a contiguous call", "repeated"):
+            if call == "after a contiguous call":
+                attnkit.attention(q, k, v, causal=True, backend=name)
+            checks = compare_to_reference(
+                lambda a, b, c: attnkit.attention(a, b, c, causal=True, backend=name),
+                strided.detach().requires_grad_(), k, v, causal=True, scale=None,
+            )  # fmt: skip
+            assert_close_to_reference(f"{name}, strided q, {call} call", checks)
+            assert flags() == before, f"{call} call: enable-flags {before} became {flags()}"
+    printed = [str(w.message) for w in recwarn if issubclass(w.category, UserWarning)]
+    assert not printed, f"{name}: a strided call printed {printed}"
 
 
 @pytest.mark.parametrize("name", FORCED_PATHS)
@@ -338,14 +356,21 @@ def test_a_declined_call_prints_no_warnings(name, recwarn, memo_in_front):
 
 
 def test_a_declined_first_call_is_explained_again_when_repeated(memo_in_front):
-    """A signature whose first call the kernel declined is not taken for accepted: the same call
-    again gets PyTorch's reasons again, and the flags are restored both times."""
-    strided = [torch.randn(1, 2, 8, 32, dtype=DTYPE)[..., ::2] for _ in range(3)]
+    """A signature whose first call the kernel declined (CPU flash: Dv != D) is not taken for
+    accepted: the same call again gets PyTorch's reasons again, without PyTorch's build paths
+    ("Triggered internally at ..."), and the flags are restored both times."""
+    if attnkit.unavailable_reason("sdpa-flash", DEVICE) is not None or DEVICE.type != "cpu":
+        pytest.skip("CPU flash declines Dv != D; CUDA flash's limits differ by GPU")
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 8, d, generator=gen, dtype=DTYPE) for d in (16, 16, 32))
     with _enable_flags_restored() as flags:
         before = flags()
         for call in ("first", "repeated"):
-            with pytest.raises(UnsupportedProblemError, match=r"'sdpa-flash' cannot run .*stride 1"):
-                attnkit.attention(*strided, causal=True, backend="sdpa-flash")
+            with pytest.raises(UnsupportedProblemError, match=r"'sdpa-flash' cannot run .*Dv=32") as err:
+                attnkit.attention(q, k, v, causal=True, backend="sdpa-flash")
+            message = str(err.value)
+            assert "Triggered internally" not in message, f"{call} call: PyTorch's build path in {message!r}"
+            assert "flash" in message.lower(), f"{call} call: no reason given: {message!r}"
             assert flags() == before, f"{call} call: enable-flags {before} became {flags()}"
 
 
@@ -384,7 +409,7 @@ def test_fused_kernel_layout_rule(x, passes):
     """An operand goes to CUDA's fused kernels as it is only when its data pointer, every
     non-last stride (size-1 dimensions' included, none zero) and its rows are whole 16-byte
     steps and its last stride is 1; otherwise it is copied to row-major strides, same values."""
-    out = _aligned_for_fused_kernels(x, x.element_size(), x.shape[-1])
+    out = aligned_for_fused_kernels(x, x.element_size(), x.shape[-1])
     if passes:
         assert out is x, f"{tuple(x.shape)} with strides {x.stride()} was copied"
         return
@@ -399,7 +424,7 @@ def test_layout_memo_skips_the_rule_only_for_strides_it_passed():
     the rule rejects, are still copied; a rejected layout is not remembered."""
     q = _LAYOUTS["contiguous"][0]
     problem = check_inputs(q, q, q, False, None)
-    memo = _layout_memo()
+    memo = layout_memo()
     for call in ("first", "repeated"):
         out = memo(q, q, q, problem)
         assert all(o is q for o in out), f"{call} call: an aligned operand was copied"
@@ -435,10 +460,32 @@ def test_sdpa_math_takes_every_layout_as_it_is(monkeypatch, layout):
     def no_rule(*args):
         raise AssertionError("the fused-kernel layout rule ran for sdpa-math")
 
-    monkeypatch.setattr(attnkit.sdpa, "_fused_layout", no_rule)
+    monkeypatch.setattr(sdpa_layout, "fused_layout", no_rule)
     for call in ("first", "repeated"):
         checks = compare_to_reference(
             lambda a, b, c: attnkit.attention(a, b, c, causal=True, backend="sdpa-math"),
             q, k, v, causal=True, scale=None, grad_out=grad_out,
         )  # fmt: skip
         assert_close_to_reference(f"sdpa-math, {layout}, {call} call", checks)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_window_on_flash_suggests_only_paths_that_run_on_the_problems_device(device):
+    """Flash takes no mask, so no window: the paths its error suggests instead are exactly the
+    SDPA paths that take a window and can run on the problem's device (no CUDA kernel for a CPU
+    problem)."""
+    q = torch.empty(1, 2, 8, 16)
+    problem = dataclasses.replace(check_inputs(q, q, q, False, None, (2, 0)), device=torch.device(device))
+    reason = sdpa_problem_support("sdpa-flash", problem)
+    suggested = set(re.search(r"use ([\w\-, ]+)\)", reason).group(1).split(", "))
+    runnable = {
+        name
+        for name, kernel in SDPA_BACKENDS.items()
+        if kernel in WINDOW_MASK_KERNELS and sdpa_device_support(name, problem.device) is None
+    }
+    assert suggested == runnable, f"on {device} suggested {sorted(suggested)}, expected {sorted(runnable)}"
+    assert "sdpa-math" in suggested, reason
+    if device == "cpu":
+        assert not suggested & {"sdpa-efficient", "sdpa-cudnn"}, (
+            f"CUDA kernels suggested on the CPU: {reason}"
+        )

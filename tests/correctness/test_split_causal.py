@@ -1,5 +1,5 @@
 """Bottom-right causal N < M as a non-causal prefix and a causal square, merged by their
-log-sum-exp (:mod:`attnkit.sdpa_split_causal`): ``sdpa-cudnn``'s path without a mask.
+log-sum-exp (:mod:`attnkit.sdpa.split_causal`): ``sdpa-cudnn``'s path without a mask.
 
 The split, the merge and the backward (each part's kernel backward handed the merged output and
 log-sum-exp) are kernel-agnostic, so the CPU tests run them on PyTorch's CPU flash kernel against
@@ -20,8 +20,9 @@ from strategies import CUDNN_MASKED_FLOAT16, Problem, split_causal_problems
 import attnkit
 from attnkit import UnsupportedProblemError, attention
 from attnkit.inputs import check_inputs
-from attnkit.sdpa import _cudnn_gets_mask
-from attnkit.sdpa_split_causal import CPU_FLASH, CUDNN, merge, split_causal_attention, splits
+from attnkit.sdpa import semantics
+from attnkit.sdpa.semantics import cudnn_gets_mask
+from attnkit.sdpa.split_causal import CPU_FLASH, CUDNN, merge, split_causal_attention, splits
 from attnkit.testing import assert_close_to_reference, compare_to_reference
 
 
@@ -164,7 +165,7 @@ def test_which_causal_problems_hand_cudnn_a_mask(q_len, kv_len, window, split, m
     k = torch.empty(1, 2, kv_len, 16, device="meta")
     problem = check_inputs(q, k, k, True, None, window)
     assert splits(problem) == split, f"splits({problem.describe()}) != {split}"
-    assert _cudnn_gets_mask(problem) == masked, f"_cudnn_gets_mask({problem.describe()}) != {masked}"
+    assert cudnn_gets_mask(problem) == masked, f"cudnn_gets_mask({problem.describe()}) != {masked}"
 
 
 _HAS_CUDNN = torch.cuda.is_available() and torch.backends.cudnn.is_available()
@@ -207,7 +208,7 @@ def test_cudnn_n_below_m_causal_builds_no_mask(monkeypatch):
     def no_mask(*args, **kwargs):
         raise AssertionError("sdpa-cudnn built the visibility mask for causal N < M")
 
-    monkeypatch.setattr(attnkit.sdpa, "visibility", no_mask)
+    monkeypatch.setattr(semantics, "visibility", no_mask)
     q_len, kv_len = 16, 300
     q, k, v, grad_out = _split(q_len, kv_len, dtype=torch.bfloat16, head_dim=64).tensors("cuda")
     q, k, v = (x.requires_grad_() for x in (q, k, v))

@@ -196,3 +196,57 @@ def test_the_scan_resolves_nested_and_relative_imports(source, package, expected
 )
 def test_the_test_tree_pattern(text, names_a_file):
     assert _names_a_test_file(text) is names_a_file, f"{text!r}: want {names_a_file}"
+
+
+#: attnkit.sdpa's modules in import order: each may import only those before it (the package's
+#: ``__init__`` re-exports the public names and comes last).
+SDPA_ORDER = ("support", "layout", "forcing", "calls", "split_causal", "lower_right", "semantics", "prepare")
+
+
+def test_the_sdpa_package_imports_one_way():
+    folder = SRC / "attnkit" / "sdpa"
+    assert {p.stem for p in _python_files(folder)} == {*SDPA_ORDER, "__init__"}, (
+        f"a module was added to or removed from {folder}: place it in SDPA_ORDER"
+    )
+    bad = []
+    for position, name in enumerate(SDPA_ORDER):
+        for line, module in _file_imports(folder / f"{name}.py"):
+            parts = module.split(".")
+            if parts[:2] == ["attnkit", "sdpa"] and len(parts) > 2 and parts[2] not in SDPA_ORDER[:position]:
+                bad.append(f"attnkit/sdpa/{name}.py:{line} imports {module}")
+    assert not bad, "attnkit.sdpa's modules import only modules listed before them:\n" + "\n".join(bad)
+
+
+#: Who may import the compiled fast path, and what: the dispatcher its memo; the Triton path the
+#: description of its bound launches. Everything else reaches it through attnkit.prepared.
+FASTPATH_IMPORTERS = {
+    "attnkit/api.py": {"attnkit.fastpath"},
+    "attnkit/triton/fast_launch.py": {"attnkit.fastpath.native", "attnkit.fastpath.native.native_layout"},
+    "attnkit/triton/launch.py": {"attnkit.fastpath.native", "attnkit.fastpath.native.native_launch"},
+    "attnkit/triton/decode.py": {"attnkit.fastpath.native", "attnkit.fastpath.native.native_launch"},
+}
+
+
+def test_the_fast_path_is_one_package_entered_through_the_prepared_run():
+    """The fast path imports only attnkit's cache location and the prepared-run types; outside
+    it, only the importers above touch it, and only as listed."""
+    fastpath = SRC / "attnkit" / "fastpath"
+    inward = [
+        f"{path.relative_to(SRC)}:{line} imports {module}"
+        for path in _python_files(fastpath)
+        for line, module in _file_imports(path)
+        if module.startswith("attnkit")
+        and not module.startswith(("attnkit.fastpath", "attnkit.cache", "attnkit.prepared"))
+    ]
+    assert not inward, "the fast path depends on more of attnkit than the prepared run:\n" + "\n".join(inward)
+    outward = []
+    for path in _python_files(SRC / "attnkit"):
+        if path.is_relative_to(fastpath):
+            continue
+        where = str(path.relative_to(SRC))
+        found = {
+            m for _, m in _file_imports(path) if m == "attnkit.fastpath" or m.startswith("attnkit.fastpath.")
+        }
+        if found - FASTPATH_IMPORTERS.get(where, set()):
+            outward.append(f"{where} imports {sorted(found - FASTPATH_IMPORTERS.get(where, set()))}")
+    assert not outward, "attnkit reaches into the fast path:\n" + "\n".join(outward)

@@ -4,6 +4,8 @@ Layers, one module each:
 
 * ``forward_kernels`` / ``backward_kernels``: the ``@triton.jit`` kernels;
 * ``launch``: host launchers over one shared setup (shapes, strides, scale, grid, config);
+* ``fast_launch`` / ``runtime``: each kernel launched without Triton's per-call binding once a
+  layout was seen, and the Triton internals that needs;
 * ``decode_kernels`` / ``decode``: the split-KV forward for few queries against many keys;
 * ``config``: per-GPU tile configs, read from ``configs/<gpu>.json`` (written by ``tune``);
 * this module: :class:`TritonImplementation` for the shared autograd function, the public
@@ -24,6 +26,7 @@ import torch
 from attnkit.errors import UnsupportedProblemError
 from attnkit.flash_autograd import PATHS, flash_attention
 from attnkit.inputs import AttentionProblem
+from attnkit.prepared import PreparedRun
 from attnkit.triton.config import AttentionConfig, KernelConfig, padded_dim
 from attnkit.triton.decode import (
     decode_forward,
@@ -98,13 +101,13 @@ def run_after_support_check(q, k, v, problem: AttentionProblem) -> torch.Tensor:
     return flash_attention(_DEFAULT_IMPLEMENTATION, q, k, v, problem)
 
 
-def prepare(problem: AttentionProblem):
+def prepare(problem: AttentionProblem) -> PreparedRun:
     """The registry's eager run of ``problem`` (supported: checked before), made once per call
     signature: :func:`run_after_support_check`, except that a call no backward follows runs
     the forward without the log-sum-exp, through launches bound per layout: the split-KV
     forward for decode-shaped problems (:func:`~attnkit.triton.decode.decode_forward_only`),
     else :meth:`~attnkit.triton.launch.LaunchSetup.forward_only` of the problem's setup,
-    looked up here once."""
+    looked up here once. Those bound launches, per layout, are its ``native_forward``."""
     if use_split_kv(problem):
         plan = dense_plan(problem)
 
@@ -118,8 +121,7 @@ def prepare(problem: AttentionProblem):
         setup = launch_setup(problem)
         forward_only, native_forward = setup.forward_only, setup.native_forward_only
     run = partial(flash_attention, _DEFAULT_IMPLEMENTATION, forward_only=forward_only)
-    run.native_forward = native_forward
-    return run
+    return PreparedRun(run, native_forward=native_forward)
 
 
 def triton_device_support(device: torch.device) -> str | None:

@@ -7,7 +7,7 @@ regular backward kernels differentiate it exactly. :func:`use_split_kv` is the d
 few query rows per kv head (decode, speculative decoding, short chunks) against many keys, or
 any such problem whose B x Hq programs would leave most SMs idle. :func:`merge_pair` is the
 combine step alone for two parts that come from another kernel (the cuDNN split of
-:mod:`attnkit.sdpa_split_causal`).
+:mod:`attnkit.sdpa.split_causal`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
+from attnkit.fastpath.native import native_launch
 from attnkit.inputs import AttentionProblem
+from attnkit.prepared import NativeProgram
 from attnkit.triton.config import next_power_of_2, padded_dim
 from attnkit.triton.decode_kernels import _decode_combine_kernel, _decode_split_kernel, _merge_pair_kernel
-from attnkit.triton.fast_launch import KernelLaunch, NativeProgram
+from attnkit.triton.fast_launch import KernelLaunch
 from attnkit.triton.launch import _capability, _dot_precision
 
 
@@ -165,14 +167,14 @@ def decode_native_forward_only(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem, plan: _DecodePlan
 ) -> NativeProgram | None:
     """:func:`decode_forward_only` for q, k and v's layout as a
-    :class:`~attnkit.triton.fast_launch.NativeProgram` (as
+    :class:`~attnkit.prepared.NativeProgram` (as
     :meth:`attnkit.triton.launch.LaunchSetup.native_forward_only`): the partial results and the
     output allocated, then the bound split and combine launches; None until they are bound."""
     bound = plan.bound.get((q.stride(), k.stride(), v.stride()))
     if not bound:
         return None
     # Slots: q, k, v, parts, out. q stands in for seqlens and the block table, out for the lse.
-    split, combine = bound[0].native((0, 1, 2, 3, 0, 0)), bound[1].native((3, 4, 4))
+    split, combine = native_launch(bound[0], (0, 1, 2, 3, 0, 0)), native_launch(bound[1], (3, 4, 4))
     if split is None or combine is None:
         return None
     p = problem
@@ -308,7 +310,7 @@ def merge_pair(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Two partial attention results over disjoint key sets merged by their log-sum-exp, in one
     kernel (the combine step of a split over two parts, for kernels that return their own
-    log-sum-exp: :mod:`attnkit.sdpa_split_causal` on cuDNN). o1, o2: (B, Hq, N, Dv), lse1, lse2:
+    log-sum-exp: :mod:`attnkit.sdpa.split_causal` on cuDNN). o1, o2: (B, Hq, N, Dv), lse1, lse2:
     (B, Hq, N) or (B, Hq, N, 1) float32, natural log, finite; any strides. Returns (out, lse)
     laid out as o1 and lse1 (``empty_like``)."""
     out, lse = torch.empty_like(o1), torch.empty_like(lse1)

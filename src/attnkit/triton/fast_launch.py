@@ -45,16 +45,9 @@ with the fixed arguments unchanged (the tensors' dtypes and alignment, the devic
 and hooks, the kernel's globals) and launches nothing when any did; the caller takes its
 normal path.
 
-Native launches. Where the compiled launcher is triton 3.6's (read in
-``backends/nvidia/driver.py``: ``make_launcher``, ``_launch``), :meth:`BoundLaunch.native`
-describes a bound launch as data, a :class:`NativeLaunch`, for :mod:`attnkit.fast_calls` to make
-from C++ with no Python launcher in between: the kernel's CUDA function, grid, block, shared
-memory and launch attributes, and its parameters as ``_launch`` packs them (each argument the
-compiled signature keeps, in order: pointers as 64-bit addresses, ``i32`` / ``i64`` as they are,
-``fp32`` as the bits of a C float; then the two scratch pointers, null). A
-:class:`NativeProgram` is a call's launches with the tensors they read and allocate. Every
-call still asks :meth:`BoundLaunch.ready` first, so a changed knob, hook or global sends it
-back to the normal path as it does a bound call.
+Native launches. :mod:`attnkit.fastpath.native` describes a bound launch as data for the
+compiled fast path (:func:`attnkit.fastpath.native.native_launch`); each entry keeps what that
+needs of its compiled kernel (``native_layout``).
 
 Tensor descriptors (TMA). A :class:`KernelLaunch` built with ``tensor_descriptors={position:
 block shape}`` takes plain tensors at those positions. The normal path wraps each in Triton's
@@ -62,7 +55,7 @@ block shape}`` takes plain tensors at those positions. The normal path wraps eac
 argument on every call (``wrap_handle_tensordesc``: a Python loop over all the arguments, and
 the TMA encoding, ``fill_tma_descriptor``). On the H100 host (B4 H16 N1024 D128) that cost a
 launch about 35 us of host time against the same launch with pointers, and a backward 97 us;
-with the expansion below, 13-23 us and 40 us (docs/evidence/h100-2026-11-24/session13). On a known key the
+with the expansion below, 13-23 us and 40 us (triton 3.6, torch 2.11). On a known key the
 direct launch makes that expansion itself, for triton 3.6 only: it reads the raw launcher and
 each descriptor's encoding parameters (swizzle, element size and type, box) from the compiled
 launcher's expansion closure once, then per call encodes each tensor with Triton's own
@@ -72,7 +65,8 @@ are part of the key, so the first call with a new layout takes the normal path, 
 scratch memory, a descriptor Triton did not lower to TMA), the direct launch passes
 ``TensorDescriptor`` objects to the compiled launcher instead.
 
-Fallbacks to ``kernel[grid](...)`` (the normal path, always correct):
+Fallbacks to ``kernel[grid](...)`` (the normal path, always correct; the Triton internals this
+module reads are found by :func:`attnkit.triton.runtime.find_runtime`):
 
 * anything this module relies on is missing or unverified: triton other than 3.6 / 3.9, no
   CUDA, a HIP build (AMD specialises tensors differently), no ``driver.active``
@@ -91,19 +85,17 @@ Fallbacks to ``kernel[grid](...)`` (the normal path, always correct):
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-#: Triton versions whose ``JITFunction.run`` and specialisation were read for this module.
-VERIFIED_TRITON = ((3, 6), (3, 9))
+from attnkit.fastpath.native import native_layout
+from attnkit.triton.runtime import TritonRuntime, find_runtime
+
 #: Entries per :class:`KernelLaunch` before its cache is cleared (a program sweeping layouts).
 MAX_ENTRIES = 256
-#: Set to ``0`` before import to launch every kernel through ``kernel[grid]``.
-DISABLE_ENV = "ATTNKIT_FAST_LAUNCH"
 
 #: Keyword argument values keyed as they are (with their types).
 _PLAIN = frozenset({int, float, bool, str, type(None)})
@@ -112,86 +104,6 @@ _MISSING = object()
 
 class _Uncacheable(Exception):
     """An argument this module does not key: the call takes the normal path."""
-
-
-@dataclass(frozen=True)
-class TritonRuntime:
-    """The Triton internals a direct launch reads, found once by :func:`find_runtime`."""
-
-    knobs: Any  # triton.knobs
-    current_device: Callable[[], int]
-    current_stream: Callable[[int], int]
-    jit_function: type
-    descriptor: type | None  # triton.tools.tensor_descriptor.TensorDescriptor
-    #: triton 3.6's TMA encoder and its device-to-host dtype codes; None elsewhere.
-    fill_tma: Callable | None = None
-    tma_dtype_codes: dict | None = None
-    #: The compiled launcher packs arguments as triton 3.6's does (:meth:`BoundLaunch.native`).
-    native_launches: bool = False
-
-    def options(self) -> tuple | None:
-        """The launch options Triton reads from its knobs on every call (part of its key), or
-        None when a launch hook or a pipeline inspection hook is set (the normal path then)."""
-        runtime, compilation = self.knobs.runtime, self.knobs.compilation
-        if (
-            _hook_active(runtime.launch_enter_hook)
-            or _hook_active(runtime.launch_exit_hook)
-            or getattr(runtime, "add_stages_inspection_hook", None) is not None
-        ):
-            return None
-        return (
-            runtime.debug,
-            compilation.instrumentation_mode,
-            getattr(compilation, "fpsan_homomorphic_casts", None),
-        )
-
-
-def _hook_active(hook) -> bool:
-    """A launch hook is set: a callable, or Triton's ``HookChain`` (3.6+) with hooks in it."""
-    return hook is not None and bool(getattr(hook, "calls", True))
-
-
-def find_runtime() -> TritonRuntime | None:
-    """The Triton internals, or None where any is missing or unverified (then every launch
-    takes the normal path)."""
-    if os.environ.get(DISABLE_ENV) == "0":
-        return None
-    try:
-        import triton
-        from triton import knobs
-        from triton.runtime.driver import driver
-        from triton.runtime.jit import JITFunction
-
-        version = tuple(int(part) for part in triton.__version__.split(".")[:2])
-        if version not in VERIFIED_TRITON or knobs.runtime.interpret:
-            return None
-        if not torch.cuda.is_available() or torch.version.hip is not None:
-            return None
-        active = driver.active
-        if active.get_current_target().backend != "cuda":
-            return None
-        from triton.tools.tensor_descriptor import TensorDescriptor  # in every verified version
-
-        fill_tma, dtype_codes = None, None
-        if version == (3, 6):
-            from triton.backends.nvidia import driver as nvidia_driver
-
-            fill_tma = active.utils.fill_tma_descriptor
-            dtype_codes = dict(nvidia_driver.TMA_DTYPE_DEVICE_TO_HOST)
-        runtime = TritonRuntime(
-            knobs=knobs,
-            current_device=active.get_current_device,
-            current_stream=active.get_current_stream,
-            jit_function=JITFunction,
-            descriptor=TensorDescriptor,
-            fill_tma=fill_tma,
-            tma_dtype_codes=dtype_codes,
-            native_launches=version == (3, 6),
-        )
-        runtime.options()  # every knob it reads exists
-        return runtime
-    except Exception:  # any missing piece: the normal path, which Triton keeps working
-        return None
 
 
 #: Resolved on the first launch (not at import: CUDA initialises lazily). Tests replace it.
@@ -252,8 +164,7 @@ class _Entry:
     raw_launch: Callable | None = None
     raw_flags: tuple = ()
     tma_plan: tuple = ()
-    #: triton 3.6, no descriptors: (the compiled signature's types, one per kernel parameter,
-    #: warps, shared bytes, pdl, cooperative) for :meth:`BoundLaunch.native`; None elsewhere.
+    #: triton 3.6, no descriptors: :func:`attnkit.fastpath.native.native_layout`; None elsewhere.
     native_layout: tuple | None = None
 
     def globals_unchanged(self) -> bool:
@@ -405,7 +316,9 @@ class KernelLaunch:
             if raw is not None:
                 entry = dataclasses.replace(entry, raw_launch=raw[0], raw_flags=raw[1], tma_plan=raw[2])
         else:
-            entry = dataclasses.replace(entry, native_layout=_native_layout(compiled, _get_runtime()))
+            runtime = _get_runtime()
+            layout = native_layout(compiled, runtime is not None and runtime.native_launches)
+            entry = dataclasses.replace(entry, native_layout=layout)
         return entry
 
 
@@ -421,7 +334,7 @@ class BoundLaunch:
     saves over :meth:`KernelLaunch.__call__` is keying and hashing the arguments the caller
     fixes: on an H100 host (B=1 H=8 N=128 D=64) a forward launch through
     :meth:`KernelLaunch.__call__` cost 9.6 us more than Triton's compiled launcher alone,
-    which took 8.9 us (docs/evidence/h100-2026-11-24/session17, call 3). Which arguments are
+    which took 8.9 us (triton 3.6, torch 2.11). Which arguments are
     fixed is the caller's promise: it binds only arguments that follow from what it keeps the
     bound launch by (for attnkit's launchers, the strides of q, k and v)."""
 
@@ -462,101 +375,6 @@ class BoundLaunch:
             or self.kernel.pre_run_hooks
             or (entry.kernel_globals and not entry.globals_unchanged())
         )
-
-    def native(self, slots: Sequence[int]) -> NativeLaunch | None:
-        """This launch as data for :mod:`attnkit.fast_calls` (module docstring, "Native
-        launches"), its leading tensors read from the call's tensor ``slots`` (one per leading
-        tensor; a :class:`NativeProgram` numbers them); None where the compiled launcher is
-        not triton 3.6's, or an argument is of a kind it does not pack."""
-        layout = self.entry.native_layout
-        if layout is None or len(slots) != len(self.leading_key):
-            return None
-        types, warps, shared, pdl, cooperative = layout
-        fixed = self.launch_tail  # the bound positional arguments, then the constexprs' values
-        if len(types) != len(slots) + len(fixed):
-            return None
-        params = []
-        for position, kind in enumerate(types):
-            if position < len(slots):
-                if not kind.startswith("*"):
-                    return None
-                params.append(("tensor", slots[position], self.leading_key[position][1]))
-            elif kind == "constexpr":  # declared so, or specialised (an int equal to 1)
-                continue
-            elif type(value := fixed[position - len(slots)]) in _NATIVE_SCALARS.get(kind, ()):
-                params.append((kind, value))
-            else:
-                return None
-        params += [("ptr", 0), ("ptr", 0)]  # global and profile scratch: none (native_layout)
-        return NativeLaunch(
-            ready=self.ready,
-            function=self.entry.function,
-            grid=self.launch_head,
-            block=32 * warps,
-            shared=shared,
-            pdl=pdl,
-            cooperative=cooperative,
-            params=tuple(params),
-        )
-
-
-#: The scalar kinds a native launch packs, and the Python types a bound argument of each may have.
-_NATIVE_SCALARS = {"i32": (int,), "i64": (int,), "u64": (int,), "fp32": (float,)}
-
-
-class NativeLaunch(NamedTuple):
-    """One kernel launch for :mod:`attnkit.fast_calls` to make (:meth:`BoundLaunch.native`).
-    ``params`` are the kernel's parameters in order: ``("tensor", slot, aligned)`` (the address
-    of the program's tensor ``slot``, which must be 16-byte aligned if ``aligned`` is, and
-    must not be if it is not: Triton specialised the kernel on it), ``("i32" | "i64" | "u64",
-    int)``, ``("fp32", float)``, ``("ptr", address)``. ``ready()`` is asked before every call."""
-
-    ready: Callable[[], bool]
-    function: int  # CUfunction
-    grid: tuple[int, int, int]
-    block: int  # threads
-    shared: int  # dynamic shared memory, bytes
-    pdl: bool  # programmatic stream serialization
-    cooperative: bool
-    params: tuple
-
-
-class NativeProgram(NamedTuple):
-    """A forward call as :mod:`attnkit.fast_calls` makes it: tensors 0, 1, 2 are the call's q, k
-    and v; each of ``allocations``, ``(sizes, dtype)``, is allocated on their device, as the next
-    slot; ``launches`` run in order on the current stream of CUDA device ``device``; the
-    result is the tensor in slot ``result``. Kept by the strides of q, k and v it was made for."""
-
-    device: int
-    allocations: tuple[tuple[tuple[int, ...], torch.dtype], ...]
-    launches: tuple[NativeLaunch, ...]
-    result: int
-
-
-def _native_layout(compiled, runtime: TritonRuntime | None) -> tuple | None:
-    """:attr:`_Entry.native_layout` of a compiled kernel, or None where its launch is not the
-    one :meth:`BoundLaunch.native` describes: another launcher than triton 3.6's, clusters
-    (``num_ctas`` > 1), or scratch memory its launcher would allocate."""
-    if runtime is None or not runtime.native_launches:
-        return None
-    try:
-        metadata = compiled.metadata
-        if (
-            metadata.num_ctas != 1
-            or metadata.global_scratch_size
-            or metadata.profile_scratch_size
-            or tuple(compiled.packed_metadata) != (metadata.num_warps, 1, metadata.shared)
-        ):
-            return None
-        return (
-            tuple(compiled.src.signature.values()),
-            metadata.num_warps,
-            metadata.shared,
-            bool(metadata.launch_pdl),
-            bool(metadata.launch_cooperative_grid),
-        )
-    except (AttributeError, TypeError, ValueError):  # an unexpected shape of Triton's objects
-        return None
 
 
 def _raw_descriptor_launch(launcher, positions: list[int], runtime: TritonRuntime | None):

@@ -20,10 +20,12 @@ from enum import Enum
 import torch
 import triton
 
+from attnkit.fastpath.native import native_launch
 from attnkit.inputs import AttentionProblem
+from attnkit.prepared import NativeProgram
 from attnkit.triton.backward_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess
 from attnkit.triton.config import AttentionConfig, get_config, padded_dim
-from attnkit.triton.fast_launch import KernelLaunch, NativeProgram
+from attnkit.triton.fast_launch import KernelLaunch
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
 
 #: Host-side TMA descriptors arrived in triton 3.4; older versions keep the pointer path.
@@ -222,11 +224,11 @@ class LaunchSetup:
 
     def native_forward_only(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> NativeProgram | None:
         """:meth:`forward_only` for q, k and v's layout as a
-        :class:`~attnkit.triton.fast_launch.NativeProgram`, for :mod:`attnkit.fast_calls` to run
+        :class:`~attnkit.prepared.NativeProgram`, for :mod:`attnkit.fastpath` to run
         without Python: the output's allocation and the bound launch, with the same arguments;
         None until the layout's launch is bound (after its first call), or where it is not."""
         bound = self._bound.get((q.stride(), k.stride(), v.stride()))
-        launch = bound.native((0, 1, 2, 3, 3)) if bound else None  # out stands in for the log-sum-exp
+        launch = native_launch(bound, (0, 1, 2, 3, 3)) if bound else None  # out stands in for the log-sum-exp
         if launch is None:
             return None
         p = self.problem

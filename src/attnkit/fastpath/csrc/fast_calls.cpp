@@ -1,22 +1,25 @@
 // The memo of attnkit.attention's eager calls, compiled: the call signature's key, its lookup,
 // and for a plain SDPA problem the fused-kernel layout test, the forced kernel's enable-flags
-// and the SDPA call itself, with no Python in between. Built and loaded by attnkit.fast_calls;
-// attnkit.api keeps its Python memo behind this one, for every call this one does not take.
+// and the SDPA call itself, with no Python in between. Built and loaded by
+// attnkit.fastpath.loader; attnkit.api keeps its Python memo behind this one, for every call
+// this one does not take. It reads only the typed fields of attnkit.prepared.PreparedRun.
 //
-// Why: on the H100 hosts a Python layer that validates a call before SDPA costs 7-12 us with
-// gradients (the 13-part key and its lookup, three stride() and three data_ptr(); measured
-// rung by rung in docs/evidence/h100-2026-11-24/session19). Here the same work is a few hundred
-// nanoseconds of C++, and the Python left is attention()'s own frame.
+// Why: on an H100 host (torch 2.11) a Python layer that validates a call before SDPA costs
+// 7-12 us with gradients (the 13-part key and its lookup, three stride() and three data_ptr(),
+// measured one step at a time). Here the same work is a few hundred nanoseconds of C++, and the
+// Python left is attention()'s own frame.
 //
 // What this file decides is only what the Python memo decides, read from the same things:
 //   * which calls have a key (api.attention's conditions, one for one: exact tensors here, so
 //     that a Tensor subclass keeps its __torch_function__);
-//   * which operands SDPA's fused kernels may read as they are (attnkit.sdpa's layout rule;
-//     any operand the rule would copy is handed to the Python run, which copies it).
+//   * which operands SDPA's fused kernels may read as they are (attnkit.sdpa.layout's rule;
+//     any operand the rule would copy is handed to the Python run, which copies it);
+//   * whether a call records a backward (attnkit.flash_autograd.flash_attention's test).
+// tests/correctness/test_fastpath_parity.py runs both languages over one table per rule.
 // Anything it does not take it hands back (None) or to the entry's Python run, never decides.
 //
 // A run whose forward without gradients is a fixed list of Triton launches (the Triton path)
-// describes them per layout as a NativeProgram (attnkit.triton.fast_launch, which says how they
+// describes them per layout as a NativeProgram (attnkit.fastpath.native, which says how they
 // mirror triton 3.6's launcher); a call of a kept layout then allocates the outputs and makes
 // the launches here, through the CUDA driver's cuLaunchKernelEx, after asking each launch's
 // `ready()` whether Triton's knobs, hooks and the kernel's globals still allow it.
@@ -53,10 +56,10 @@
 
 namespace {
 
-// The format of the spec tuple attnkit.sdpa gives a prepared run (`plain_sdpa_call`) and of the
-// native programs (attnkit.triton.fast_launch: NativeProgram, NativeLaunch); the loader refuses
-// a module whose format differs from the one it writes.
-constexpr long kSpecFormat = 2;
+// The format of what this reads off a PreparedRun (attnkit.prepared: `run`, `plain_sdpa_call`,
+// and the NativeProgram / NativeLaunch tuples `native_forward` returns); the loader refuses a
+// module whose format differs from the one it writes.
+constexpr long kSpecFormat = 3;
 // Layouts (q, k, v strides) whose native program an entry keeps; the oldest goes first.
 constexpr size_t kProgramsPerEntry = 8;
 // As many entries as the Python memo keeps; cleared when full, like it.
@@ -78,7 +81,7 @@ struct KeyHash {
   }
 };
 
-// The SDPA call a plain problem's run makes (attnkit.sdpa.sdpa_prepare).
+// The SDPA call a plain problem's run makes (attnkit.prepared.PlainSdpaCall).
 struct PlainCall {
   bool forced = false;
   std::array<bool, 5> kernels{};  // flash, efficient, math, cudnn, overrideable
@@ -144,7 +147,7 @@ const Driver* cuda_driver() {
   return &driver;
 }
 
-// One kernel parameter of a native launch (attnkit.triton.fast_launch.NativeLaunch.params).
+// One kernel parameter of a native launch (attnkit.prepared.NativeLaunch.params).
 struct NativeParam {
   enum class Kind { kTensor, kI32, kI64, kU64, kF32, kPtr };
   Kind kind = Kind::kPtr;
@@ -164,7 +167,7 @@ struct NativeLaunch {
   std::vector<NativeParam> params;
 };
 
-// A layout's native forward (attnkit.triton.fast_launch.NativeProgram), kept by q, k, v strides.
+// A layout's native forward (attnkit.prepared.NativeProgram), kept by q, k, v strides.
 struct NativeProgram {
   std::array<int64_t, 12> strides{};
   int device = 0;
@@ -184,8 +187,8 @@ using Programs = std::vector<std::shared_ptr<NativeProgram>>;
 
 struct Entry {
   PyObject* problem = nullptr;  // owned references
-  PyObject* run = nullptr;
-  PyObject* native_source = nullptr;  // the run's native_forward, or null
+  PyObject* run = nullptr;            // the PreparedRun's run
+  PyObject* native_source = nullptr;  // its native_forward, or null
   std::optional<PlainCall> plain;
   Programs programs;
 };
@@ -338,7 +341,7 @@ bool make_key(PyObject* const* args, Key& key, bool add_backend) {
   return w == kKeyWords;
 }
 
-// attnkit.sdpa's layout rule, the case where it passes the operand as it is: a 16-byte aligned
+// attnkit.sdpa.layout's rule, the case where it passes the operand as it is: a 16-byte aligned
 // data pointer, rows a whole number of 16-byte steps, every stride (size-1 dimensions' too) a
 // multiple of 16 bytes and none zero, the last one 1. Anything else is the Python run's.
 bool layout_passes(const at::Tensor& t, int64_t item, int64_t last_dim) {
@@ -733,7 +736,7 @@ PyObject* run_native(const NativeProgram& program, const at::Tensor& q, const at
   if (error != 0) {
     const char* text = nullptr;
     driver->error_string(error, &text);
-    PyErr_Format(PyExc_RuntimeError, "attnkit.fast_calls: launching a Triton kernel failed: CUDA error %d (%s)",
+    PyErr_Format(PyExc_RuntimeError, "attnkit.fastpath: launching a Triton kernel failed: CUDA error %d (%s)",
                  error, text != nullptr ? text : "unknown");
     return nullptr;
   }
@@ -902,31 +905,39 @@ bool parse_plain(PyObject* spec, PlainCall& call) {
   return true;
 }
 
-// remember(q, k, v, causal, scale, window, backend, problem, run): keep the signature's validated
-// problem and run (after a call of it returned), with what the run describes of itself
-// (`plain_sdpa_call`, `native_forward`: attnkit.registry.Backend); True if kept.
+// remember(q, k, v, causal, scale, window, backend, problem, prepared): keep the signature's
+// validated problem and its attnkit.prepared.PreparedRun (after a call of it returned): the
+// run, and what it describes of itself (`plain_sdpa_call`, `native_forward`); True if kept.
 PyObject* remember(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   if (nargs != 9) {
-    PyErr_SetString(PyExc_TypeError, "remember expects (q, k, v, causal, scale, window, backend, problem, run)");
+    PyErr_SetString(PyExc_TypeError,
+                    "remember expects (q, k, v, causal, scale, window, backend, problem, prepared)");
     return nullptr;
   }
-  PyObject* run = args[8];
+  PyObject* prepared = args[8];
+  PyObject* run = PyObject_GetAttrString(prepared, "run");  // a new reference
+  if (run == nullptr) {
+    return nullptr;  // not a PreparedRun: the AttributeError says so
+  }
   std::optional<PlainCall> plain;
-  PyObject* spec = optional_attribute(run, "plain_sdpa_call");
+  PyObject* spec = optional_attribute(prepared, "plain_sdpa_call");
   if (spec != nullptr) {
     PlainCall call;
     const bool parsed = parse_plain(spec, call);
     Py_DECREF(spec);
     if (!parsed) {
+      Py_DECREF(run);
       return nullptr;
     }
     plain = call;
   } else if (PyErr_Occurred()) {
+    Py_DECREF(run);
     return nullptr;
   }
-  PyObject* native_source = optional_attribute(run, "native_forward");  // a new reference, or null
+  PyObject* native_source = optional_attribute(prepared, "native_forward");  // a new reference, or null
   if (native_source == nullptr && PyErr_Occurred()) {
+    Py_DECREF(run);
     return nullptr;
   }
   if (g_entries.size() >= kCapacity) {
@@ -934,16 +945,16 @@ PyObject* remember(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) 
   }
   Key key;
   if (!make_key(args, key, true)) {
+    Py_DECREF(run);
     Py_XDECREF(native_source);
     Py_RETURN_FALSE;
   }
   Entry entry;
   entry.problem = args[7];
-  entry.run = run;
+  entry.run = run;  // the reference taken above
   entry.native_source = native_source;
   entry.plain = plain;
   Py_INCREF(entry.problem);
-  Py_INCREF(entry.run);
   auto [slot, inserted] = g_entries.try_emplace(key, entry);
   if (!inserted) {
     Entry old = std::move(slot->second);
@@ -989,15 +1000,29 @@ PyObject* py_layout_passes(PyObject* /*self*/, PyObject* const* args, Py_ssize_t
   END_HANDLE_TH_ERRORS
 }
 
+// records_backward(q, k, v): whether a call with these operands records a backward (needs_grad).
+PyObject* py_records_backward(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 3 || !THPVariable_Check(args[0]) || !THPVariable_Check(args[1]) || !THPVariable_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError, "records_backward expects (q, k, v)");
+    return nullptr;
+  }
+  return PyBool_FromLong(
+      needs_grad(THPVariable_Unpack(args[0]), THPVariable_Unpack(args[1]), THPVariable_Unpack(args[2])));
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef kMethods[] = {
     {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_call)), METH_FASTCALL,
      "call(q, k, v, causal, scale, window, backend): the kept signature's result, or None."},
     {"remember", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(remember)), METH_FASTCALL,
-     "remember(q, k, v, causal, scale, window, backend, problem, run) -> bool."},
+     "remember(q, k, v, causal, scale, window, backend, problem, prepared) -> bool."},
     {"forget", forget, METH_NOARGS, "Drop every entry."},
     {"size", size, METH_NOARGS, "Number of entries."},
     {"layout_passes", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_layout_passes)),
      METH_FASTCALL, "layout_passes(t, item, last_dim) -> bool: the layout test on one operand."},
+    {"records_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_records_backward)),
+     METH_FASTCALL, "records_backward(q, k, v) -> bool: whether a call records a backward."},
     {nullptr, nullptr, 0, nullptr}};
 
 #define ATTNKIT_CONCAT_(a, b) a##b
@@ -1006,7 +1031,7 @@ PyMethodDef kMethods[] = {
 #define ATTNKIT_STRING(a) ATTNKIT_STRING_(a)
 
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, ATTNKIT_STRING(TORCH_EXTENSION_NAME),
-                       "attnkit's compiled call memo (attnkit.fast_calls).", -1, kMethods};
+                       "attnkit's compiled call memo (attnkit.fastpath).", -1, kMethods};
 
 }  // namespace
 

@@ -1,26 +1,7 @@
-"""attnkit's compiled call memo: builds, finds and loads ``csrc/fast_calls.cpp``.
-
-:func:`attnkit.attention` keeps what each call signature needs (the validated problem, the
-prepared run) in a memo. In Python, that memo and the fused-kernel layout test cost 7-12 us per
-call with gradients on the H100 hosts, before SDPA runs (docs/evidence/h100-2026-11-24/
-session19). The compiled memo does the same lookup in C++, and for a plain SDPA problem also the
-layout test, the forced kernel's enable-flags and the SDPA call. For the Triton path's forward
-without gradients it allocates the outputs and launches the kernels a layout's first call bound
-(:class:`attnkit.triton.fast_launch.NativeProgram`), through the CUDA driver, after asking each
-launch whether Triton's knobs and hooks still allow it. Every other call, and every first call
-of a signature, goes through the Python memo as before, with the same errors.
-
-It is a C++ extension built against the installed torch, so it is built on the machine that
-runs it, once, into a cache directory:
-
-* ``python -m attnkit.fast_calls_cli build`` builds it (a C++ compiler and ``ninja`` are needed;
-  about a minute), ``python -m attnkit.fast_calls_cli`` says whether it is in use and why not.
-* ``ATTNKIT_FAST_CALLS``: ``auto`` (default) loads a build made for this torch and this source,
-  if there is one, and otherwise runs the Python memo alone; ``build`` builds it at import if
-  needed and raises if it cannot; ``off`` never loads it.
-* Builds go under :func:`attnkit.cache.cache_root` (``ATTNKIT_CACHE_DIR``). A build's directory
-  names the torch version, the Python ABI and a hash of the source, so a build is never loaded
-  against another torch or an edited source.
+"""Builds, finds and loads the compiled fast path (``csrc/fast_calls.cpp``; see
+:mod:`attnkit.fastpath`). A build's directory names the torch version, the Python ABI and a hash
+of the source, so a build is never loaded against another torch or an edited source; a finished
+build is loaded as it is, without asking the build tool.
 """
 
 from __future__ import annotations
@@ -36,10 +17,10 @@ import torch
 from attnkit.cache import cache_root
 
 SOURCE = Path(__file__).with_name("csrc") / "fast_calls.cpp"
-#: The format of what the source reads off a prepared run: :func:`attnkit.sdpa.sdpa_prepare`'s
-#: ``plain_sdpa_call`` and the Triton path's native programs
-#: (:class:`attnkit.triton.fast_launch.NativeProgram`).
-SPEC_FORMAT = 2
+#: The format of what the source reads off a :class:`~attnkit.prepared.PreparedRun`: its
+#: ``run``, ``plain_sdpa_call`` (:class:`~attnkit.prepared.PlainSdpaCall`) and the
+#: :class:`~attnkit.prepared.NativeProgram` its ``native_forward`` returns.
+SPEC_FORMAT = 3
 MODES = ("auto", "build", "off")
 
 
@@ -123,7 +104,7 @@ def _load():
     if lock.exists():
         return None, f"off: a build is under way, or was stopped (then remove {lock})"
     if not finished:
-        return None, f"off: not built for torch {torch.__version__} (python -m attnkit.fast_calls_cli build)"
+        return None, f"off: not built for torch {torch.__version__} (python -m attnkit.fastpath build)"
     try:
         return _import(name, path), f"on: {path}"
     except ImportError as err:

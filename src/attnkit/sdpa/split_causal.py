@@ -31,7 +31,7 @@ once), dk and dv are the parts' key gradients side by side along the keys. Query
 gradients summed over the group.
 
 A kernel enters as a :class:`BlockKernel`: its forward (returning out and log-sum-exp) and its
-backward (taking them). :data:`CUDNN` runs on the GPU (:mod:`attnkit.sdpa_lower_right` admits the
+backward (taking them). :data:`CUDNN` runs on the GPU (:mod:`attnkit.sdpa.lower_right` admits the
 inputs first); :data:`CPU_FLASH`, PyTorch's CPU flash kernel, runs the same split, merge and
 backward on the CPU, which is how they are tested without a GPU.
 """
@@ -119,8 +119,8 @@ def merge(o1, lse1, o2, lse2) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 #: cuDNN's SDPA kernel (CUDA), through PyTorch's private ops; the merge in one Triton kernel
-#: (on the H100 at B4 Hq32 Hkv8 N16 M16384: 6.8 us against 31 us for the PyTorch ops;
-#: docs/evidence/h100-2026-11-23/session10/call5_split_profile.txt).
+#: (on the H100 at B4 Hq32 Hkv8 N16 M16384, torch 2.11: 6.8 us against 31 us for the PyTorch
+#: ops, profiled).
 CUDNN = BlockKernel(_cudnn_forward, _cudnn_backward, merge_pair or merge)
 #: PyTorch's CPU flash kernel: the split's CPU twin, for tests.
 CPU_FLASH = BlockKernel(_cpu_flash_forward, _cpu_flash_backward, merge)

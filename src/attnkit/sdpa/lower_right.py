@@ -12,7 +12,7 @@ calls PyTorch makes for ``torch.nn.attention.bias.causal_lower_right``):
   the kernel's own mask, no mask tensor, and key blocks above the diagonal skipped.
 
 **cuDNN** (``sdpa-cudnn``), whose causal mode PyTorch aligns top-left, runs as two calls with no
-mask (:mod:`attnkit.sdpa_split_causal`): the M - N prefix keys every row sees, non-causal, and
+mask (:mod:`attnkit.sdpa.split_causal`): the M - N prefix keys every row sees, non-causal, and
 the last N keys, an N x N square with cuDNN's own causal mask, merged by their log-sum-exp. A
 prefix of one key (M = N + 1), which cuDNN declines, keeps the mask, as does a traced call.
 
@@ -20,7 +20,7 @@ PyTorch's choice (``sdpa``) tries flash, then efficient, as PyTorch itself does 
 ``causal_lower_right``; cuDNN is not added to it: flash admits the problems cuDNN admits
 (fp16 / bf16, head dims up to 256), in one call where cuDNN takes two and a merge. Every other
 kernel (math and the CPU kernels) takes the (N, M) visibility matrix as a mask:
-:func:`attnkit.sdpa.sdpa_attention` does that when :func:`native_bottom_right` returns None.
+:func:`attnkit.sdpa.semantics.sdpa_attention` does that when :func:`native_bottom_right` returns None.
 (``causal_lower_right`` itself is not used: it picks its kernel ignoring a forced backend.)
 
 Before a private op runs, PyTorch's own admission check for the kernel (with the alignment
@@ -31,8 +31,6 @@ public entry would refuse.
 
 from __future__ import annotations
 
-import contextlib
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -45,9 +43,10 @@ from torch.backends.cuda import (
 )
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnkit import sdpa_split_causal as split_causal
 from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
+from attnkit.sdpa import split_causal
+from attnkit.sdpa.calls import reasons_of, warnings_of
 
 #: The efficient kernel's ``custom_mask_type`` for causal aligned bottom-right (0: none,
 #: 1: top-left), PyTorch's ``CausalVariant.LOWER_RIGHT``.
@@ -99,16 +98,6 @@ def _params(q, k, v, problem: AttentionProblem, is_causal: bool = False) -> SDPA
     return SDPAParams(q, k, v, None, 0.0, is_causal, problem.kv_heads != problem.q_heads)
 
 
-def warnings_of(call: Callable[[], object]) -> list:
-    """The warnings ``call()`` emits, its RuntimeError suppressed: PyTorch gives a kernel's
-    reasons for declining only as warnings."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with contextlib.suppress(RuntimeError):
-            call()
-    return caught
-
-
 def _reasons(check: Callable, backend: SDPBackend, params: SDPAParams, scale: float) -> str:
     """PyTorch's reasons for refusing ``params`` to ``backend``, whose admission check is
     ``check``: its debug mode's warnings, or, where it gives none (cuDNN's logs them through C++
@@ -125,18 +114,18 @@ def _reasons(check: Callable, backend: SDPBackend, params: SDPAParams, scale: fl
                 )  # fmt: skip
 
         caught = warnings_of(public_entry)
-    return "; ".join(str(w.message).strip() for w in caught) or "PyTorch's admission check declines it"
+    return reasons_of(caught) or "PyTorch's admission check declines it"
 
 
 def cudnn_runs_split(problem: AttentionProblem) -> bool:
     """Whether :func:`native_bottom_right` runs causal N < M on cuDNN as the split, without a
     mask: eager (a traced call keeps the mask: the admission checks are not traced), with a
-    prefix cuDNN takes (:func:`attnkit.sdpa_split_causal.splits`)."""
+    prefix cuDNN takes (:func:`attnkit.sdpa.split_causal.splits`)."""
     return split_causal.splits(problem) and not torch.compiler.is_compiling()
 
 
 def _cudnn(name: str, q, k, v, problem: AttentionProblem) -> torch.Tensor:
-    """The split on cuDNN (:mod:`attnkit.sdpa_split_causal`), once PyTorch admits both calls."""
+    """The split on cuDNN (:mod:`attnkit.sdpa.split_causal`), once PyTorch admits both calls."""
     p = problem.causal_offset
     parts = (
         ("its non-causal N x (M - N) prefix", k[:, :, :p], v[:, :, :p], False),
