@@ -52,11 +52,13 @@ def measure_cell(cell, providers, rounds: int, budget_s: float, log=print) -> di
     for a provider that cannot run it (its reason is logged)."""
     runners, times = {}, {}
     for provider in providers:
-        try:
-            runners[provider] = build_runner(_case(provider, *cell), "cuda")
-            times[provider] = []
+        try:  # built and called once: a path that declines the cell raises here, untimed
+            runner = build_runner(_case(provider, *cell), "cuda")
+            runner()
         except (ValueError, NotImplementedError, RuntimeError) as err:
             log(f"  {provider} {cell}: {type(err).__name__}: {err}")
+        else:
+            runners[provider], times[provider] = runner, []
     device = torch.device("cuda")
     for _ in range(rounds):
         for provider, runner in runners.items():
