@@ -4,6 +4,8 @@ run without a GPU."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -36,16 +38,33 @@ def test_the_table_markdown_names_the_pick_and_every_paths_ratio_to_it():
     assert "commit abc1234" in text and "Test GPU" in text, "provenance must be in the rendering"
 
 
-def test_verify_reports_auto_over_the_fastest_and_counts_cells_beyond_tolerance():
+def test_verify_reports_the_picks_time_and_autos_over_the_fastest_and_counts_cells_beyond_tolerance():
     measured = [
         ((64, False, 2048, "fwd"), {"triton": 1.0, "sdpa-cudnn": 1.2, "auto": 1.01}),
         ((64, True, 2048, "fwd"), {"triton": 1.0, "sdpa-cudnn": 0.9, "auto": 1.0}),
     ]
-    rows = auto_table.verify_rows(measured, ["triton", "sdpa-cudnn"])
+    rows = auto_table.verify_rows(measured, ["triton", "sdpa-cudnn"], ["triton", "triton"])
     assert [r["fastest"] for r in rows] == ["triton", "sdpa-cudnn"]
-    assert rows[0]["ratio"] == pytest.approx(1.01) and rows[1]["ratio"] == pytest.approx(1.0 / 0.9)
+    assert rows[0]["pick_ratio"] == pytest.approx(1.0) and rows[1]["pick_ratio"] == pytest.approx(1.0 / 0.9)
+    assert rows[0]["auto_ratio"] == pytest.approx(1.01)
     text = auto_table.verify_markdown(rows, INFO)
-    assert "Cells beyond x1.03: 1" in text, text
+    assert "beyond x1.03: 1" in text, text
+    assert "| D=64 fwd causal N=2048 | triton | sdpa-cudnn | 1.111 | 1.111 |" in text, text
+
+
+def test_render_rewrites_the_markdown_from_the_json_without_a_gpu(tmp_path):
+    data = auto_table.build_table(MEASURED, ["triton", "sdpa-cudnn"], [1024], INFO)
+    (tmp_path / "t.json").write_text(json.dumps(data))
+    assert auto_table.main(["--render", str(tmp_path / "t.json"), "--md", str(tmp_path / "t.md")]) == 0
+    assert (tmp_path / "t.md").read_text() == auto_table.table_markdown(data)
+
+
+def test_the_pick_of_a_cell_comes_from_the_installed_table(monkeypatch, tmp_path):
+    data = auto_table.build_table(MEASURED, ["triton", "sdpa-cudnn"], [1024], INFO)
+    (tmp_path / "t.json").write_text(json.dumps(data))
+    monkeypatch.setenv("ATTNKIT_AUTO_TABLE", str(tmp_path / "t.json"))
+    assert auto_table.table_pick((64, True, 1024, "fwd")) == "sdpa-cudnn"
+    assert auto_table.table_pick((64, True, 1024, "fwd+bwd")) == "triton"
 
 
 def test_cells_cover_both_passes_masks_head_dims_and_lengths():
