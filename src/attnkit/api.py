@@ -7,6 +7,7 @@ from functools import partial
 import torch
 
 from attnkit import fastpath
+from attnkit.auto import DEFAULT_ORDER, auto_order
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem, check_inputs
 from attnkit.prepared import PreparedRun
@@ -20,9 +21,10 @@ _Tensor = torch.Tensor
 #: The compiled memo in front of the Python one (:mod:`attnkit.fastpath`), or None.
 _compiled_memo = fastpath.memo
 
-#: Order in which ``backend="auto"`` tries paths: fastest first, as measured on the H100; a
-#: path is skipped when it is unavailable or rejects the inputs.
-AUTO_ORDER = ("triton", "sdpa", "tiled", "naive")
+#: Order in which ``backend="auto"`` tries paths where its GPU model's measured table
+#: (:mod:`attnkit.auto`) has no cell for the problem; a path is skipped when it is unavailable or
+#: rejects the inputs.
+AUTO_ORDER = DEFAULT_ORDER
 
 
 def attention(
@@ -159,7 +161,13 @@ def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
     if backend == "auto":
         if problem.is_degenerate:
             return PreparedRun(degenerate_attention) if prepared else degenerate_attention
-        run = partial(_run_first, _auto_candidates(problem, prepared))
+        inference, training = auto_order(problem, training=False), auto_order(problem, training=True)
+        runs = _auto_runs(problem, prepared, inference)
+        if training == inference:
+            run = partial(_run_first, _auto_candidates(inference, runs))
+        else:
+            runs.update(_auto_runs(problem, prepared, (n for n in training if n not in runs)))
+            run = partial(_run_by_grad, _auto_candidates(inference, runs), _auto_candidates(training, runs))
         return PreparedRun(run) if prepared else run
     chosen = get_backend(backend)
     reason = _device_reason(backend, problem.device)
@@ -173,26 +181,43 @@ def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
     return chosen.prepared_run(problem) if prepared else chosen.run
 
 
-def _auto_candidates(problem: AttentionProblem, prepared: bool) -> tuple:
-    """``backend="auto"``'s paths for ``problem`` in :data:`AUTO_ORDER`: ``(name, run)`` for one
-    whose checks pass, ``(rejection, None)`` for one that is skipped (checks that depend only on
-    the problem and the device, so made once per memoised signature)."""
-    candidates = []
-    for name in AUTO_ORDER:
+def _auto_runs(problem: AttentionProblem, prepared: bool, names) -> dict:
+    """For each of ``names``: ``name -> run`` when its checks pass, ``name -> "name: reason"``
+    when it is skipped (checks that depend only on the problem and the device, so made once per
+    memoised signature); names not registered in this build (e.g. no triton) are left out."""
+    runs = {}
+    for name in names:
         try:
             candidate = get_backend(name)
         except ValueError:
-            continue  # not registered in this build (e.g. no triton installed)
+            continue
         reason = (
             auto_skip_reason(name, problem.device)
             or _device_reason(name, problem.device)
             or candidate.problem_support(problem)
         )
         if reason is None:
-            candidates.append((name, candidate.prepared_run(problem).run if prepared else candidate.run))
+            runs[name] = candidate.prepared_run(problem).run if prepared else candidate.run
         else:
-            candidates.append((f"{name}: {reason}", None))
-    return tuple(candidates)
+            runs[name] = f"{name}: {reason}"
+    return runs
+
+
+def _auto_candidates(order: tuple[str, ...], runs: dict) -> tuple:
+    """``backend="auto"``'s paths in ``order``: ``(name, run)`` for one that may run,
+    ``(rejection, None)`` for one that is skipped."""
+    return tuple(
+        (runs[name], None) if isinstance(runs[name], str) else (name, runs[name])
+        for name in order
+        if name in runs
+    )
+
+
+def _run_by_grad(inference: tuple, training: tuple, q, k, v, problem):
+    """``auto`` where the fastest path differs between inference and training: a call that
+    records a backward runs the training order (chosen by forward and backward time together)."""
+    records_backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return _run_first(training if records_backward else inference, q, k, v, problem)
 
 
 def _run_first(candidates: tuple, q, k, v, problem):

@@ -1,0 +1,131 @@
+"""``backend="auto"`` reads its GPU model's measured table: the fastest path of a problem's cell
+first (per inference or training call), the default order everywhere else."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import attnkit
+import attnkit.api
+import attnkit.registry
+from attnkit.auto import DEFAULT_ORDER, TABLE_ENV, TABLE_FORMAT, AutoTable, auto_order, cell_key, table_path
+from attnkit.inputs import check_inputs
+from attnkit.reference import naive_attention
+from attnkit.registry import Backend
+
+SEQ_LENS = (1024, 4096)
+
+
+def problem(n=2048, m=None, d=64, dv=None, causal=True, window=None, dtype=torch.bfloat16):
+    q = torch.empty(1, 2, n, d, dtype=dtype, device="meta")
+    k = torch.empty(1, 2, n if m is None else m, d, dtype=dtype, device="meta")
+    v = torch.empty(1, 2, n if m is None else m, d if dv is None else dv, dtype=dtype, device="meta")
+    return check_inputs(q, k, v, causal, None, window)
+
+
+def cell(d, causal, n, pass_name, **ms):
+    return {"head_dim": d, "causal": causal, "seq_len": n, "pass": pass_name, "ms": ms}
+
+
+def table(*cells):
+    return {"format": TABLE_FORMAT, "gpu_key": "test-gpu", "provenance": {}, "cells": list(cells)}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "training", "expected"),
+    [
+        ({}, False, (64, True, 1024, "fwd")),
+        ({}, True, (64, True, 1024, "fwd+bwd")),
+        ({"n": 4096}, False, (64, True, 4096, "fwd")),
+        ({"n": 100_000}, False, (64, True, 4096, "fwd")),  # longer than measured: the longest
+        ({"n": 512}, False, (64, True, 1024, "fwd")),  # shorter than measured: the shortest
+        ({"causal": False, "dtype": torch.float16}, False, (64, False, 1024, "fwd")),
+        ({"dtype": torch.float32}, False, None),  # not measured
+        ({"m": 4096}, False, None),  # N != M: decode and prefill shapes keep the default order
+        ({"window": (128, 0)}, False, None),
+        ({"dv": 32}, False, None),
+    ],
+)
+def test_a_problem_falls_in_its_measured_cell_or_none(kwargs, training, expected):
+    got = cell_key(problem(**kwargs), training, SEQ_LENS)
+    assert got == expected, f"{kwargs} training={training}: cell {got}, expected {expected}"
+
+
+def test_a_table_orders_each_cell_fastest_first_and_drops_paths_that_did_not_run():
+    t = AutoTable(table(cell(64, True, 1024, "fwd", a=2.0, b=1.0, c=None, e=3.0)), "t.json")
+    assert t.order(problem(n=1024), training=False) == ("b", "a", "e")
+    assert t.order(problem(n=1024), training=True) == (), "no training cell: nothing measured"
+    assert t.order(problem(n=1024, d=128), training=False) == (), "an unmeasured head dim"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"cells": []}, "format 1"),
+        ({"format": 99, "cells": []}, "format 1"),
+        ([], "got list"),
+        (table(cell(64, True, 1024, "bwd", a=1.0)), "pass must be one of"),
+    ],
+)
+def test_a_malformed_table_is_refused_with_its_path(data, message):
+    with pytest.raises(ValueError, match=message) as err:
+        AutoTable(data, "bad.json")
+    assert "bad.json" in str(err.value), str(err.value)
+
+
+def test_without_a_table_auto_keeps_the_default_order(monkeypatch):
+    monkeypatch.delenv(TABLE_ENV, raising=False)
+    assert table_path(torch.device("cpu")) is None
+    assert auto_order(problem(), training=True) == DEFAULT_ORDER
+
+
+@pytest.fixture
+def spies(monkeypatch, tmp_path):
+    """Two registered paths that record which ran, and a table naming the first for inference
+    and the second for training, installed through the environment variable."""
+    ran = []
+
+    def spy(name):
+        def run(q, k, v, p):
+            ran.append(name)
+            return naive_attention(q, k, v, p)
+
+        return Backend(name, "records its calls", run)
+
+    for name in ("spy-infer", "spy-train"):
+        monkeypatch.setitem(attnkit.registry._REGISTRY, name, spy(name))
+    path = tmp_path / "table.json"
+    path.write_text(
+        json.dumps(
+            table(
+                cell(16, True, 8, "fwd", **{"spy-infer": 1.0, "spy-train": 2.0}),
+                cell(16, True, 8, "fwd+bwd", **{"spy-infer": 2.0, "spy-train": 1.0}),
+            )
+        )
+    )
+    monkeypatch.setenv(TABLE_ENV, str(path))
+    monkeypatch.setattr(attnkit.api, "_PLANNED", {})
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
+    return ran
+
+
+def test_auto_runs_the_tables_fastest_path_for_inference_and_for_training(spies):
+    q, k, v = (torch.randn(1, 1, 8, 16, dtype=torch.bfloat16) for _ in range(3))
+    attnkit.attention(q, k, v, causal=True)
+    assert spies == ["spy-infer"], f"inference ran {spies}"
+    q.requires_grad_()
+    attnkit.attention(q, k, v, causal=True).float().sum().backward()
+    assert spies == ["spy-infer", "spy-train"], f"a training call ran {spies[1:]}"
+    with torch.no_grad():
+        attnkit.attention(q, k, v, causal=True)
+    assert spies[-1] == "spy-infer", "under no_grad no backward is recorded: the inference pick"
+
+
+def test_a_problem_outside_the_table_runs_the_default_order(spies):
+    q, k, v = (torch.randn(1, 1, 8, 16, dtype=torch.float32) for _ in range(3))
+    out = attnkit.attention(q, k, v, causal=True)
+    assert spies == [], f"float32 is not measured, yet {spies} ran"
+    assert out.shape == (1, 1, 8, 16)
