@@ -1,9 +1,10 @@
 """``attnkit-demo``: run every available backend on one problem and compare them.
 
-For each path: forward+backward time, peak extra memory, and the largest error against the
-float64 oracle with the tolerance rule's verdict. Example::
+For each path: forward+backward time, throughput, peak extra memory, and the largest error
+against the float64 oracle with the tolerance rule's verdict. Examples::
 
-    attnkit-demo --seq-len 4096 --head-dim 128 --heads 16 --causal --dtype bf16
+    attnkit-demo --seq-len 256 --dtype fp32                                   # a CPU, ~1 s
+    attnkit-demo --seq-len 4096 --head-dim 128 --heads 16 --causal --dtype bf16  # a GPU
 """
 
 from __future__ import annotations
@@ -16,6 +17,28 @@ import attnkit
 from attnkit.testing import compare_to_reference
 from attnkit_perf.measure.cases import DTYPES, BenchCase, build_runner, make_inputs
 from attnkit_perf.measure.timing import median_time_s, peak_extra_bytes
+
+#: Throughput prefixes, largest first: a CPU's GFLOP/s and a GPU's TFLOP/s both print with
+#: three significant digits instead of rounding one of them to 0.0.
+_PREFIXES = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0))
+
+
+def format_rate(flop_per_s: float) -> str:
+    """``flop_per_s`` in the largest unit that keeps it at least 1, e.g. ``"1.23 TFLOP/s"``."""
+    for prefix, size in _PREFIXES:
+        if flop_per_s >= size:
+            return f"{flop_per_s / size:.3g} {prefix}FLOP/s"
+    return f"{flop_per_s:.3g} FLOP/s"
+
+
+def describe(case: BenchCase, device: torch.device) -> str:
+    """One line naming the problem the demo runs: shapes, dtype, mask, pass and its work."""
+    mask = "causal" if case.causal else "no mask"
+    return (
+        f"problem: B={case.batch} Hq={case.q_heads} Hkv={case.kv_heads} N=M={case.seq_len} "
+        f"D=Dv={case.head_dim} {case.dtype} {mask}, forward+backward "
+        f"({case.flops / 1e9:.3g} GFLOP per step) on {device}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,10 +58,15 @@ def main(argv: list[str] | None = None) -> int:
 
     device = torch.device(args.device) if args.device else attnkit.registry.default_device()
     names = args.backends or attnkit.available_backends(device)
-    print(f"device: {device}")
+    template = BenchCase(names[0] if names else "naive", "fwd+bwd", args.batch, args.heads,
+                         args.kv_heads or args.heads, args.seq_len, args.head_dim, args.causal,
+                         args.dtype)  # fmt: skip
+    print(describe(template, device))
     for skipped in [n for n in attnkit.backend_names() if n not in names]:
         print(f"  not run: {skipped} ({attnkit.unavailable_reason(skipped, device) or 'not selected'})")
-    header = f"{'backend':<16}{'fwd+bwd ms':>12}{'TFLOP/s':>10}{'peak MiB':>10}  accuracy vs float64 oracle"
+    header = (
+        f"{'backend':<16}{'fwd+bwd ms':>12}{'throughput':>16}{'peak MiB':>10}  accuracy vs float64 oracle"
+    )
     print(header)
     print("-" * len(header))
     for name in names:
@@ -50,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         except (NotImplementedError, ValueError, torch.OutOfMemoryError) as err:
             print(f"{name:<16}  skipped: {str(err).splitlines()[0][:100]}")
             continue
-        ms = 1e3 * median_time_s(step, device, budget_s=0.3, min_rounds=args.reps)
+        seconds = median_time_s(step, device, budget_s=0.3, min_rounds=args.reps)
         peak_bytes = peak_extra_bytes(step, device)
         peak = None if peak_bytes is None else peak_bytes / 2**20
         accuracy = "-"
@@ -64,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             verdict = "ok" if all(c.ok for c in checks) else "FAIL"
             accuracy = f"{verdict} (worst {worst.quantity}: {worst.error / worst.bound:.2f} of bound)"
         peak_text = f"{peak:10.1f}" if peak is not None else f"{'-':>10}"
-        print(f"{name:<16}{ms:12.3f}{case.flops / ms / 1e9:10.1f}{peak_text}  {accuracy}")
+        print(
+            f"{name:<16}{1e3 * seconds:12.3f}{format_rate(case.flops / seconds):>16}{peak_text}  {accuracy}"
+        )
     return 0
 
 

@@ -1,0 +1,57 @@
+"""Test configuration of the whole tree; pytest loads it before any test module or conftest below.
+
+Two environment defaults, set here so that a plain ``pytest`` runs the suite as CI does, with
+no variable to know (an explicit value in the environment always wins):
+
+* ``TRITON_INTERPRET=1`` when no CUDA device is present: the Triton tests then run through
+  Triton's interpreter on the CPU instead of being skipped. Triton reads the variable once, when
+  ``@triton.jit`` decorates the kernels, so it must be set before ``attnkit`` is first imported.
+  That is why the perf plugin (``attnkit_perf.plugin``, which imports ``attnkit``) is loaded
+  from here, after the variable is set, and not with ``-p`` in pyproject's ``addopts``: plugins
+  named there are imported before any conftest.
+* ``HYPOTHESIS_PROFILE=ci``: the same examples on every run, in bounded time (the correctness
+  suite's conftest defines the profiles; ``dev`` and ``thorough`` are asked for by name).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+
+def _cuda_present() -> bool:
+    # torch, not attnkit: importing attnkit here would build the kernels before the variable is set.
+    import torch
+
+    return torch.cuda.is_available()
+
+
+#: Whether something imported attnkit before this file ran (a plugin named with ``-p`` or an
+#: entry point): then TRITON_INTERPRET set below comes too late for the kernels already built.
+_ATTNKIT_ALREADY_IMPORTED = "attnkit" in sys.modules
+
+if "TRITON_INTERPRET" not in os.environ and not _cuda_present():
+    os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("HYPOTHESIS_PROFILE", "ci")
+
+pytest_plugins = ("attnkit_perf.plugin",)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse a run whose Triton tests would all be skipped because the interpreter came too late."""
+    if not _ATTNKIT_ALREADY_IMPORTED or os.environ.get("TRITON_INTERPRET") != "1" or _cuda_present():
+        return
+    if importlib.util.find_spec("triton") is None:
+        return  # no Triton at all: its tests skip with that reason, which is the truth
+    import attnkit
+
+    reason = attnkit.unavailable_reason("triton", "cpu")
+    if reason:
+        raise pytest.UsageError(
+            "attnkit was imported before tests/conftest.py set TRITON_INTERPRET=1 (a plugin named "
+            "with -p or an entry point), so every Triton test would be skipped: "
+            f"{reason}. Set TRITON_INTERPRET=1 in the environment, or load that plugin later."
+        )
