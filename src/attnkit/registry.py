@@ -158,13 +158,21 @@ def _check_name(name: object, replace: bool) -> None:
 class _KeywordRun:
     """The registry's ``run(q, k, v, problem)`` over a public ``fn(q, k, v, *, causal, scale,
     window)``, checking the output's shape, dtype and device (a wrong one is the kernel's bug,
-    named as such rather than failing later in a caller)."""
+    named as such rather than failing later in a caller); an UnsupportedProblemError the kernel
+    raises itself gets the backend's name."""
 
     def __init__(self, name: str, fn: Callable[..., torch.Tensor]):
         self.name, self.fn = name, fn
 
     def __call__(self, q, k, v, problem: AttentionProblem) -> torch.Tensor:
-        out = self.fn(q, k, v, causal=problem.causal, scale=problem.scale, window=problem.window)
+        try:
+            out = self.fn(q, k, v, causal=problem.causal, scale=problem.scale, window=problem.window)
+        except UnsupportedProblemError as err:  # a decline from inside the kernel: say whose
+            if repr(self.name) in str(err):
+                raise
+            raise UnsupportedProblemError(
+                f"backend {self.name!r} declined {problem.describe()}: {err}"
+            ) from err
         expected = (problem.batch, problem.q_heads, problem.q_len, problem.value_dim)
         if (
             not isinstance(out, torch.Tensor)

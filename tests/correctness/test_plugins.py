@@ -251,3 +251,14 @@ def test_a_kernel_returning_the_wrong_shape_is_named(registry_snapshot):
         RuntimeError, match=r"backend 'toy' returned \(1, 2, 5, 8\).*expected a \(1, 2, 5, 4\)"
     ):
         attnkit.attention(*_inputs(), backend="toy")
+
+
+def test_a_decline_raised_inside_the_kernel_is_named(registry_snapshot):
+    def kernel(q, k, v, **kw):
+        raise attnkit.UnsupportedProblemError("no kernel for this head_dim")
+
+    attnkit.register_backend("toy", kernel)
+    with pytest.raises(
+        attnkit.UnsupportedProblemError, match=r"backend 'toy' declined .*: no kernel for this"
+    ):
+        attnkit.attention(*_inputs(), backend="toy")

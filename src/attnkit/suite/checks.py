@@ -62,21 +62,32 @@ class Declines:
 
 
 def check_against_oracle(
-    backend: str, case: AttentionCase, device: torch.device, with_grad: bool = True
+    backend: str, case: AttentionCase, device: torch.device, declines: Declines | None = None
 ) -> None:
-    """Output (and dq, dk, dv) of ``backend`` on ``case`` within the tolerance rule of the
-    float64 oracle (:func:`attnkit.testing.compare_to_reference`); UnsupportedProblemError
-    passes through."""
+    """Output and dq, dk, dv of ``backend`` on ``case`` within the tolerance rule of the
+    float64 oracle (:func:`attnkit.testing.compare_to_reference`). A backend that declines the
+    call with gradients (a forward-only kernel) has its forward checked alone, the gradients'
+    decline noted in ``declines``; one that declines the forward too raises
+    UnsupportedProblemError."""
     case = sized_for(backend, case, device)
     q, k, v, grad_out = case.tensors(device)
-    checks = compare_to_reference(
-        lambda a, b, c: attention(a, b, c, **case.kwargs, backend=backend),
-        q,
-        k,
-        v,
-        grad_out=grad_out if with_grad else None,
-        **case.kwargs,
-    )
+
+    def compare(with_grad: bool):
+        return compare_to_reference(
+            lambda a, b, c: attention(a, b, c, **case.kwargs, backend=backend),
+            q,
+            k,
+            v,
+            grad_out=grad_out if with_grad else None,
+            **case.kwargs,
+        )
+
+    try:
+        checks = compare(with_grad=True)
+    except UnsupportedProblemError as err:
+        checks = compare(with_grad=False)
+        if declines is not None:
+            declines.note(err)
     assert_close_to_reference(f"backend {backend!r} on {case}", checks)
 
 

@@ -21,7 +21,7 @@ def test_backend_matches_reference(attnkit_backend, attnkit_device, request):
 
     @given(case=problems())
     def check(case):
-        declines.run(lambda: check_against_oracle(attnkit_backend, case, attnkit_device))
+        declines.run(lambda: check_against_oracle(attnkit_backend, case, attnkit_device, declines))
 
     declines.drive(check)
 
@@ -32,7 +32,7 @@ def test_windowed_backend_matches_reference(attnkit_backend, attnkit_device, req
 
     @given(case=windowed_problems(max_len=96))
     def check(case):
-        declines.run(lambda: check_against_oracle(attnkit_backend, case, attnkit_device))
+        declines.run(lambda: check_against_oracle(attnkit_backend, case, attnkit_device, declines))
 
     declines.drive(check)
 

@@ -153,8 +153,8 @@ class AttentionCase:
         return self.replace(batch=1, head_dim=dim(p.head_dim), value_dim=dim(p.value_dim), **sizes)
 
     def __str__(self) -> str:
-        extras = (f"{name}={getattr(self, name)!r}" for name in _CASE_FIELDS if name != "problem")
-        return f"{self.problem.describe()} " + " ".join(extras)
+        given = ", ".join(f"{name}={getattr(self, name)!r}" for name in _CASE_FIELDS)
+        return f"{self.problem.describe()} (as called: {given})"
 
 
 _CASE_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionCase) if f.name != "problem")

@@ -11,9 +11,9 @@ CHUNK = 64
 
 
 def supports(problem) -> str | None:
-    """The kernel declines head dims above 256 (a stand-in for a real kernel's limits)."""
-    if max(problem.head_dim, problem.value_dim) > 256:
-        return f"head dims above 256 are not supported (D={problem.head_dim}, Dv={problem.value_dim})"
+    """The kernel declines head dims above 128 (a stand-in for a real kernel's limits)."""
+    if max(problem.head_dim, problem.value_dim) > 128:
+        return f"head dims above 128 are not supported (D={problem.head_dim}, Dv={problem.value_dim})"
     return None
 
 
