@@ -11,6 +11,10 @@ so no fix-up runs after it (the installed suite checks it: ``pytest --pyargs att
 On the CPU (torch 2.13) FlexAttention computes no gradients and compiles each new shape for
 ~15 s on two cores, too slow for a property-based suite that draws dozens of shapes: the backend
 declines the CPU unless ``ATTNKIT_FLEX_CPU=1``, and there declines calls that need gradients.
+There its forward matches the oracle, but NaN does not propagate as attnkit's rule says: a NaN
+in a query row gives a row of zeros, and of the rows that see a NaN key only some are NaN (the
+suite's ``test_contract`` reports both). attnkit does not patch this up after the kernel: that
+would cost every call a pass over q, k and v.
 """
 
 from __future__ import annotations
@@ -55,8 +59,8 @@ def flex_device_support(device: torch.device) -> str | None:
 
 def flex_problem_support(problem: AttentionProblem) -> str | None:
     """Why FlexAttention declines ``problem``, or None."""
-    if problem.dtype == torch.float64 and problem.device.type == "cuda":
-        return "FlexAttention's CUDA kernels take fp16, bf16 and fp32, not float64"
+    if problem.dtype == torch.float64:
+        return "FlexAttention takes fp16, bf16 and fp32, not float64 (use 'naive' or 'tiled')"
     if problem.device.type == "cuda" and min(problem.head_dim, problem.value_dim) < 16:
         dims = f"D={problem.head_dim} Dv={problem.value_dim}"
         return f"FlexAttention's CUDA kernels need head dims >= 16, got {dims}"
