@@ -262,3 +262,35 @@ def test_a_decline_raised_inside_the_kernel_is_named(registry_snapshot):
         attnkit.UnsupportedProblemError, match=r"backend 'toy' declined .*: no kernel for this"
     ):
         attnkit.attention(*_inputs(), backend="toy")
+
+
+# --- the pytest plugin -----------------------------------------------------------------------
+
+
+def test_an_unknown_backend_option_is_a_usage_error(pytester):
+    result = pytester.runpytest_inprocess(
+        "--pyargs", "attnkit.suite.test_contract", "--attnkit-backend", "nope"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines(["*--attnkit-backend: 'nope' is not registered; registered: naive, tiled*"])
+
+
+def test_declines_show_as_skips_with_the_kernels_reason(pytester, registry_snapshot):
+    """A kernel that declines every float32 problem: the pinned float32 cases are skipped with
+    its reason, the drawn ones replaced by other draws, and the run ends with the summary."""
+    attnkit.register_backend(
+        "picky", _kernel, supports=lambda p: "float32 is not supported" if p.dtype == torch.float32 else None
+    )
+    result = pytester.runpytest_inprocess(
+        "--pyargs", "attnkit.suite.test_oracle", "--attnkit-backend", "picky", "-rs",
+        "-k", "test_backend_matches_reference or single-token or float64",
+    )  # fmt: skip
+    result.assert_outcomes(passed=3, skipped=1)  # the drawn test, two float64 cases; single-token
+    reason = "float32 is not supported"
+    result.stdout.fnmatch_lines(
+        [
+            "*attnkit: declined problems*",
+            f"picky: * problem(s) declined: backend 'picky' does not support <problem>: {reason}",
+            f"*picky declines this problem: backend 'picky' does not support * dtype=float32: {reason}",
+        ]
+    )

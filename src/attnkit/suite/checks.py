@@ -35,12 +35,13 @@ class Declines:
     def __init__(self, backend: str, request: pytest.FixtureRequest):
         self.backend, self.test = backend, request.node.nodeid
         self.ran, self.reasons = 0, []
+        self.declined = request.config.stash[DECLINED]
 
     def note(self, err: UnsupportedProblemError) -> None:
         message = str(err)
         assert self.backend in message, f"a decline of {self.backend!r} does not name it: {message}"
         self.reasons.append(message)
-        DECLINED.append((self.test, self.backend, message))
+        self.declined.append((self.test, self.backend, message))
 
     def run(self, step: Callable[[], object]):
         """``step()``; a decline is noted and the hypothesis example rejected."""

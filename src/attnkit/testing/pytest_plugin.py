@@ -12,14 +12,17 @@ this.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
 
 from attnkit.registry import backend_names, default_device, unavailable_reason
 
-#: (test id, backend, reason) of every problem a backend declined in this run.
-DECLINED: list[tuple[str, str, str]] = []
+#: Where a run keeps (test id, backend, message) of every problem a backend declined.
+DECLINED = pytest.StashKey[list]()
+#: AttentionProblem.describe() inside a decline's message: the summary groups declines by the rest.
+_PROBLEM = re.compile(r"B=\d+ Hq=\d+ .*? dtype=\w+( window=\([^)]*\))?")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -56,6 +59,12 @@ def test_device() -> torch.device:
 test_device.__test__ = False  # a helper, not a test, although its name starts with "test"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[DECLINED] = []
+    if config.getoption("attnkit_backend", default=None):
+        selected_backends(config)  # an unknown name is a usage error before collection
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "attnkit_backend" not in metafunc.fixturenames:
         return
@@ -74,11 +83,13 @@ def attnkit_device() -> torch.device:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    if not DECLINED:
+    declined = config.stash.get(DECLINED, [])
+    if not declined:
         return
     terminalreporter.section("attnkit: declined problems")
-    reasons: dict[tuple[str, str], list[str]] = {}
-    for test, backend, reason in DECLINED:
-        reasons.setdefault((backend, reason), []).append(test)
-    for (backend, reason), tests in sorted(reasons.items()):
-        terminalreporter.write_line(f"{backend}: {len(tests)} problem(s) declined: {reason}")
+    counts: dict[tuple[str, str], int] = {}
+    for _test, backend, message in declined:
+        key = (backend, _PROBLEM.sub("<problem>", message))
+        counts[key] = counts.get(key, 0) + 1
+    for (backend, reason), count in sorted(counts.items()):
+        terminalreporter.write_line(f"{backend}: {count} problem(s) declined: {reason}")
