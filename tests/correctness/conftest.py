@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import attnkit
 import attnkit.api
 from attnkit import fast_calls
+from attnkit.suite.checks import INTERPRETED_ON_CPU
 from attnkit.testing.profiles import load_profiles
 from attnkit.testing.pytest_plugin import selected_backends, test_device
 
@@ -35,7 +36,7 @@ load_profiles(DirectoryBasedExampleDatabase(Path(__file__).resolve().parents[2] 
 DEVICE = test_device()
 # Fused paths that only run through the Triton interpreter on the CPU are ~1000x slower there:
 # they get smaller shapes so the suite stays within CI's time.
-INTERPRETED = {"triton"} if DEVICE.type == "cpu" else set()
+INTERPRETED = set(INTERPRETED_ON_CPU) if DEVICE.type == "cpu" else set()
 
 
 #: attnkit's SDPA paths, and the dtype their tests use: CUDA's fused kernels take fp16 / bf16
