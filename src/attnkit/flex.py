@@ -31,18 +31,24 @@ from attnkit.inputs import AttentionProblem
 CPU_OPT_IN = "ATTNKIT_FLEX_CPU"
 
 
-@functools.cache
-def _flex():
-    """(flex_attention compiled, create_block_mask), or the ImportError of a torch without them."""
+def _functions():
+    """(flex_attention, create_block_mask), or the ImportError of a torch without them."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    return torch.compile(flex_attention), create_block_mask
+    return flex_attention, create_block_mask
+
+
+@functools.cache
+def _compiled():
+    """flex_attention compiled once: eager calls go through it (uncompiled, FlexAttention runs an
+    unfused reference that materialises the scores)."""
+    return torch.compile(_functions()[0])
 
 
 def flex_device_support(device: torch.device) -> str | None:
     """Why FlexAttention cannot run on ``device``, or None."""
     try:
-        _flex()
+        _functions()
     except ImportError as err:
         return f"this torch ({torch.__version__}) has no torch.nn.attention.flex_attention: {err}"
     if device.type == "cuda":
@@ -67,11 +73,9 @@ def flex_problem_support(problem: AttentionProblem) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=256)
-def _block_mask(q_len: int, kv_len: int, lower: int | None, upper: int | None, device: torch.device):
+def _band_mask(q_len: int, kv_len: int, lower: int | None, upper: int | None, device: torch.device):
     """The block mask of the band ``i + lower <= j <= i + upper`` (None: unbounded side),
-    shared by every batch and head; made once per (N, M, band, device)."""
-    _, create_block_mask = _flex()
+    shared by every batch and head."""
 
     def band(b, h, q_idx, kv_idx):
         visible = kv_idx >= 0  # all True, of the index tensors' shape
@@ -81,23 +85,30 @@ def _block_mask(q_len: int, kv_len: int, lower: int | None, upper: int | None, d
             visible = visible & (kv_idx >= q_idx + lower)
         return visible
 
-    return create_block_mask(band, None, None, q_len, kv_len, device=device)
+    return _functions()[1](band, None, None, q_len, kv_len, device=device)
+
+
+#: Eager calls reuse a problem's block mask (made once per N, M, band and device).
+_cached_band_mask = functools.lru_cache(maxsize=256)(_band_mask)
 
 
 def flex_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem) -> torch.Tensor:
     """FlexAttention on validated q (B, Hq, N, D), k (B, Hkv, M, D), v (B, Hkv, M, Dv):
-    the (B, Hq, N, Dv) output."""
+    the (B, Hq, N, Dv) output. Traced by torch.compile, FlexAttention and its block mask are
+    traced in place (the caller's compilation fuses them); eagerly, the compiled kernel runs."""
     if problem.device.type == "cpu" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         raise UnsupportedProblemError(
             "backend 'flex': FlexAttention computes no gradients on the CPU (call it under "
             "torch.no_grad() or on detached tensors, or run it on CUDA)"
         )
-    compiled, _ = _flex()
+    tracing = torch.compiler.is_compiling()
     lower, upper = problem.key_band
     mask = None
     if lower is not None or upper is not None:
-        mask = _block_mask(problem.q_len, problem.kv_len, lower, upper, problem.device)
-    return compiled(q, k, v, block_mask=mask, scale=problem.scale, enable_gqa=problem.group_size > 1)
+        make = _band_mask if tracing else _cached_band_mask
+        mask = make(problem.q_len, problem.kv_len, lower, upper, problem.device)
+    run = _functions()[0] if tracing else _compiled()
+    return run(q, k, v, block_mask=mask, scale=problem.scale, enable_gqa=problem.group_size > 1)
 
 
 def register() -> None:
