@@ -228,9 +228,15 @@ def backend_names() -> list[str]:
     return list(_REGISTRY)
 
 
+#: The names attnkit's own backends take, registered or not in this install (``triton`` without
+#: triton): looking one up never loads a plugin, so ``backend="auto"`` never waits for (or fails
+#: with) one.
+OWN_NAMES = frozenset({"auto", "naive", "tiled", *SDPA_BACKENDS, "triton", "flex"})
+
+
 def get_backend(name: str) -> Backend:
-    if isinstance(name, str) and name not in _REGISTRY and name != "auto":
-        load_entry_points()  # attnkit's own names never wait for (or fail with) a plugin
+    if isinstance(name, str) and name not in _REGISTRY and name not in OWN_NAMES:
+        load_entry_points()
     if not isinstance(name, str) or name not in _REGISTRY:
         valid = ", ".join(repr(n) for n in ["auto", *_REGISTRY])
         raise ValueError(f"backend: expected one of {valid}, got {name!r}")
