@@ -37,7 +37,9 @@ if "TRITON_INTERPRET" not in os.environ and not _cuda_present():
     os.environ["TRITON_INTERPRET"] = "1"
 os.environ.setdefault("HYPOTHESIS_PROFILE", "ci")
 
-pytest_plugins = ("attnkit_perf.plugin",)
+#: attnkit's own plugin (``--attnkit-backend``; an installed attnkit also loads it as the entry point
+#: of the same name) and the perf gate's.
+pytest_plugins = ("attnkit_pytest", "attnkit_perf.plugin")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -6,11 +6,14 @@ from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
 from attnkit.kvcache import attention_with_kvcache
 from attnkit.module import MultiHeadAttention
+from attnkit.plugins import BackendEntryPointError, BackendSpec
 from attnkit.reference import reference_attention
 from attnkit.registry import (
     available_backends,
     backend_names,
+    register_backend,
     unavailable_reason,
+    unregister_backend,
 )
 
 __version__ = "0.1.0"
@@ -18,6 +21,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AUTO_ORDER",
     "AttentionProblem",
+    "BackendEntryPointError",
+    "BackendSpec",
     "BackendUnavailableError",
     "MultiHeadAttention",
     "UnsupportedProblemError",
@@ -26,5 +31,7 @@ __all__ = [
     "available_backends",
     "backend_names",
     "reference_attention",
+    "register_backend",
     "unavailable_reason",
+    "unregister_backend",
 ]

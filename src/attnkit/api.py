@@ -12,7 +12,7 @@ from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem, check_inputs
 from attnkit.prepared import PreparedRun
 from attnkit.reference import degenerate_attention
-from attnkit.registry import auto_skip_reason, get_backend, unavailable_reason
+from attnkit.registry import auto_skip_reason, get_backend, on_backends_changed, unavailable_reason
 
 #: Module-level names for what every call reads: a global lookup each instead of a global and
 #: an attribute (dynamo knows ``is_compiling`` by its identity, whatever it is called here).
@@ -129,6 +129,17 @@ def attention(
 #: therefore decided once per signature.
 _CACHE_SIZE = 4096
 _PLANNED: dict[tuple, tuple[AttentionProblem, object, PreparedRun]] = {}
+
+
+def _forget_plans() -> None:
+    """Drop every memoised plan (both memos): a replaced or removed backend's runs must not
+    outlive it."""
+    _PLANNED.clear()
+    if _compiled_memo is not None:
+        _compiled_memo.forget()
+
+
+on_backends_changed(_forget_plans)
 
 
 def _exact_int_pair(window) -> bool:

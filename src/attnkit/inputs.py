@@ -23,10 +23,29 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 @dataclass(frozen=True)
 class AttentionProblem:
-    """The shape of one attention call.
+    """One attention call, validated: what every backend's ``supports(problem)`` and ``run``
+    receive. Made by :func:`check_inputs` (and so by :func:`attnkit.attention`) before any kernel
+    runs; it holds no tensors.
 
     ``q``: (batch, q_heads, q_len, head_dim); ``k``: (batch, kv_heads, kv_len, head_dim);
     ``v``: (batch, kv_heads, kv_len, value_dim); output: (batch, q_heads, q_len, value_dim).
+
+    Fields:
+        batch: B, the batch size of q, k and v.
+        q_heads: Hq, query heads; a multiple of ``kv_heads``.
+        kv_heads: Hkv, key/value heads (GQA when Hkv < Hq; MQA when Hkv == 1).
+        q_len: N, queries per head.
+        kv_len: M, keys (and values) per head; M != N is allowed.
+        head_dim: D, the last dimension of q and k.
+        value_dim: Dv, the last dimension of v and of the output (may differ from D).
+        causal: bottom-right causal masking: query i sees key j iff ``j <= i + M - N``
+            (:attr:`causal_offset`); with N > M the first N - M rows see no key and output zeros.
+        scale: the score multiplier, resolved: ``1 / sqrt(D)`` when the caller gave None.
+        dtype: the dtype of q, k, v and the output.
+        device: the device of q, k, v and the output.
+        window_left, window_right: the sliding window, normalised (see below); None is an
+            unbounded side. :attr:`window` gives it in the API's (left, right) form and
+            :attr:`key_band` as the band of keys each query sees.
     """
 
     batch: int

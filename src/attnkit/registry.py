@@ -9,7 +9,9 @@ from functools import partial
 import torch
 
 from attnkit.device import default_device
+from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
+from attnkit.plugins import load_entry_points
 from attnkit.prepared import PreparedRun, RunFn
 from attnkit.reference import naive_attention
 from attnkit.sdpa import (
@@ -62,15 +64,184 @@ class Backend:
 _REGISTRY: dict[str, Backend] = {}
 
 
-def register(backend: Backend) -> None:
-    _REGISTRY[backend.name] = backend
+def register_backend(
+    name: str,
+    fn: Callable[..., torch.Tensor] | None = None,
+    *,
+    supports: ProblemCheck | None = None,
+    description: str = "",
+    forward_only: bool = False,
+    replace: bool = False,
+    run: RunFn | None = None,
+    device_support: DeviceCheck | None = None,
+    prepare: Prepare | None = None,
+) -> Backend:
+    """Register an attention implementation under ``name``; ``attention(..., backend=name)``
+    then runs it, and the correctness suite tests it (``pytest --pyargs attnkit.suite
+    --attnkit-backend NAME``).
+
+    Args:
+        name: a non-empty string, not ``"auto"``, not registered yet (unless ``replace``).
+        fn: ``fn(q, k, v, *, causal, scale, window) -> out`` with q (B, Hq, N, D), k (B, Hkv, M, D),
+            v (B, Hkv, M, Dv) in one dtype on one device (any strides; ``Hq % Hkv == 0``) and out
+            (B, Hq, N, Dv) in q's dtype. ``causal`` is a bool (bottom-right: query i sees key j iff
+            ``j <= i + M - N``), ``scale`` a float (the default 1/sqrt(D) already resolved),
+            ``window`` None or the normalised (left, right) pair of :attr:`AttentionProblem.window`.
+            Gradients flow through autograd unless ``forward_only``. Inputs reach ``fn`` only
+            after attnkit validated them and ``supports`` accepted them.
+        supports: ``supports(problem) -> None | str``: None to accept an
+            :class:`~attnkit.AttentionProblem`, or the reason it declines (raised as
+            :class:`~attnkit.UnsupportedProblemError` before ``fn`` runs, shown by the suite as a
+            skip). Cheap: it runs once per call signature.
+        description: one line shown next to the name.
+        forward_only: ``fn`` has no backward; a call whose inputs require grad (with grad mode on)
+            raises UnsupportedProblemError before ``fn`` runs.
+        replace: allow replacing a registered backend of the same name.
+        run: advanced, instead of ``fn``: ``run(q, k, v, problem)`` receiving the validated
+            :class:`~attnkit.AttentionProblem` (the form attnkit's own backends use).
+        device_support: advanced: ``device_support(device) -> None | str``, why the backend cannot
+            run on a device at all (it then leaves :func:`available_backends`).
+        prepare: advanced: ``prepare(problem) -> run`` made once per call signature
+            (:meth:`Backend.prepared_run`).
+
+    Returns:
+        The registered :class:`Backend`.
+    """
+    _check_name(name, replace)
+    if (fn is None) == (run is None):
+        raise TypeError(f"register_backend({name!r}): give exactly one of fn and run")
+    for label, value in (
+        ("fn", fn),
+        ("run", run),
+        ("supports", supports),
+        ("device_support", device_support),
+    ):
+        if value is not None and not callable(value):
+            raise TypeError(
+                f"register_backend({name!r}): {label} must be callable, got {type(value).__name__}"
+            )
+    if not isinstance(description, str):
+        raise TypeError(
+            f"register_backend({name!r}): description must be a str, got {type(description).__name__}"
+        )
+    if run is None:
+        run = _KeywordRun(name, fn)
+    if forward_only:
+        run = _ForwardOnly(name, run)
+        prepare = None if prepare is None else _forward_only_prepare(name, prepare)
+    backend = Backend(name, description, run, device_support or _always, supports or _always, prepare)
+    if name in _REGISTRY:
+        _forget_plans()  # a replaced backend's memoised runs must not outlive it
+    _REGISTRY[name] = backend
+    return backend
+
+
+def unregister_backend(name: str) -> None:
+    """Remove backend ``name`` (registered by :func:`register_backend`)."""
+    get_backend(name)  # the error for an unknown name
+    del _REGISTRY[name]
+    _forget_plans()
+
+
+def _check_name(name: object, replace: bool) -> None:
+    if not isinstance(name, str) or not name or name != name.strip():
+        raise TypeError(f"backend name: expected a non-empty str without surrounding spaces, got {name!r}")
+    if name == "auto":
+        raise ValueError("backend name: 'auto' is attention()'s automatic choice, not a registrable name")
+    if name in _REGISTRY and not replace:
+        raise ValueError(
+            f"backend name {name!r} is already registered ({_REGISTRY[name].summary}); "
+            "pass replace=True to replace it"
+        )
+
+
+class _KeywordRun:
+    """The registry's ``run(q, k, v, problem)`` over a public ``fn(q, k, v, *, causal, scale,
+    window)``, checking the output's shape, dtype and device (a wrong one is the kernel's bug,
+    named as such rather than failing later in a caller); an UnsupportedProblemError the kernel
+    raises itself gets the backend's name."""
+
+    def __init__(self, name: str, fn: Callable[..., torch.Tensor]):
+        self.name, self.fn = name, fn
+
+    def __call__(self, q, k, v, problem: AttentionProblem) -> torch.Tensor:
+        try:
+            out = self.fn(q, k, v, causal=problem.causal, scale=problem.scale, window=problem.window)
+        except UnsupportedProblemError as err:  # a decline from inside the kernel: say whose
+            if repr(self.name) in str(err):
+                raise
+            raise UnsupportedProblemError(
+                f"backend {self.name!r} declined {problem.describe()}: {err}"
+            ) from err
+        expected = (problem.batch, problem.q_heads, problem.q_len, problem.value_dim)
+        if (
+            not isinstance(out, torch.Tensor)
+            or tuple(out.shape) != expected
+            or out.dtype != problem.dtype
+            or out.device != problem.device
+        ):
+            got = (
+                f"{tuple(out.shape)} {out.dtype} on {out.device}"
+                if isinstance(out, torch.Tensor)
+                else type(out).__name__
+            )
+            raise RuntimeError(
+                f"backend {self.name!r} returned {got}; expected a {expected} tensor of "
+                f"{problem.dtype} on {problem.device} for {problem.describe()}"
+            )
+        return out
+
+
+class _ForwardOnly:
+    """A run that refuses, before it starts, a call that would need its (missing) backward."""
+
+    def __init__(self, name: str, run: RunFn):
+        self.name, self.run = name, run
+
+    def __call__(self, q, k, v, problem: AttentionProblem) -> torch.Tensor:
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            raise UnsupportedProblemError(
+                f"backend {self.name!r} is forward-only: it computes no gradients, and these inputs "
+                "require grad (call it under torch.no_grad() or on detached tensors)"
+            )
+        return self.run(q, k, v, problem)
+
+
+def _forward_only_prepare(name: str, prepare: Prepare) -> Prepare:
+    return lambda problem: _ForwardOnly(name, prepare(problem))
+
+
+#: Called with no argument whenever a backend is replaced or removed: :mod:`attnkit.api` adds the
+#: function that drops its memoised plans, which hold the runs of the backends they chose.
+_CHANGE_LISTENERS: list[Callable[[], None]] = []
+
+
+def on_backends_changed(listener: Callable[[], None]) -> None:
+    """Call ``listener()`` after every replacement or removal of a registered backend."""
+    _CHANGE_LISTENERS.append(listener)
+
+
+def _forget_plans() -> None:
+    for listener in _CHANGE_LISTENERS:
+        listener()
 
 
 def backend_names() -> list[str]:
+    """Every registered backend's name, those of installed plugins (the ``attnkit.backends``
+    entry points, loaded on first use) included."""
+    load_entry_points()
     return list(_REGISTRY)
 
 
+#: The names attnkit's own backends take, registered or not in this install (``triton`` without
+#: triton): looking one up never loads a plugin, so ``backend="auto"`` never waits for (or fails
+#: with) one.
+OWN_NAMES = frozenset({"auto", "naive", "tiled", *SDPA_BACKENDS, "triton", "flex"})
+
+
 def get_backend(name: str) -> Backend:
+    if isinstance(name, str) and name not in _REGISTRY and name not in OWN_NAMES:
+        load_entry_points()
     if not isinstance(name, str) or name not in _REGISTRY:
         valid = ", ".join(repr(n) for n in ["auto", *_REGISTRY])
         raise ValueError(f"backend: expected one of {valid}, got {name!r}")
@@ -94,21 +265,25 @@ def auto_skip_reason(name: str, device: torch.device | str) -> str | None:
 
 def available_backends(device: torch.device | str | None = None) -> list[str]:
     """Names of the backends usable on ``device`` (default: CUDA if present, else CPU)."""
-    return [name for name in _REGISTRY if unavailable_reason(name, device) is None]
+    return [name for name in backend_names() if unavailable_reason(name, device) is None]
 
 
-register(Backend("naive", "materialised score matrix; float64-capable oracle", naive_attention))
-register(Backend("tiled", "FlashAttention-2 in pure PyTorch (online softmax, O(N) memory)", tiled_attention))
+# attnkit's own backends come in through the public door (the advanced ``run`` form).
+register_backend(
+    "naive", run=naive_attention, description="materialised score matrix; float64-capable oracle"
+)
+register_backend(
+    "tiled", run=tiled_attention, description="FlashAttention-2 in pure PyTorch (online softmax, O(N) memory)"
+)
 for _name in SDPA_BACKENDS:
-    register(
-        Backend(
-            _name,
-            "torch SDPA" + (f", forced to {SDPA_BACKENDS[_name].name}" if SDPA_BACKENDS[_name] else ""),
-            partial(sdpa_attention, _name),
-            partial(sdpa_device_support, _name),
-            partial(sdpa_problem_support, _name),
-            partial(sdpa_prepare, _name),
-        )
+    register_backend(
+        _name,
+        run=partial(sdpa_attention, _name),
+        description="torch SDPA"
+        + (f", forced to {SDPA_BACKENDS[_name].name}" if SDPA_BACKENDS[_name] else ""),
+        device_support=partial(sdpa_device_support, _name),
+        supports=partial(sdpa_problem_support, _name),
+        prepare=partial(sdpa_prepare, _name),
     )
 
 try:
@@ -116,13 +291,15 @@ try:
 except ImportError:  # no triton in this install: the backend is simply not registered
     pass
 else:
-    register(
-        Backend(
-            "triton",
-            "fused Triton FlashAttention-2 kernels, deterministic backward",
-            run_after_support_check,
-            triton_device_support,
-            triton_problem_support,
-            prepare,
-        )
+    register_backend(
+        "triton",
+        run=run_after_support_check,
+        description="fused Triton FlashAttention-2 kernels, deterministic backward",
+        device_support=triton_device_support,
+        supports=triton_problem_support,
+        prepare=prepare,
     )
+
+from attnkit.flex import register as _register_flex  # noqa: E402  (needs register_backend above)
+
+_register_flex()

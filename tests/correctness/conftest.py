@@ -1,62 +1,42 @@
 """Shared fixtures of the correctness suite.
 
-Hypothesis profiles, chosen with the environment variable HYPOTHESIS_PROFILE:
+Hypothesis profiles (``ci``, ``dev``, ``thorough``; :mod:`attnkit.testing.profiles`) are chosen
+with the environment variable HYPOTHESIS_PROFILE. Here the ``dev`` and ``thorough`` profiles keep
+failing examples at the repository root (``.hypothesis/``, wherever pytest is started): a local
+failure stays red until the bug is fixed. Clear it with ``rm -rf .hypothesis``.
 
-* ``ci``       — derandomised, few examples, no deadline, no shrinking: the same examples every
-                 run and bounded time on a 2-core CPU or a GPU runner, where shrinking a failure
-                 through per-shape kernel compilation (cuDNN) can take many minutes; the failing
-                 example is still printed in full (the default under CI=true).
-* ``dev``      — the default locally: random, a moderate number of examples. A failing example
-                 is saved in hypothesis' database at the repository root (``.hypothesis/``,
-                 wherever pytest is started) and replayed first on every later run until it
-                 passes: a local failure stays red until the bug is fixed. Clear it with
-                 ``rm -rf .hypothesis``; replay a whole run with ``--hypothesis-seed=<n>``.
-* ``thorough`` — many examples, for a GPU box or a nightly run.
-
-Tests run on ``ATTNKIT_TEST_DEVICE`` if set, else on CUDA when present, else on the CPU.
+Tests run on ``ATTNKIT_TEST_DEVICE`` if set, else on CUDA when present, else on the CPU. The
+generic tests of every backend are attnkit's installed suite (:mod:`attnkit.suite`), collected
+here by ``test_suite.py``; ``--attnkit-backend NAME`` restricts every backend-parametrized test
+of this folder to the named backends.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnkit
 import attnkit.api
 from attnkit import fastpath
+from attnkit.suite.checks import INTERPRETED_ON_CPU
+from attnkit.testing.profiles import load_profiles
+from attnkit.testing.selection import selected_backends, test_device
 
 #: One database per checkout, not per working directory: pytest started from tests/ or from the
 #: root replays the same saved failures.
-_DATABASE = DirectoryBasedExampleDatabase(Path(__file__).resolve().parents[2] / ".hypothesis" / "examples")
-# filter_too_much: a backend that declines most drawn problems (sdpa-cudnn: no fp32, few odd
-# head dims) makes tests reject() them by design; on the H100 it tripped the health check.
-_SUPPRESSED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-_COMMON = {"deadline": None, "suppress_health_check": _SUPPRESSED}
-_NO_SHRINK = [Phase.explicit, Phase.generate, Phase.target]
-# ci: no database, so a run is exactly the same examples anywhere, saved local failures aside.
-settings.register_profile(
-    "ci", max_examples=12, derandomize=True, database=None, phases=_NO_SHRINK, print_blob=True, **_COMMON
-)
-settings.register_profile("dev", max_examples=40, print_blob=True, database=_DATABASE, **_COMMON)
-settings.register_profile("thorough", max_examples=400, print_blob=True, database=_DATABASE, **_COMMON)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+load_profiles(DirectoryBasedExampleDatabase(Path(__file__).resolve().parents[2] / ".hypothesis" / "examples"))
 
 
-def _select_device() -> torch.device:
-    return torch.device(os.environ.get("ATTNKIT_TEST_DEVICE") or attnkit.registry.default_device())
-
-
-DEVICE = _select_device()
+DEVICE = test_device()
 # Fused paths that only run through the Triton interpreter on the CPU are ~1000x slower there:
 # they get smaller shapes so the suite stays within CI's time.
-INTERPRETED = {"triton"} if DEVICE.type == "cpu" else set()
+INTERPRETED = set(INTERPRETED_ON_CPU) if DEVICE.type == "cpu" else set()
 
 
 #: attnkit's SDPA paths, and the dtype their tests use: CUDA's fused kernels take fp16 / bf16
@@ -85,6 +65,20 @@ def backend_params() -> list:
 @pytest.fixture(scope="session")
 def device() -> torch.device:
     return DEVICE
+
+
+def pytest_collection_modifyitems(config, items):
+    """With --attnkit-backend, deselect the tests parametrized over another backend."""
+    if not config.getoption("attnkit_backend"):
+        return
+    chosen, known = set(selected_backends(config)), set(attnkit.backend_names())
+    kept, dropped = [], []
+    for item in items:
+        backend = getattr(item, "callspec", None) and item.callspec.params.get("backend")
+        (dropped if backend in known and backend not in chosen else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)

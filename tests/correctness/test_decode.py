@@ -10,37 +10,34 @@ import dataclasses
 import pytest
 import torch
 from conftest import DEVICE, SDPA_PATHS, RecordOps, backend_params
-from decode_strategies import CacheCase, cache_cases, decode_problems
 from hypothesis import example, given
 from hypothesis import strategies as st
-from strategies import Problem
 
 import attnkit
 from attnkit import UnsupportedProblemError, attention, attention_with_kvcache
 from attnkit.inputs import check_inputs
 from attnkit.testing import assert_close_to_reference, compare_to_reference
+from attnkit.testing.decode_strategies import CacheCase, cache_cases, decode_problems
+from attnkit.testing.strategies import AttentionCase
 
-_DECODE_GQA = Problem(
-    batch=2, q_heads=8, kv_heads=2, q_len=1, kv_len=70, head_dim=32, value_dim=32, causal=True,
-    dtype=torch.bfloat16, scale=None, q_layout="contiguous", kv_layout="contiguous", magnitude="unit", seed=5,
-)  # fmt: skip
-_CHUNK = dataclasses.replace(_DECODE_GQA, q_len=5, kv_len=77, dtype=torch.float16, kv_layout="bnhd", seed=6)
-_SPEC = dataclasses.replace(
-    _DECODE_GQA, q_len=16, kv_len=40, q_heads=2, kv_heads=1, dtype=torch.float32, seed=7
+_DECODE_GQA = AttentionCase.make(
+    batch=2, q_heads=8, kv_heads=2, q_len=1, kv_len=70, head_dim=32, causal=True, dtype=torch.bfloat16, seed=5
 )
+_CHUNK = _DECODE_GQA.replace(q_len=5, kv_len=77, dtype=torch.float16, kv_layout="bnhd", seed=6)
+_SPEC = _DECODE_GQA.replace(q_len=16, kv_len=40, q_heads=2, kv_heads=1, dtype=torch.float32, seed=7)
 #: Long enough for the Triton path's split-KV forward (use_split_kv), on the CPU interpreter too.
-_LONG_DECODE = dataclasses.replace(_DECODE_GQA, kv_len=530, seed=8)
+_LONG_DECODE = _DECODE_GQA.replace(kv_len=530, seed=8)
 
 
-def _check(backend: str, problem: Problem, with_grad: bool) -> None:
+def _check(backend: str, problem: AttentionCase, with_grad: bool) -> None:
     q, k, v, grad_out = problem.tensors(DEVICE)
 
     def run(a, b, c):
-        return attention(a, b, c, causal=problem.causal, scale=problem.scale, backend=backend)
+        return attention(a, b, c, **problem.kwargs, backend=backend)
 
     try:
         checks = compare_to_reference(
-            run, q, k, v, causal=problem.causal, scale=problem.scale, grad_out=grad_out if with_grad else None
+            run, q, k, v, **problem.kwargs, grad_out=grad_out if with_grad else None
         )
     except UnsupportedProblemError as err:
         assert backend in str(err), f"rejection of {backend} does not name it: {err}"
@@ -132,7 +129,7 @@ def test_split_kernel_many_splits_dense_and_paged(case: CacheCase, splits: int):
 @needs_triton
 @pytest.mark.parametrize(
     "problem",
-    [dataclasses.replace(_DECODE_GQA, kv_len=530), dataclasses.replace(_CHUNK, kv_len=520)],
+    [_DECODE_GQA.replace(kv_len=530), _CHUNK.replace(kv_len=520)],
     ids=["decode-gqa", "chunk-bnhd"],
 )
 def test_split_kv_without_gradients_matches_the_forward_with_them(problem):
@@ -142,12 +139,12 @@ def test_split_kv_without_gradients_matches_the_forward_with_them(problem):
     from attnkit.triton.decode import decode_forward, decode_forward_only, use_split_kv
 
     q, k, v, _ = problem.tensors(DEVICE)
-    checked = check_inputs(q, k, v, problem.causal, problem.scale)
+    checked = check_inputs(q, k, v, problem.problem.causal, problem.scale)
     assert use_split_kv(checked), f"{problem} does not run split-KV: the test would check nothing"
     expected, _ = decode_forward(q, k, v, checked)
     outputs = [decode_forward_only(q, k, v, checked) for _ in range(3)]
     with torch.no_grad():
-        outputs.append(attention(q, k, v, causal=problem.causal, scale=problem.scale, backend="triton"))
+        outputs.append(attention(q, k, v, **problem.kwargs, backend="triton"))
     for call, out in enumerate(outputs):
         assert torch.equal(out, expected), f"call {call}: max {(out.float() - expected.float()).abs().max()}"
     assert len({out.data_ptr() for out in outputs[:3]}) == 3, "outputs share memory across calls"

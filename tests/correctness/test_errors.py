@@ -8,9 +8,9 @@ import re
 import pytest
 import torch
 from conftest import RecordOps
-from strategies import CUDNN_MASKED_FLOAT16
 
 from attnkit import BackendUnavailableError, MultiHeadAttention, attention
+from attnkit.testing.edge_cases import CUDNN_MASKED_FLOAT16
 
 
 def _qkv(b=2, hq=4, hkv=2, n=8, m=8, d=16, dv=16, dtype=torch.float32):

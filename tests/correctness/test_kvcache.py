@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import DEVICE, backend_params
-from decode_strategies import CacheCase, cache_cases
 from hypothesis import example, given
 
 from attnkit import UnsupportedProblemError, attention_with_kvcache
 from attnkit.testing import assert_close_to_reference, compare_to_reference
+from attnkit.testing.decode_strategies import CacheCase, cache_cases
 
 _SHARED = CacheCase(
     batch=3, q_heads=4, kv_heads=2, q_len=2, head_dim=16, value_dim=16, seqlens=(5, 0, 9), new_len=0,

@@ -9,13 +9,13 @@ functions bind the arguments to the ops' schemas), and on a GPU end to end.
 
 from __future__ import annotations
 
-import dataclasses
+import math
 
 import pytest
 import torch
 from conftest import DEVICE, RecordOps
 from hypothesis import given
-from strategies import CUDNN_MASKED_FLOAT16, Problem, split_causal_problems
+from hypothesis import strategies as st
 
 import attnkit
 from attnkit import UnsupportedProblemError, attention
@@ -24,16 +24,29 @@ from attnkit.sdpa import semantics
 from attnkit.sdpa.semantics import cudnn_gets_mask
 from attnkit.sdpa.split_causal import CPU_FLASH, CUDNN, merge, split_causal_attention, splits
 from attnkit.testing import assert_close_to_reference, compare_to_reference
+from attnkit.testing.edge_cases import CUDNN_MASKED_FLOAT16
+from attnkit.testing.strategies import AttentionCase, lengths, problems
 
 
-def _split(q_len, kv_len, **overrides) -> Problem:
-    base = dict(
-        batch=2, q_heads=4, kv_heads=2, q_len=q_len, kv_len=kv_len, head_dim=32, value_dim=32,
-        causal=True, dtype=torch.float32, scale=None, q_layout="contiguous", kv_layout="contiguous",
-        magnitude="unit", seed=0,
-    )  # fmt: skip
-    problem = Problem(**{**base, **overrides})
-    return dataclasses.replace(problem, value_dim=problem.head_dim)
+def _split(q_len, kv_len, **overrides) -> AttentionCase:
+    base = dict(batch=2, q_heads=4, kv_heads=2, q_len=q_len, kv_len=kv_len, head_dim=32, causal=True)
+    return AttentionCase.make(**{**base, **overrides})  # Dv = D: the CPU flash kernel takes no other
+
+
+@st.composite
+def split_causal_problems(draw, *, max_len: int = 160, max_dim: int = 128):
+    """Causal problems the mask-free cuDNN split takes (:func:`attnkit.sdpa_split_causal.splits`:
+    1 < N and M - N >= 2), otherwise drawn as :func:`~attnkit.testing.strategies.problems` (GQA,
+    dtypes, layouts, magnitudes), with Dv = D (the CPU flash kernel, the split's CPU twin, takes
+    no other) and a positive scale (zero, negative and tiny scales are translated before any
+    kernel runs: :mod:`attnkit.sdpa`)."""
+    case = draw(problems(max_len=max_len, max_dim=max_dim))
+    kv_len = draw(lengths(max_len).filter(lambda m: m >= 4))
+    # N = 2 (the smallest square), M - N = 2 (the smallest prefix), and anything between.
+    q_len = draw(st.one_of(st.just(2), st.just(kv_len - 2), st.integers(2, kv_len - 2)))
+    head_dim = case.problem.head_dim
+    scale = draw(st.one_of(st.none(), st.floats(0.05, 2.0).map(lambda s: s / math.sqrt(head_dim))))
+    return case.replace(causal=True, q_len=q_len, kv_len=kv_len, value_dim=head_dim, scale=scale)
 
 
 #: Shapes at the split's edges: the smallest square (N = 2) and prefix (M - N = 2), prefixes and
@@ -53,7 +66,7 @@ SPLIT_EDGES = {
 }
 
 
-def _check_split_on_cpu(problem: Problem) -> None:
+def _check_split_on_cpu(problem: AttentionCase) -> None:
     q, k, v, grad_out = problem.tensors("cpu")
 
     def run(a, b, c):
@@ -178,9 +191,7 @@ CUDNN_CASES = {
     "n16-m4100-gqa-d128": _split(16, 4100, batch=2, q_heads=8, kv_heads=2, head_dim=128),
     "n2-m67-d64": _split(2, 67, q_heads=4, kv_heads=4, head_dim=64),
     "n37-m1000-gqa-bnhd": _split(37, 1000, q_heads=6, kv_heads=2, head_dim=64, q_layout="bnhd"),
-    "large-logits-d16": dataclasses.replace(
-        CUDNN_MASKED_FLOAT16, causal=True, window=None, q_len=32, kv_len=64
-    ),
+    "large-logits-d16": CUDNN_MASKED_FLOAT16.replace(causal=True, window=None, q_len=32, kv_len=64),
 }
 
 
@@ -189,7 +200,7 @@ CUDNN_CASES = {
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", list(CUDNN_CASES))
 def test_cudnn_n_below_m_causal_matches_reference(case, dtype):
-    problem = dataclasses.replace(CUDNN_CASES[case], dtype=dtype)
+    problem = CUDNN_CASES[case].replace(dtype=dtype)
     q, k, v, grad_out = problem.tensors("cuda")
 
     def run(a, b, c):

@@ -7,12 +7,12 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import windows
 
 from attnkit import MultiHeadAttention, UnsupportedProblemError, attention
 from attnkit.inputs import check_inputs
 from attnkit.kvcache import attention_with_kvcache
 from attnkit.reference import reference_attention, visibility
+from attnkit.testing.strategies import windows
 from attnkit.tiled import key_range_for_rows, row_range_for_keys
 
 

@@ -85,6 +85,27 @@ def test_the_history_package_needs_no_torch_and_no_gate_internals():
     )
 
 
+#: The parts of attnkit that are test code shipped with the package: only they may import the
+#: test frameworks, so that ``import attnkit`` needs neither pytest nor hypothesis.
+TEST_PARTS = ("testing", "suite")
+
+
+def test_the_library_imports_no_test_framework():
+    files = [
+        p for p in _python_files(SRC / "attnkit") if p.relative_to(SRC / "attnkit").parts[0] not in TEST_PARTS
+    ]
+    bad = [
+        f"{path.relative_to(REPO)}:{line} imports {module}"
+        for path in files
+        for line, module in _file_imports(path)
+        if module.split(".")[0] in ("pytest", "hypothesis", "_pytest")
+        or module.split(".")[:2] in (["attnkit", part] for part in TEST_PARTS)
+    ]
+    assert not bad, (
+        f"attnkit outside {TEST_PARTS} must not import the test frameworks or them:\n" + "\n".join(bad)
+    )
+
+
 def _names_a_test_file(text: str) -> bool:
     return bool(TEST_TREE_PATH.search(text.strip())) and " " not in text.strip()
 

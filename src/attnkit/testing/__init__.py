@@ -1,5 +1,13 @@
 """Shipped test utilities: input generation and the one tolerance rule every test uses.
 
+:func:`compare_to_reference` runs a kernel and the oracle and returns one :class:`QuantityCheck`
+per quantity; :func:`assert_close_to_reference` fails with every quantity outside the rule.
+Beside this module: :mod:`attnkit.testing.strategies` (hypothesis strategies of attention
+calls), :mod:`attnkit.testing.decode_strategies` (decode shapes and KV caches),
+:mod:`attnkit.testing.edge_cases` (pinned cases), :mod:`attnkit.testing.profiles` (hypothesis
+profiles) and :mod:`attnkit_pytest` (``--attnkit-backend``); the suite built on
+them is :mod:`attnkit.suite`.
+
 The tolerance rule (FlashAttention's): a path's error against the float64 oracle may be at most
 ``factor`` times the error that the naive path makes in the same dtype, plus a floor:
 

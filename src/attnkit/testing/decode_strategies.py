@@ -1,6 +1,6 @@
 """Hypothesis strategies for inference shapes: decode and chunked prefill (few queries, more
-keys), and KV caches (contiguous or paged, ragged lengths with 0 included, shuffled and shared
-blocks, GQA/MQA, optional append)."""
+keys) as :class:`~attnkit.testing.strategies.AttentionCase`, and KV caches (contiguous or paged,
+ragged lengths with 0 included, shuffled and shared blocks, GQA/MQA, optional append)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 from hypothesis import strategies as st
-from strategies import Problem
 
 from attnkit.testing import LAYOUTS
+from attnkit.testing.strategies import AttentionCase
 
 
 @st.composite
@@ -24,7 +24,7 @@ def decode_problems(draw, *, max_kv_len: int = 80, dtypes=(torch.float16, torch.
     long_cache = draw(st.integers(0, 3)) == 0
     kv_len = draw(st.integers(512, 560) if long_cache else st.integers(q_len, max(q_len, max_kv_len)))
     head_dim = draw(st.sampled_from([16, 32, 40]))
-    return Problem(
+    return AttentionCase.make(
         batch=draw(st.integers(1, 2)),
         q_heads=kv_heads * group,
         kv_heads=kv_heads,

@@ -1,0 +1,124 @@
+"""PyTorch's FlexAttention as the ``flex`` backend, registered through the public API
+(:func:`attnkit.register_backend`) like any external kernel.
+
+``torch.nn.attention.flex_attention.flex_attention`` is compiled with :func:`torch.compile`;
+attnkit's masking rule (bottom-right causal and the sliding window,
+:attr:`attnkit.AttentionProblem.key_band`) becomes its block mask, and GQA its ``enable_gqa``.
+A row that sees no key comes out of FlexAttention as zeros with zero gradients, attnkit's rule,
+so no fix-up runs after it (the installed suite checks it: ``pytest --pyargs attnkit.suite
+--attnkit-backend flex``).
+
+On the CPU (torch 2.13) FlexAttention computes no gradients and compiles each new shape for
+~15 s on two cores, too slow for a property-based suite that draws dozens of shapes: the backend
+declines the CPU unless ``ATTNKIT_FLEX_CPU=1``, and there declines calls that need gradients.
+There its forward matches the oracle, but NaN does not propagate as attnkit's rule says: a NaN
+in a query row gives a row of zeros, and of the rows that see a NaN key only some are NaN (the
+suite's ``test_contract`` reports both). attnkit does not patch this up after the kernel: that
+would cost every call a pass over q, k and v.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from attnkit.errors import UnsupportedProblemError
+from attnkit.inputs import AttentionProblem
+
+#: The environment variable that lets the ``flex`` backend run (forward only) on the CPU.
+CPU_OPT_IN = "ATTNKIT_FLEX_CPU"
+
+
+def _functions():
+    """(flex_attention, create_block_mask), or the ImportError of a torch without them."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    return flex_attention, create_block_mask
+
+
+@functools.cache
+def _compiled():
+    """flex_attention compiled once: eager calls go through it (uncompiled, FlexAttention runs an
+    unfused reference that materialises the scores)."""
+    return torch.compile(_functions()[0])
+
+
+def flex_device_support(device: torch.device) -> str | None:
+    """Why FlexAttention cannot run on ``device``, or None."""
+    try:
+        _functions()
+    except ImportError as err:
+        return f"this torch ({torch.__version__}) has no torch.nn.attention.flex_attention: {err}"
+    if device.type == "cuda":
+        return None
+    if device.type == "cpu":
+        if os.environ.get(CPU_OPT_IN) == "1":
+            return None
+        return (
+            "on the CPU, FlexAttention computes no gradients and compiles each shape for ~15 s; "
+            f"set {CPU_OPT_IN}=1 to run its forward there"
+        )
+    return f"attnkit runs FlexAttention on CUDA (and the CPU on request), not on {device.type}"
+
+
+def flex_problem_support(problem: AttentionProblem) -> str | None:
+    """Why FlexAttention declines ``problem``, or None."""
+    if problem.dtype == torch.float64:
+        return "FlexAttention takes fp16, bf16 and fp32, not float64 (use 'naive' or 'tiled')"
+    if problem.device.type == "cuda" and min(problem.head_dim, problem.value_dim) < 16:
+        dims = f"D={problem.head_dim} Dv={problem.value_dim}"
+        return f"FlexAttention's CUDA kernels need head dims >= 16, got {dims}"
+    return None
+
+
+def _band_mask(q_len: int, kv_len: int, lower: int | None, upper: int | None, device: torch.device):
+    """The block mask of the band ``i + lower <= j <= i + upper`` (None: unbounded side),
+    shared by every batch and head."""
+
+    def band(b, h, q_idx, kv_idx):
+        visible = kv_idx >= 0  # all True, of the index tensors' shape
+        if upper is not None:
+            visible = visible & (kv_idx <= q_idx + upper)
+        if lower is not None:
+            visible = visible & (kv_idx >= q_idx + lower)
+        return visible
+
+    return _functions()[1](band, None, None, q_len, kv_len, device=device)
+
+
+#: Eager calls reuse a problem's block mask (made once per N, M, band and device).
+_cached_band_mask = functools.lru_cache(maxsize=256)(_band_mask)
+
+
+def flex_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem) -> torch.Tensor:
+    """FlexAttention on validated q (B, Hq, N, D), k (B, Hkv, M, D), v (B, Hkv, M, Dv):
+    the (B, Hq, N, Dv) output. Traced by torch.compile, FlexAttention and its block mask are
+    traced in place (the caller's compilation fuses them); eagerly, the compiled kernel runs."""
+    if problem.device.type == "cpu" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise UnsupportedProblemError(
+            "backend 'flex': FlexAttention computes no gradients on the CPU (call it under "
+            "torch.no_grad() or on detached tensors, or run it on CUDA)"
+        )
+    tracing = torch.compiler.is_compiling()
+    lower, upper = problem.key_band
+    mask = None
+    if lower is not None or upper is not None:
+        make = _band_mask if tracing else _cached_band_mask
+        mask = make(problem.q_len, problem.kv_len, lower, upper, problem.device)
+    run = _functions()[0] if tracing else _compiled()
+    return run(q, k, v, block_mask=mask, scale=problem.scale, enable_gqa=problem.group_size > 1)
+
+
+def register() -> None:
+    """Register the ``flex`` backend (attnkit's registry does, on import)."""
+    from attnkit.registry import register_backend  # here: the registry imports this module
+
+    register_backend(
+        "flex",
+        run=flex_run,
+        description="PyTorch FlexAttention (torch.compile), masks as block masks",
+        device_support=flex_device_support,
+        supports=flex_problem_support,
+    )

@@ -1,0 +1,37 @@
+"""Which backends and which device a test run covers, and where it keeps what was declined: the
+parts of attnkit's pytest plugin (:mod:`attnkit_pytest`) that the suite's conftests call too."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from attnkit.registry import backend_names, default_device
+
+#: Where a run keeps (test id, backend, message) of every problem a backend declined.
+DECLINED = pytest.StashKey[list]()
+
+
+def selected_backends(config: pytest.Config) -> list[str]:
+    """The names given with --attnkit-backend, checked against the registry; else every name."""
+    chosen = config.getoption("attnkit_backend", default=[]) or []
+    if not chosen:
+        return backend_names()
+    known = backend_names()
+    unknown = [name for name in chosen if name not in known]
+    if unknown:
+        raise pytest.UsageError(
+            f"--attnkit-backend: {', '.join(map(repr, unknown))} is not registered; registered: "
+            f"{', '.join(known)} (a plugin registers through the attnkit.backends entry point)"
+        )
+    return list(dict.fromkeys(chosen))
+
+
+def test_device() -> torch.device:
+    """The device the suite runs on: ``ATTNKIT_TEST_DEVICE``, else CUDA when present, else CPU."""
+    return torch.device(os.environ.get("ATTNKIT_TEST_DEVICE") or default_device())
+
+
+test_device.__test__ = False  # a helper, not a test, although its name starts with "test"

@@ -1,0 +1,83 @@
+"""attnkit's pytest plugin (the ``pytest11`` entry point ``attnkit_pytest``).
+
+It adds ``--attnkit-backend NAME`` (repeatable): the backends the correctness suite
+(``pytest --pyargs attnkit.suite``) tests, every registered one when none is given. Tests ask
+for the ``attnkit_backend`` fixture (parametrized over those names; a backend that cannot run
+on the test device is a skip with its reason) and ``attnkit_device`` (``ATTNKIT_TEST_DEVICE``,
+else CUDA when present, else the CPU). Problems a backend declines are listed at the end of the
+run under "attnkit: declined problems". The plugin changes nothing in a run that uses none of
+this.
+
+It lives outside the ``attnkit`` package and imports it only inside its hooks: pytest imports
+entry-point plugins before any conftest, and importing ``attnkit`` builds the Triton kernels,
+which read ``TRITON_INTERPRET`` once, then. A conftest that sets the variable (this repository's
+``tests/conftest.py`` does on a machine without CUDA) still comes first.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+#: AttentionProblem.describe() inside a decline's message: the summary groups declines by the rest.
+_PROBLEM = re.compile(r"B=\d+ Hq=\d+ .*? dtype=\w+( window=\([^)]*\))?")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("attnkit", "attnkit: attention backends under test")
+    group.addoption(
+        "--attnkit-backend",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="test this registered attention backend (repeatable; default: every registered one)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.getoption("attnkit_backend", default=None):
+        return  # a run that names no backend imports nothing of attnkit here
+    from attnkit.testing.selection import selected_backends
+
+    selected_backends(config)  # an unknown name is a usage error before collection
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "attnkit_backend" not in metafunc.fixturenames:
+        return
+    from attnkit.registry import unavailable_reason
+    from attnkit.testing.selection import selected_backends, test_device
+
+    device = test_device()
+    params = []
+    for name in selected_backends(metafunc.config):
+        reason = unavailable_reason(name, device)
+        marks = [pytest.mark.skip(reason=f"{name} unavailable on {device}: {reason}")] if reason else []
+        params.append(pytest.param(name, marks=marks, id=name))
+    metafunc.parametrize("attnkit_backend", params)
+
+
+@pytest.fixture(scope="session")
+def attnkit_device():
+    from attnkit.testing.selection import test_device
+
+    return test_device()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if "attnkit.testing.selection" not in sys.modules:
+        return  # nothing of the suite ran: nothing was declined
+    from attnkit.testing.selection import DECLINED
+
+    declined = config.stash.get(DECLINED, [])
+    if not declined:
+        return
+    terminalreporter.section("attnkit: declined problems")
+    counts: dict[tuple[str, str], int] = {}
+    for _test, backend, message in declined:
+        key = (backend, _PROBLEM.sub("<problem>", message))
+        counts[key] = counts.get(key, 0) + 1
+    for (backend, reason), count in sorted(counts.items()):
+        terminalreporter.write_line(f"{backend}: {count} problem(s) declined: {reason}")

@@ -1,0 +1,299 @@
+"""The public backend API (register_backend) and the ``attnkit.backends`` entry-point group.
+
+Entry points are real: each test writes a tiny installed distribution (a ``*.dist-info`` folder
+with ``entry_points.txt``, and its module) to a temporary folder on sys.path, as pip would.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import attnkit
+from attnkit import plugins, registry
+from attnkit.reference import reference_attention
+
+_KERNEL = """
+import attnkit
+from attnkit.reference import reference_attention
+
+def kernel(q, k, v, *, causal, scale, window):
+    return reference_attention(q, k, v, causal=causal, scale=scale, window=window).to(q.dtype)
+"""
+
+
+@pytest.fixture
+def registry_snapshot(monkeypatch):
+    """The registry and the entry-point state as they were, restored after the test."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(plugins, "_state", None)
+    yield
+    attnkit.api._forget_plans()  # both memos: a test's backend must not serve the next test's calls
+
+
+@pytest.fixture
+def install(tmp_path, monkeypatch, registry_snapshot):
+    """``install(module_source, entry_points)``: a distribution ``toy-dist`` with module
+    ``toy_mod`` and the given ``name = value`` lines in the ``attnkit.backends`` group."""
+
+    def make(source: str, entries: dict[str, str], dist: str = "toy_dist") -> str:
+        info = tmp_path / f"{dist}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 1.0\n"
+        )
+        lines = "".join(f"{name} = {value}\n" for name, value in entries.items())
+        (info / "entry_points.txt").write_text(f"[attnkit.backends]\n{lines}")
+        (tmp_path / "toy_mod.py").write_text(textwrap.dedent(source))
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.delitem(sys.modules, "toy_mod", raising=False)
+        return str(tmp_path)
+
+    return make
+
+
+def _inputs(requires_grad=False):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 5, 8, generator=gen, requires_grad=requires_grad)
+    k = torch.randn(1, 1, 7, 8, generator=gen, requires_grad=requires_grad)
+    v = torch.randn(1, 1, 7, 4, generator=gen, requires_grad=requires_grad)
+    return q, k, v
+
+
+def _assert_matches_oracle(name):
+    q, k, v = _inputs()
+    out = attnkit.attention(q, k, v, causal=True, backend=name)
+    expected = reference_attention(q, k, v, causal=True)
+    error = (out.double() - expected).abs().max().item()
+    assert error < 1e-6, f"backend {name!r} through the registry differs from the oracle by {error:.3e}"
+
+
+def test_a_spec_constant_entry_point_registers_its_backend(install):
+    install(
+        _KERNEL + "backend = attnkit.BackendSpec('toy', kernel, description='toy kernel')\n",
+        {"toy": "toy_mod:backend"},
+    )
+    assert "toy" in attnkit.backend_names()
+    assert "toy" in attnkit.available_backends("cpu")
+    _assert_matches_oracle("toy")
+
+
+def test_an_entry_point_function_may_return_several_specs_or_register_itself(install):
+    install(
+        _KERNEL
+        + """
+def several():
+    return [attnkit.BackendSpec('toy-a', kernel), attnkit.BackendSpec('toy-b', kernel)]
+
+def itself():
+    attnkit.register_backend('toy-c', kernel)
+""",
+        {"a": "toy_mod:several", "c": "toy_mod:itself"},
+    )
+    for name in ("toy-a", "toy-b", "toy-c"):
+        _assert_matches_oracle(name)
+
+
+def test_an_unknown_name_loads_the_entry_points_but_attnkits_own_names_do_not(install):
+    install("raise ImportError('the kernel library is missing')\n", {"broken": "toy_mod:backend"})
+    q, k, v = _inputs()
+    attnkit.attention(q, k, v, backend="naive")  # no plugin is imported for a built-in name
+    registry._REGISTRY.pop("triton", None)  # as in an install without triton, which auto tries first
+    attnkit.api._PLANNED.clear()
+    attnkit.attention(q.double(), k.double(), v.double())  # float64: no compiled memo entry either
+    assert plugins._state is None, "looking up attnkit's own backends loaded the entry points"
+    with pytest.raises(attnkit.BackendEntryPointError):
+        attnkit.attention(q, k, v, backend="toy")
+
+
+def test_a_broken_import_names_the_distribution_and_entry_every_time(install):
+    install("raise ImportError('the kernel library is missing')\n", {"broken": "toy_mod:backend"})
+    for _ in range(2):  # the error is kept: the plugin is never silently absent later
+        with pytest.raises(attnkit.BackendEntryPointError) as caught:
+            attnkit.backend_names()
+        message = str(caught.value)
+        for part in ("'broken'", "'toy_mod:backend'", "'toy-dist'", "importing it failed", "kernel library"):
+            assert part in message, f"{part} missing from: {message}"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("backend = 42\n", "got 42"),
+        ("def backend():\n    return 'toy'\n", "got 'toy'"),
+        (
+            "def backend():\n    raise RuntimeError('no GPU here')\n",
+            "calling it failed: RuntimeError('no GPU here')",
+        ),
+    ],
+    ids=["not-a-spec", "returns-garbage", "raises"],
+)
+def test_an_entry_point_of_the_wrong_kind_is_a_clear_error(install, source, expected):
+    install(source, {"bad": "toy_mod:backend"})
+    with pytest.raises(attnkit.BackendEntryPointError, match="'bad'") as caught:
+        attnkit.available_backends("cpu")
+    assert expected in str(caught.value), f"{expected!r} missing from: {caught.value}"
+
+
+def test_an_entry_point_taking_a_registered_name_is_a_clear_error(install):
+    install(_KERNEL + "backend = attnkit.BackendSpec('naive', kernel)\n", {"naive": "toy_mod:backend"})
+    with pytest.raises(attnkit.BackendEntryPointError, match=r"'naive' is already registered") as caught:
+        attnkit.backend_names()
+    assert "toy-dist" in str(caught.value)
+
+
+def test_a_fresh_interpreter_sees_the_plugin(install):
+    """Worker processes (paired perf mode, tools) resolve names through the same lazy loading."""
+    path = install(_KERNEL + "backend = attnkit.BackendSpec('toy', kernel)\n", {"toy": "toy_mod:backend"})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, *sys.path])}
+    code = (
+        "import attnkit, torch; q = torch.ones(1, 1, 2, 4); "
+        "print(attnkit.attention(q, q, q, backend='toy').sum().item())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "8.0", result.stderr[-2000:]
+
+
+# --- register_backend ------------------------------------------------------------------------
+
+
+def _kernel(q, k, v, *, causal, scale, window):
+    return reference_attention(q, k, v, causal=causal, scale=scale, window=window).to(q.dtype)
+
+
+@pytest.mark.parametrize(
+    ("name", "error", "match"),
+    [
+        ("auto", ValueError, "automatic choice"),
+        ("naive", ValueError, "already registered.*replace=True"),
+        ("", TypeError, "non-empty str"),
+        (3, TypeError, "non-empty str"),
+        (" toy", TypeError, "surrounding spaces"),
+    ],
+)
+def test_bad_names_are_refused(registry_snapshot, name, error, match):
+    with pytest.raises(error, match=match):
+        attnkit.register_backend(name, _kernel)
+
+
+def test_replace_swaps_a_backend_and_forgets_its_memoised_runs(registry_snapshot):
+    q, k, v = _inputs()
+    attnkit.register_backend("toy", _kernel)
+    first = attnkit.attention(q, k, v, backend="toy")
+    attnkit.register_backend(
+        "toy", lambda q, k, v, **kw: torch.zeros_like(_kernel(q, k, v, **kw)), replace=True
+    )
+    second = attnkit.attention(q, k, v, backend="toy")
+    assert first.abs().max() > 0 and torch.equal(second, torch.zeros_like(second)), (
+        "the replaced kernel still ran"
+    )
+    attnkit.unregister_backend("toy")
+    assert "toy" not in attnkit.backend_names()
+
+
+def test_exactly_one_of_fn_and_run(registry_snapshot):
+    with pytest.raises(TypeError, match="exactly one of fn and run"):
+        attnkit.register_backend("toy", _kernel, run=lambda q, k, v, problem: q)
+    with pytest.raises(TypeError, match="fn must be callable"):
+        attnkit.register_backend("toy", "kernel")
+
+
+def test_the_kernel_receives_the_validated_problems_arguments(registry_snapshot):
+    seen = []
+
+    def spy(q, k, v, *, causal, scale, window):
+        seen.append((causal, scale, window))
+        return _kernel(q, k, v, causal=causal, scale=scale, window=window)
+
+    attnkit.register_backend("toy", spy)
+    q, k, v = _inputs()
+    attnkit.attention(q, k, v, causal=True, window=(2, 100), backend="toy")
+    # scale resolved to 1/sqrt(D); the right side hides nothing with causal, so it is normalised away.
+    assert seen == [(True, 1.0 / math.sqrt(8), (2, -1))], seen
+
+
+def test_a_declined_problem_raises_the_kernels_reason_before_it_runs(registry_snapshot):
+    calls = []
+    attnkit.register_backend(
+        "toy",
+        lambda *a, **kw: calls.append(1),
+        supports=lambda p: None if p.head_dim % 16 == 0 else f"head_dim {p.head_dim} is not a multiple of 16",
+    )
+    with pytest.raises(attnkit.UnsupportedProblemError, match=r"'toy'.*head_dim 8 is not a multiple of 16"):
+        attnkit.attention(*_inputs(), backend="toy")
+    assert calls == [], "the kernel ran although supports() declined the problem"
+
+
+def test_forward_only_refuses_gradients_before_the_kernel_runs(registry_snapshot):
+    calls = []
+
+    def kernel(q, k, v, **kw):
+        calls.append(1)
+        return _kernel(q, k, v, **kw)
+
+    attnkit.register_backend("toy", kernel, forward_only=True)
+    with pytest.raises(attnkit.UnsupportedProblemError, match="'toy' is forward-only"):
+        attnkit.attention(*_inputs(requires_grad=True), backend="toy")
+    assert calls == [], "the forward-only kernel ran on inputs that require grad"
+    with torch.no_grad():
+        out = attnkit.attention(*_inputs(requires_grad=True), backend="toy")
+    assert out.shape == (1, 2, 5, 4) and calls == [1]
+
+
+def test_a_kernel_returning_the_wrong_shape_is_named(registry_snapshot):
+    attnkit.register_backend("toy", lambda q, k, v, **kw: q)
+    with pytest.raises(
+        RuntimeError, match=r"backend 'toy' returned \(1, 2, 5, 8\).*expected a \(1, 2, 5, 4\)"
+    ):
+        attnkit.attention(*_inputs(), backend="toy")
+
+
+def test_a_decline_raised_inside_the_kernel_is_named(registry_snapshot):
+    def kernel(q, k, v, **kw):
+        raise attnkit.UnsupportedProblemError("no kernel for this head_dim")
+
+    attnkit.register_backend("toy", kernel)
+    with pytest.raises(
+        attnkit.UnsupportedProblemError, match=r"backend 'toy' declined .*: no kernel for this"
+    ):
+        attnkit.attention(*_inputs(), backend="toy")
+
+
+# --- the pytest plugin -----------------------------------------------------------------------
+
+
+def test_an_unknown_backend_option_is_a_usage_error(pytester):
+    result = pytester.runpytest_inprocess(
+        "--pyargs", "attnkit.suite.test_contract", "--attnkit-backend", "nope"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines(["*--attnkit-backend: 'nope' is not registered; registered: naive, tiled*"])
+
+
+def test_declines_show_as_skips_with_the_kernels_reason(pytester, registry_snapshot):
+    """A kernel that declines every float32 problem: the pinned float32 cases are skipped with
+    its reason, the drawn ones replaced by other draws, and the run ends with the summary."""
+    attnkit.register_backend(
+        "picky", _kernel, supports=lambda p: "float32 is not supported" if p.dtype == torch.float32 else None
+    )
+    result = pytester.runpytest_inprocess(
+        "--pyargs", "attnkit.suite.test_oracle", "--attnkit-backend", "picky", "-rs",
+        "-k", "test_backend_matches_reference or single-token or float64",
+    )  # fmt: skip
+    result.assert_outcomes(passed=3, skipped=1)  # the drawn test, two float64 cases; single-token
+    reason = "float32 is not supported"
+    result.stdout.fnmatch_lines(
+        [
+            "*attnkit: declined problems*",
+            f"picky: * problem(s) declined: backend 'picky' does not support <problem>: {reason}",
+            f"*picky declines this problem: backend 'picky' does not support * dtype=float32: {reason}",
+        ]
+    )
