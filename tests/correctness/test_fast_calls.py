@@ -371,7 +371,7 @@ def test_a_backends_prepare_may_return_a_prepared_run_or_a_plain_run(monkeypatch
         return PreparedRun(run) if prepared == "PreparedRun" else run
 
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    registry.register(registry.Backend("triple", "q times 3, for a test", run, prepare=prepare))
+    registry.register_backend("triple", description="q times 3, for a test", run=run, prepare=prepare)
     monkeypatch.setattr(attnkit.api, "_PLANNED", {})
     q = torch.randn(1, 1, 4, 8)
     for call in ("first", "repeated", "repeated again"):

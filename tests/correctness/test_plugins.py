@@ -272,7 +272,7 @@ def test_a_decline_raised_inside_the_kernel_is_named(registry_snapshot):
 
 def test_an_unknown_backend_option_is_a_usage_error(pytester):
     result = pytester.runpytest_inprocess(
-        "--pyargs", "attnkit.suite.test_contract", "--attnkit-backend", "nope"
+        "-p", "attnkit_pytest", "--pyargs", "attnkit.suite.test_contract", "--attnkit-backend", "nope"
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
     result.stderr.fnmatch_lines(["*--attnkit-backend: 'nope' is not registered; registered: naive, tiled*"])
@@ -285,7 +285,7 @@ def test_declines_show_as_skips_with_the_kernels_reason(pytester, registry_snaps
         "picky", _kernel, supports=lambda p: "float32 is not supported" if p.dtype == torch.float32 else None
     )
     result = pytester.runpytest_inprocess(
-        "--pyargs", "attnkit.suite.test_oracle", "--attnkit-backend", "picky", "-rs",
+        "-p", "attnkit_pytest", "--pyargs", "attnkit.suite.test_oracle", "--attnkit-backend", "picky", "-rs",
         "-k", "test_backend_matches_reference or single-token or float64",
     )  # fmt: skip
     result.assert_outcomes(passed=3, skipped=1)  # the drawn test, two float64 cases; single-token
