@@ -11,8 +11,8 @@ import torch
 
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.baseline import RECORD_COMMAND, baseline_path, load_baseline, missing_message
-from attnkit_perf.decide.formats import FormatError
-from attnkit_perf.decide.noise import load_noise, noise_file
+from attnkit_perf.decide.formats import FormatError, read_json
+from attnkit_perf.decide.noise import load_noise, noise_file, noise_protocol
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
 
 
@@ -79,13 +79,15 @@ def stored_baseline(config: pytest.Config, root: Path, key: str, opt: dict) -> t
     return baseline, path
 
 
-def noise(opt: dict, root: Path, key: str, mode: str) -> tuple[dict[str, float], list[str]]:
-    """``({benchmark: log-ratio sd bound}, notes)`` from the A/A noise file, if any."""
+def noise(opt: dict, root: Path, key: str, mode: str) -> tuple[dict[str, float], list[str], tuple | None]:
+    """``({benchmark: log-ratio sigma bound}, notes, (path, timing protocol) or None)`` from the
+    A/A noise file, if any."""
     path = opt["noise"] or noise_file(root, key, mode)
     if str(path) == "none" or (not opt["noise"] and not Path(path).is_file()):
-        return {}, [f"no A/A noise file ({path}): every benchmark held to the practical threshold"]
+        return {}, [f"no A/A noise file ({path}): every benchmark held to the practical threshold"], None
     try:
-        sds = load_noise(path, key, mode)
+        sds = load_noise(path, key, mode, timing_protocol=TIMING_PROTOCOL)
+        protocol = noise_protocol(read_json(path, "A/A noise"))
     except FormatError as err:
         raise _usage(str(err)) from err
-    return sds, [f"A/A noise from {path}: {len(sds)} benchmarks"]
+    return sds, [f"A/A noise from {path}: {len(sds)} benchmarks"], (path, protocol)

@@ -229,8 +229,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         return
     if any(key == VERDICT_PROPERTY for key, _ in item.user_properties):
         return  # the gate's own failing verdict (slower, dropped, ...), not an error
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    row = perf.record_error(item.nodeid, params.get("case") or item.name, call.excinfo)
+    row = perf.record_error(item.nodeid, _benchmark_name(item), call.excinfo)
     if perf.mode == "paired":
         report.user_properties.append((ERROR_PROPERTY, dataclasses.asdict(row)))
 
@@ -250,12 +249,19 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             item.own_markers = [m for m in item.own_markers if m.name != "skip"]
         else:
             perf.record_declined(item.nodeid, declined.args[0])
-    # The run's false-alarm budget is split over its benchmarks (attnkit_perf.decide.gate).
-    perf.policy.benchmark_count = sum(
-        1
-        for item in items
-        if "attnkit_perf" in getattr(item, "fixturenames", ()) and item.get_closest_marker("skip") is None
+    # The run's false-alarm budget is split over its benchmarks (attnkit_perf.decide.policy).
+    perf.collected(
+        [
+            _benchmark_name(item)
+            for item in items
+            if "attnkit_perf" in getattr(item, "fixturenames", ()) and item.get_closest_marker("skip") is None
+        ]
     )
+
+
+def _benchmark_name(item: pytest.Item) -> str:
+    """The benchmark an item times: the perf suite's ``case`` parameter, else the test's name."""
+    return getattr(getattr(item, "callspec", None), "params", {}).get("case") or item.name
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

@@ -33,12 +33,13 @@ from attnkit_perf.decide import gate
 from attnkit_perf.decide.baseline import baseline_path, save_baseline
 from attnkit_perf.decide.formats import FormatError
 from attnkit_perf.decide.hostbound import host_bound_throughout, paired_share
+from attnkit_perf.decide.noise import coverage_notes
 from attnkit_perf.decide.paired import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import StoredRule
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.machine import provenance, source_digest, version_differences
-from attnkit_perf.measure.cases import BenchCase
+from attnkit_perf.measure.cases import BenchCase, cpu_suite_cases, gpu_suite_cases
 from attnkit_perf.measure.measurer import CaseMeasurer, MeasureSettings
 from attnkit_perf.measure.paired import (
     ANSWER_TIMEOUT_S,
@@ -110,13 +111,15 @@ class PerfSession:
         self._measurer: CaseMeasurer | None = None
         self._paired: PairedSession | None = None
         self._provenance: dict | None = None
+        self._noise_source: tuple | None = None
         options_.check_usage(self.mode, self.device, options)
         if self.mode == "stored":
             self.baseline, self.baseline_file = options_.stored_baseline(
                 config, self.baseline_root, self.gpu_key, options
             )
         if self.mode:
-            self.policy.noise, notes = options_.noise(options, self.baseline_root, self.gpu_key, self.mode)
+            noise = options_.noise(options, self.baseline_root, self.gpu_key, self.mode)
+            self.policy.noise, notes, self._noise_source = noise
             self.notes += notes
 
     def provenance(self) -> dict:
@@ -124,6 +127,15 @@ class PerfSession:
         if self._provenance is None:
             self._provenance = {**provenance(self.device), "timing": TIMING_PROTOCOL}
         return self._provenance
+
+    def collected(self, names: list[str]) -> None:
+        """The benchmarks this run will measure (after deselection): they share the run's
+        false-alarm budget, and the A/A noise file must describe them."""
+        self.policy.benchmark_count = len(names)
+        if self._noise_source is not None:
+            path, protocol = self._noise_source
+            grid = [c.name for c in gpu_suite_cases() + cpu_suite_cases()]
+            self.notes += coverage_notes(path, self.policy.noise, grid, names, protocol)
 
     @property
     def alpha(self) -> float:
@@ -346,6 +358,6 @@ class PerfSession:
             thresholds=self.policy.as_dict(),
             benchmarks=list(self.rows),
             version_differences=versions,
-            notes=self.notes + self.policy.noise_notes() + stopped,
+            notes=self.notes + self.policy.noise_notes() + self.policy.budget_notes(self.rows) + stopped,
             complete=complete and self.stopped_early is None,
         )

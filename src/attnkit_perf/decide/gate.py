@@ -245,6 +245,9 @@ def decide_stored(
         return _with_memory(Decision("inconclusive", reason=problem), base_peak, head_peak, t)
     head = [s / drift for s in head_samples]
     ratio = median(head) / median(base_samples)
+    # The one-sided rank test's smallest p over n and m samples is 1 / C(n + m, n).
+    n, m = len(head), len(base_samples)
+    reachable = math.lgamma(n + m + 1) - math.lgamma(n + 1) - math.lgamma(m + 1) > -math.log(alpha)
     p_slower = mann_whitney_greater(head, base_samples)
     p_faster = mann_whitney_greater(base_samples, head)
     low, high = bootstrap_ratio_ci(base_samples, head, confidence=0.99)
@@ -259,8 +262,10 @@ def decide_stored(
         d = Decision("same", p=p_slower, reason=text, **common)
     else:
         why = "not significant" if ratio >= up else f"interval reaches x{1 + 2 * threshold:.3f}"
+        if not reachable:
+            why += f"; {len(base_samples)} and {len(head)} samples cannot show slower at alpha {alpha:.1e}"
         d = Decision("inconclusive", p=p_slower, reason=f"{text}, p={p_slower:.1e}: {why}", **common)
-    d.extra["drift"] = drift
+    d.extra.update(drift=drift, slower_reachable=reachable)
     return _with_memory(d, base_peak, head_peak, t)
 
 

@@ -45,6 +45,23 @@ class RunPolicy:
             f"standard deviations, is over twice it): " + ", ".join(noisy)
         ]
 
+    @staticmethod
+    def budget_notes(rows) -> list[str]:
+        """The benchmarks left unsettled by an effort too small to show "slower" at all (the
+        rank test's smallest p over n pairs is 2^-n; over n and m samples 1/C(n+m, n)): a
+        slowdown there could not have failed, whatever its size."""
+        blind = sorted(
+            r.name
+            for r in rows
+            if r.outcome == "inconclusive" and r.evidence.get("slower_reachable") is False
+        )
+        if not blind:
+            return []
+        return [
+            f"WARNING: {len(blind)} benchmarks stopped where 'slower' was out of reach of their "
+            "alpha (raise --attnkit-budget-s, or run fewer benchmarks): " + ", ".join(blind)
+        ]
+
     def as_dict(self) -> dict:
         """The verdict's ``thresholds`` block."""
         t = self.thresholds

@@ -107,8 +107,10 @@ class StoredRule:
         decisions = [self._local(base_entry, samples, head_info, head_info.get("calibration"))]
         for again in confirmations(head_info):
             decisions.append(self._local(base_entry, again["samples_s"], head_info, again.get("calibration")))
+        if len(decisions) == 1:  # a suspect: always measured a second time
+            return True
         unconfirmed = decisions[-1].outcome == "slower" and decisions[-2].outcome != "slower"
-        return len(decisions) - 1 < MAX_REMEASURES and (len(decisions) == 1 or unconfirmed)
+        return unconfirmed and len(decisions) - 1 < MAX_REMEASURES
 
     def judge(self, base_entry: Mapping, head_entry: Mapping, drifts: Mapping[bool, float]) -> Decision:
         """A benchmark's outcome from every measurement of it; ``drifts`` by host-boundness."""
