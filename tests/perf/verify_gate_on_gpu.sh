@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Verification of the perf gate on a GPU (docs/PERF_GATE.md, "How the gate was verified").
+# Verification of the perf gate on a GPU (docs/PERF_GATE.md, "What it was verified on").
 # Each step is a word; results go under OUT (one verdict JSON and log per run, summary.txt):
 #
 #   bash tests/perf/verify_gate_on_gpu.sh OUT aa:5 change:fwd-tiles-d64 stored-record stored:2
 #
 #   aa:N           paired mode N times with the base a copy of this tree (A/A): nothing may fail
-#   change:NAME    apply docs/evidence/gate-changes/NAME.patch to a copy of this tree (the head),
+#   change:NAME    apply tests/perf/changes/NAME.patch to a copy of this tree (the head),
 #                  run paired mode against the unchanged tree on the cases the patch names in
 #                  its first line ("# cases: WORD ...": -k "WORD and ...", unless CHANGE_ARGS
 #                  is set), then measure the change's true effect side by side on those cases
@@ -91,7 +91,7 @@ for step in "$@"; do
       fi ;;
     change:*)
       name=${step#*:}
-      patch=$root/docs/evidence/gate-changes/$name.patch
+      patch=$root/tests/perf/changes/$name.patch
       head=$work/$name && mkdir -p "$head" && cp -r "$root/src" "$head/src"
       (cd "$head" && patch -s -p1 < "$patch") || { log "$name: patch failed"; continue; }
       read -r -a words <<< "$(head -1 "$patch" | sed 's/^# cases: //')"
