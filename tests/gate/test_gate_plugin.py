@@ -520,13 +520,16 @@ def _run_paired(
     select: str = "naive and fwd and not causal",
     names: tuple = (PAIRED_CASE,),
     extra: tuple = (),
+    head: Path = REPO,
 ) -> tuple[subprocess.CompletedProcess, dict]:
+    """A paired run of the perf suite's CPU smoke cases; ``head``: the checkout whose ``src`` the
+    run imports (this one, or a changed copy)."""
     verdict = tmp_path / "verdict.json"
     # One intra-op thread per process: on a shared 2-core runner, the OpenMP threads of four
     # workers (spinning after each block) would otherwise time each other instead of the code.
     env = {
         **os.environ,
-        "PYTHONPATH": str(REPO / "src"),
+        "PYTHONPATH": str(head / "src"),
         "ATTNKIT_TEST_DEVICE": "cpu",
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
@@ -620,6 +623,35 @@ def test_a_base_worker_that_hangs_is_killed_and_its_case_is_new(tmp_path):
     )
     assert hung["outcome"] == "new", f"{hung['outcome']}: {hung['reason']}\n{output[-3000:]}"
     assert "did not answer prepare within 20 s and was killed" in hung["reason"], hung["reason"]
+
+
+def test_a_case_the_base_runs_and_this_checkout_declines_is_dropped(tmp_path):
+    """No silent hole: a case the head stops supporting fails, named, while the others are
+    compared as usual."""
+    errors = "__import__('attnkit.errors', fromlist=['errors'])"
+    head = _copy_checkout(
+        tmp_path / "head", None, f"raise {errors}.UnsupportedProblemError('no longer here')"
+    )
+    sdpa = "fwd[sdpa-fp32-B1-H2-N128-D32]"
+    result, verdict = _run_paired(
+        REPO, tmp_path, "(naive or sdpa) and fwd and not causal", (PAIRED_CASE, sdpa), head=head
+    )
+    output = result.stdout + result.stderr
+    rows = {r["name"]: r for r in verdict["benchmarks"]}
+    assert rows[PAIRED_CASE]["outcome"] == "dropped", f"{rows[PAIRED_CASE]}\n{output[-3000:]}"
+    assert "the base runs it, this checkout does not: no longer here" in rows[PAIRED_CASE]["reason"]
+    assert rows[sdpa]["outcome"] in ("same", "inconclusive"), rows[sdpa]
+    assert result.returncode == 1 and verdict["passed"] is False, output[-3000:]
+
+
+def test_a_paired_run_whose_only_benchmark_raised_fails_and_says_nothing_was_compared(tmp_path):
+    head = _copy_checkout(tmp_path / "head", None, "raise RuntimeError('the head broke')")
+    result, verdict = _run_paired(REPO, tmp_path, head=head)
+    output = result.stdout + result.stderr
+    row = verdict["benchmarks"][0]
+    assert row["outcome"] == "error" and "RuntimeError: the head broke" in row["reason"], row
+    assert result.returncode != 0 and verdict["passed"] is False, output[-3000:]
+    assert "attnkit perf gate (paired): FAILED, nothing compared" in output, output[-3000:]
 
 
 def test_paired_aa_run_does_not_fail(tmp_path):
