@@ -243,6 +243,10 @@ def _decision(outcome: str, ratio: float = 1.2) -> gate.Decision:
 def test_confirm_a_confirmed_slowdown_reports_the_smaller_ratio():
     d = gate.confirm_slowdown(_decision("slower", 1.3), _decision("slower", 1.15))
     assert d.outcome == "slower" and d.ratio == 1.15, f"{d.outcome} x{d.ratio}"
+    first, second = _decision("slower", 1.15), _decision("slower", 1.3)
+    first.ci, second.ci = (1.1, 1.2), (1.25, 1.35)
+    d = gate.confirm_slowdown(first, second)
+    assert (d.ratio, d.ci) == (1.15, (1.1, 1.2)), f"the ratio kept must keep its own bounds: {d}"
     assert "slower evidence; re-measured: slower evidence" in d.reason, d.reason
 
 

@@ -276,7 +276,8 @@ def confirm_slowdown(first: Decision, second: Decision) -> Decision:
     if first.outcome != "slower":
         return first
     if second.outcome == "slower":
-        second.ratio = min(first.ratio, second.ratio)  # the slowdown both measurements support
+        if first.ratio < second.ratio:  # the slowdown both measurements support, with its bounds
+            second.ratio, second.ci = first.ratio, first.ci
         second.reason = f"{first.reason}; re-measured: {second.reason}"
         return second
     second.reason = f"first measurement slower ({first.reason}), re-measured: {second.reason}"

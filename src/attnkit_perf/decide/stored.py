@@ -36,7 +36,8 @@ def settle(decisions: list[Decision]) -> Decision:
     before = decisions[-2]
     history = ", ".join(d.outcome for d in decisions[:-1])
     if last.outcome == "slower" and before.outcome == "slower":
-        last.ratio = min(before.ratio, last.ratio)  # the slowdown both measurements support
+        if before.ratio < last.ratio:  # the slowdown both measurements support, with its interval
+            last.ratio, last.ci = before.ratio, before.ci
         last.reason = f"{before.reason}; re-measured: {last.reason}"
     elif last.outcome == "slower":
         last.outcome = "inconclusive"
