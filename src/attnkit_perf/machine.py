@@ -91,7 +91,9 @@ def provenance(device: torch.device | str | None = None) -> dict:
 
     Keys: ``gpu_key``, ``device_name``, ``capability`` ("9.0"), ``sm_count``, ``l2_bytes``,
     ``total_memory_bytes``, ``driver``, ``cuda``, ``cudnn``, ``torch``, ``triton``, ``commit``,
-    ``source`` (:func:`source_digest` of the attnkit imported). GPU fields are None on the CPU.
+    ``source`` (:func:`source_digest` of the attnkit imported). GPU fields, CUDA and cuDNN
+    included, are None when ``device`` is the CPU: they describe the device that ran the
+    benchmarks, not the libraries torch was built with.
     """
     device = torch.device(device) if device is not None else default_device()
     info = {
@@ -102,8 +104,8 @@ def provenance(device: torch.device | str | None = None) -> dict:
         "l2_bytes": None,
         "total_memory_bytes": None,
         "driver": None,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cuda": None,
+        "cudnn": None,
         "torch": torch.__version__,
         "triton": _triton_version(),
         "commit": git_commit(),
@@ -118,6 +120,8 @@ def provenance(device: torch.device | str | None = None) -> dict:
             l2_bytes=getattr(props, "L2_cache_size", None),
             total_memory_bytes=props.total_memory,
             driver=_driver_version(),
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         )
     return info
 

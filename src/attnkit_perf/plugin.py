@@ -12,6 +12,7 @@ Every threshold is an option and an ini key (``--attnkit-slower=0.02`` / ``attnk
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -22,9 +23,11 @@ from attnkit_perf.decide import gate
 from attnkit_perf.decide.verdict import BenchmarkVerdict, format_table, summary_line
 from attnkit_perf.measure.checkout import BaseError, materialise_base
 from attnkit_perf.measure.paired import ANSWER_TIMEOUT_S
-from attnkit_perf.session import VERDICT_PROPERTY, PerfSession
+from attnkit_perf.session import ERROR_PROPERTY, VERDICT_PROPERTY, PerfSession
 
 SESSION = pytest.StashKey[PerfSession]()
+#: Marks a benchmark skipped because this checkout cannot run its backend (tests/perf sets it).
+DECLINED_MARK = "attnkit_declined"
 
 #: (name, type, default, help) of the options that are also ini keys.
 _TUNABLE = (
@@ -72,6 +75,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--attnkit-allow-cpu", action="store_true", help="compare or record on the CPU (gate tests)"
     )
     group.addoption(
+        "--attnkit-allow-dropped",
+        action="store_true",
+        help="accept benchmarks the base ran and this checkout no longer runs (otherwise they fail)",
+    )
+    group.addoption(
         "--attnkit-no-confirm",
         action="store_true",
         help=(
@@ -95,6 +103,7 @@ def _options(config: pytest.Config) -> dict:
         "allow_other_gpu": get("attnkit_allow_other_gpu"),
         "allow_cpu": get("attnkit_allow_cpu"),
         "no_confirm": get("attnkit_no_confirm"),
+        "allow_dropped": get("attnkit_allow_dropped"),
     }
     for name, kind, _, _ in _TUNABLE:
         value = get("attnkit_" + name)
@@ -126,6 +135,11 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{DECLINED_MARK}(reason): a benchmark skipped because this checkout cannot run its backend; "
+        "paired mode asks both sides instead, stored mode lists it as dropped from the baseline",
+    )
     if not hasattr(config.option, "benchmark_json"):  # pytest-benchmark not installed
         return
     session = config.stash[SESSION] = PerfSession(config, _options(config))
@@ -193,23 +207,61 @@ class _PairedController:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         for key, value in report.user_properties:
-            if key == VERDICT_PROPERTY and report.when == "call":
+            # A verdict row rides on every phase's report (once per test); an error row only on
+            # the report of the phase that raised.
+            if (key == VERDICT_PROPERTY and report.when == "call") or key == ERROR_PROPERTY:
                 self.session.rows.append(BenchmarkVerdict(**value))
                 path = self.session.config.getoption("attnkit_verdict_json")
                 if path:  # a run stopped early (a job's time limit) still leaves what it decided
                     self.session.write_progress(path)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A benchmark whose test raised (in the measurement, or in a fixture) gets a failing "error"
+    row: a run must not read as passed, nor as "nothing failed", because a benchmark broke."""
+    outcome = yield
+    report = outcome.get_result()
+    perf = item.config.stash.get(SESSION, None)
+    if perf is None or perf.mode is None or not report.failed or call.excinfo is None:
+        return
+    if "attnkit_perf" not in getattr(item, "fixturenames", ()):
+        return
+    if any(key == VERDICT_PROPERTY for key, _ in item.user_properties):
+        return  # the gate's own failing verdict (slower, dropped, ...), not an error
+    row = perf.record_error(item.nodeid, _benchmark_name(item), call.excinfo)
+    if perf.mode == "paired":
+        report.user_properties.append((ERROR_PROPERTY, dataclasses.asdict(row)))
+
+
 @pytest.hookimpl(trylast=True)  # after -k / -m deselection: count only what will run
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items) -> None:
     perf = config.stash.get(SESSION, None)
-    if perf is not None:
-        # The run's false-alarm budget is split over its benchmarks (attnkit_perf.decide.gate).
-        perf.benchmark_count = sum(
-            1
+    if perf is None:
+        return
+    for item in items:
+        declined = item.get_closest_marker(DECLINED_MARK)
+        if declined is None:
+            continue
+        if perf.mode == "paired":
+            # Whether a side runs the backend is that side's to say: the base may still run a
+            # case this checkout dropped (the workers report it; attnkit_perf.decide.paired).
+            item.own_markers = [m for m in item.own_markers if m.name != "skip"]
+        else:
+            perf.record_declined(item.nodeid, declined.args[0])
+    # The run's false-alarm budget is split over its benchmarks (attnkit_perf.decide.policy).
+    perf.collected(
+        [
+            _benchmark_name(item)
             for item in items
             if "attnkit_perf" in getattr(item, "fixturenames", ()) and item.get_closest_marker("skip") is None
-        )
+        ]
+    )
+
+
+def _benchmark_name(item: pytest.Item) -> str:
+    """The benchmark an item times: the perf suite's ``case`` parameter, else the test's name."""
+    return getattr(getattr(item, "callspec", None), "params", {}).get("case") or item.name
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -302,19 +354,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     for key, (then, now) in doc.version_differences.items():
         write(f"WARNING: baseline recorded under {key} {then}, this run has {now}")
     write(f"{doc.base['label']} against {doc.head['label']}")
+    failing = tuple(k for k in doc.failing_outcomes if k != "inconclusive")
+    accepted = ("dropped",) if "dropped" not in failing else ()
     for title, kinds in (
-        ("FAILED (slower or more memory):", gate.FAILING),
+        ("FAILED (error, dropped, slower or more memory):", failing),
         (
             "inconclusive (measured to the budget and still unclear; not failing by default):",
             ("inconclusive",),
         ),
         ("faster:", ("faster",)),
         ("new (not in the base):", ("new",)),
-        ("missing (in the baseline, not run):", ("missing",)),
+        ("missing (in the baseline, not selected in this run):", ("missing",)),
+        ("dropped, accepted (--attnkit-allow-dropped):", accepted),
     ):
         rows = [r for r in doc.benchmarks if r.outcome in kinds]
         if rows:
-            write(title, bold=True, red=kinds == gate.FAILING, yellow=kinds == ("inconclusive",))
+            write(title, bold=True, red=kinds == failing, yellow=kinds == ("inconclusive",))
             for line in format_table(rows):
                 write("  " + line)
     write(summary_line(doc), bold=True, red=not doc.passed, green=doc.passed)

@@ -1,6 +1,7 @@
 """Synthetic measurements for testing the gate without a GPU (a helper module, not a test module).
 
-Noise models, from ANCHORS.md and our H100 measurements (docs/PERF_GATE.md):
+Noise models, from published GPU benchmarking studies and H100 measurements of this grid
+(docs/PERF_GATE.md):
 
 * **stored mode** (:func:`noisy_samples`): each round has a multiplicative jitter with a CV of
   2-5%, 1% of rounds are outliers 1.2-3x slower (a preempted launch, a clock dip), and each
@@ -8,8 +9,9 @@ Noise models, from ANCHORS.md and our H100 measurements (docs/PERF_GATE.md):
   with a standard deviation of ``session_sd``.
 * **paired mode** (:func:`paired_blocks`): a block's median carries a log-normal noise of
   ``block_sd`` (0.5-1% on the H100), and each of a side's worker processes a fixed log offset
-  of ``process_sd`` (~0.3%: its allocation addresses, its code's placement); pair ``i`` runs on
-  process ``i % 2`` of each side, as :mod:`attnkit_perf.measure.paired` schedules it.
+  of ``process_sd`` (~0.3%: its allocation addresses, its code's placement; 0.5-1% seen for
+  backward kernels); pair ``i`` runs on process ``i % PROCESSES_PER_SIDE`` of each side, as
+  :mod:`attnkit_perf.measure.paired` schedules it (:func:`processes` labels the pairs so).
 
 :data:`SYNTHETIC_SUITE` is a pytest-benchmark suite whose samples the test controls exactly (a
 virtual clock), for driving the plugin end to end through pytester.
@@ -70,6 +72,11 @@ def paired_blocks(
     return [float(x) for x in base], [float(x) for x in head]
 
 
+def processes(pairs: int) -> list[int]:
+    """The worker process pairing of each of ``pairs`` pairs, as paired mode schedules them."""
+    return [i % PROCESSES_PER_SIDE for i in range(pairs)]
+
+
 def case_for(backend: str, pass_name: str = "fwd") -> BenchCase:
     return BenchCase(backend=backend, pass_name=pass_name, **SHAPE)
 
@@ -124,8 +131,10 @@ def run_json(benchmarks: list[dict], gpu_key: str = H100_KEY) -> dict:
 
 #: A pytest-benchmark suite driven by the JSON in ``$ATTNKIT_SYNTH_SPEC``: ``names`` (each the
 #: backend of one benchmark), ``scale`` and ``peak`` per name, ``seed``, ``jitter``, ``interrupt``
-#: (names whose benchmark ends the session as Ctrl-C or SIGINT would). Time moves
-#: only when a synthetic kernel "runs", so the samples are exactly the spec's.
+#: (names whose benchmark ends the session as Ctrl-C or SIGINT would), ``raise`` (names whose
+#: benchmark raises), ``declined`` (names skipped as this checkout's unavailable backend, as
+#: tests/perf marks them). Time moves only when a synthetic kernel "runs", so the samples are
+#: exactly the spec's.
 SYNTHETIC_SUITE = """
 import json, os
 import numpy as np
@@ -145,11 +154,20 @@ def virtual_clock():
     return VirtualClock.now
 
 
-@pytest.mark.parametrize("name", SPEC["names"])
+def _param(name):
+    if name not in SPEC.get("declined", ()):
+        return name
+    why = f"backend {name!r} is unavailable here"
+    return pytest.param(name, marks=[pytest.mark.skip(reason=why), pytest.mark.attnkit_declined(why)])
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in SPEC["names"]])
 @pytest.mark.benchmark(timer=virtual_clock)
 def test_synthetic(benchmark, attnkit_perf, name):
     # attnkit_perf (requested, not called) marks this test as one of the run's benchmarks
     case = BenchCase(backend=name, pass_name="fwd", **SHAPE)
+    if name in SPEC.get("raise", ()):
+        raise RuntimeError(f"{name} broke")
     if name in SPEC.get("interrupt", ()):  # a job's time limit (SIGINT) reaching this benchmark
         pytest.exit("interrupted by the job's time limit", returncode=pytest.ExitCode.INTERRUPTED)
     rng = np.random.default_rng([SPEC["seed"], sum(map(ord, name))])

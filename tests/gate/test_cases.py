@@ -124,3 +124,35 @@ def test_a_graph_case_captures_after_warming_up(monkeypatch):
     assert events == [*warmups, "capture", "call"], events
     runner()
     assert events[-1] == "replay", events
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        BenchCase("sdpa", "fwd+bwd", 2, 4, 2, 16, 8, True, "fp32", kv_len=24),
+        BenchCase("sdpa", "fwd", 1, 2, 2, 32, 8, True, "fp32", window=(4, 0)),
+        HOST,
+    ],
+    ids=lambda c: c.name,
+)
+def test_a_case_is_the_problem_attnkit_validates(case):
+    """The case's shape is attnkit's own AttentionProblem: its inputs validate to the same problem,
+    and the derived metrics follow from it (no field restated under another meaning)."""
+    from attnkit.inputs import check_inputs
+
+    q, k, v, grad_out = cases.make_inputs(case, "cpu")
+    seen = check_inputs(q, k, v, case.causal, None, case.window)
+    expected = case.problem
+    assert (seen.batch, seen.q_heads, seen.kv_heads, seen.q_len, seen.kv_len, seen.head_dim) == (
+        expected.batch,
+        expected.q_heads,
+        expected.kv_heads,
+        expected.q_len,
+        expected.kv_len,
+        expected.head_dim,
+    ), f"inputs {tuple(q.shape)}, {tuple(k.shape)} against {expected}"
+    assert (seen.window, seen.dtype, seen.causal) == (expected.window, expected.dtype, expected.causal)
+    assert grad_out.shape == (expected.batch, expected.q_heads, expected.q_len, expected.value_dim)
+    assert case.kv_bytes == k.nbytes + v.nbytes, (
+        f"kv_bytes {case.kv_bytes}, K and V hold {k.nbytes + v.nbytes}"
+    )

@@ -17,7 +17,7 @@ from attnkit_perf.decide.formats import FormatError, validate
 from attnkit_perf.decide.noise import FORMAT as NOISE_FORMAT
 from attnkit_perf.decide.noise import load_noise
 from attnkit_perf.decide.verdict import FORMAT as VERDICT_FORMAT
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument, summary_line
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
 from attnkit_perf.session import describe
 
@@ -231,6 +231,36 @@ def test_fail_on_inconclusive_is_part_of_the_document():
     assert doc.passed, "inconclusive is listed, not failing, by default"
     doc.thresholds["fail_on_inconclusive"] = True
     assert not doc.passed and doc.failing == [row], "told to, the run fails on inconclusive"
+
+
+def _bare(backend: str, outcome: str) -> BenchmarkVerdict:
+    return BenchmarkVerdict.from_decision(describe(case_for(backend)), gate.Decision(outcome, reason=outcome))
+
+
+@pytest.mark.parametrize(
+    "outcomes",
+    [(), ("error",), ("new",), ("new", "missing"), ("dropped",)],
+    ids=lambda o: "+".join(o) or "empty",
+)
+def test_a_run_that_compared_nothing_has_not_passed(outcomes):
+    """A gate that measured no benchmark on both sides guarded nothing: it fails, and says so
+    (a paired run whose only benchmark raised once printed "passed (nothing compared)")."""
+    doc = verdict_document([_bare(b, o) for b, o in zip(("sdpa", "tiled"), outcomes, strict=False)])
+    doc.thresholds["allow_dropped"] = True
+    assert doc.compared == 0 and not doc.passed, f"{outcomes}: passed={doc.passed}"
+    line = summary_line(doc)
+    assert "FAILED, nothing compared" in line, line
+    doc.benchmarks.append(_bare("naive", "same"))
+    assert doc.compared == 1, doc.counts()
+
+
+@pytest.mark.parametrize(("outcome", "fails"), [("error", True), ("dropped", True), ("missing", False)])
+def test_a_benchmark_that_was_not_compared_fails_unless_it_was_not_selected(outcome, fails):
+    doc = verdict_document([_row("sdpa", 1.0), _bare("tiled", outcome)])
+    assert doc.passed is not fails and bool(doc.failing) is fails, f"{outcome}: failing {doc.failing}"
+    if outcome == "dropped":
+        doc.thresholds["allow_dropped"] = True
+        assert doc.passed, "--attnkit-allow-dropped accepts a dropped benchmark knowingly"
 
 
 @pytest.mark.parametrize("field", ["ratio", "head_median_ms", "p"])

@@ -1,8 +1,8 @@
 """The gate end to end through pytest (CPU only).
 
 Stored mode runs a synthetic suite whose samples the test controls (a virtual clock), in-process
-through pytester: record, compare, and every usage error of issue 10 with its message and exit
-code. Paired mode runs the real perf suite's CPU smoke cases in real worker processes against a
+through pytester: record, compare, and every usage error with its message and exit code.
+Paired mode runs the real perf suite's CPU smoke cases in real worker processes against a
 copy of this checkout whose naive path sleeps 3 ms per call.
 """
 
@@ -33,9 +33,12 @@ NAMES = ("flash_a", "cudnn_b", "tiled_c")
 CPU_KEY = gpu_key("cpu")
 
 
-def _spec(names=NAMES, scale=None, peak=None, seed=0, jitter=0.03, interrupt=(), calibration=None) -> str:
+def _spec(
+    names=NAMES, scale=None, peak=None, seed=0, jitter=0.03, interrupt=(), calibration=None, **more
+) -> str:
     return json.dumps(
         {
+            **{key: list(value) for key, value in more.items()},
             "names": list(names),
             "scale": scale or {},
             "peak": peak or {},
@@ -128,7 +131,9 @@ def test_twenty_percent_slower_fails_naming_only_that_benchmark(gate_run, pytest
     row = next(r for r in verdict["benchmarks"] if r["backend"] == "cudnn_b")
     assert 1.15 < row["ratio"] < 1.25 and row["ci"][0] > 1.0, f"ratio {row['ratio']}, interval {row['ci']}"
     text = result.stdout.str()
-    failed = text.split("FAILED (slower or more memory):")[1].split("attnkit perf gate (stored)")[0]
+    failed = text.split("FAILED (error, dropped, slower or more memory):")[1].split(
+        "attnkit perf gate (stored)"
+    )[0]
     assert "fwd[cudnn_b-" in failed and "flash_a" not in failed and "tiled_c" not in failed, failed
     result.stdout.fnmatch_lines(["*attnkit perf gate (stored): FAILED (1 slower, 2 same)*"])
 
@@ -174,7 +179,40 @@ def test_new_and_missing_are_listed_not_failed(gate_run, pytester):
     assert result.ret == pytest.ExitCode.OK, _output(result)
     assert _outcomes(verdict) == {"flash_a": "same", "tiled_c": "new", "cudnn_b": "missing"}, verdict
     result.stdout.fnmatch_lines(["*new (not in the base):", "*fwd?tiled_c-*new*not in the baseline*"])
-    result.stdout.fnmatch_lines(["*missing (in the baseline, not run):", "*fwd?cudnn_b-*missing*"])
+    result.stdout.fnmatch_lines(
+        ["*missing (in the baseline, not selected in this run):", "*fwd?cudnn_b-*missing*"]
+    )
+
+
+def test_a_benchmark_that_raises_is_an_error_and_fails(gate_run, pytester):
+    _record(gate_run)
+    result, verdict = _compare(gate_run, pytester, seed=1, **{"raise": ("cudnn_b",)})
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, _output(result)
+    assert _outcomes(verdict) == {"flash_a": "same", "tiled_c": "same", "cudnn_b": "error"}, verdict
+    row = next(r for r in verdict["benchmarks"] if r["outcome"] == "error")
+    assert "RuntimeError: cudnn_b broke" in row["reason"] and row["name"].startswith("fwd[cudnn_b-"), row
+    assert verdict["passed"] is False, "an error is a failure of the run"
+
+
+def test_a_run_whose_only_benchmark_raised_compared_nothing_and_fails(gate_run, pytester):
+    _record(gate_run, names=("flash_a",))
+    result, verdict = _compare(gate_run, pytester, names=("flash_a",), **{"raise": ("flash_a",)})
+    assert result.ret == pytest.ExitCode.TESTS_FAILED and verdict["passed"] is False, _output(result)
+    result.stdout.fnmatch_lines(["*attnkit perf gate (stored): FAILED, nothing compared*1 error*"])
+
+
+def test_a_baseline_benchmark_this_checkout_declines_is_dropped_and_fails(gate_run, pytester):
+    """A backend this checkout makes unavailable must not leave a silent hole: "dropped" fails,
+    unless --attnkit-allow-dropped accepts it knowingly."""
+    _record(gate_run)
+    result, verdict = _compare(gate_run, pytester, seed=1, declined=("tiled_c",))
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, _output(result)
+    assert _outcomes(verdict) == {"flash_a": "same", "cudnn_b": "same", "tiled_c": "dropped"}, verdict
+    row = next(r for r in verdict["benchmarks"] if r["outcome"] == "dropped")
+    assert "backend 'tiled_c' is unavailable here" in row["reason"], row["reason"]
+    result, verdict = _compare(gate_run, pytester, "--attnkit-allow-dropped", seed=1, declined=("tiled_c",))
+    assert result.ret == pytest.ExitCode.OK and verdict["passed"] is True, _output(result)
+    result.stdout.fnmatch_lines(["*dropped, accepted (--attnkit-allow-dropped):", "*fwd?tiled_c-*dropped*"])
 
 
 def test_an_interrupted_run_is_incomplete_never_passed(gate_run, pytester):
@@ -260,8 +298,8 @@ def test_the_false_alarm_budget_is_split_over_the_benchmarks_that_run(
     ],
 )
 def test_a_baseline_entry_without_evidence_is_inconclusive(gate_run, pytester, data, why):
-    """Issue 10 allows either outcome for a baseline entry that is no evidence: the row is
-    inconclusive, or the baseline is a usage error naming its file. Never "same", never a crash."""
+    """A baseline entry that is no evidence gives one of two outcomes: the row is inconclusive,
+    or the baseline is a usage error naming its file. Never "same", never a crash."""
     base = _record(gate_run)
     base["benchmarks"][1]["stats"]["data"] = data
     gate_run.baseline.write_text(json.dumps(base))
@@ -482,13 +520,16 @@ def _run_paired(
     select: str = "naive and fwd and not causal",
     names: tuple = (PAIRED_CASE,),
     extra: tuple = (),
+    head: Path = REPO,
 ) -> tuple[subprocess.CompletedProcess, dict]:
+    """A paired run of the perf suite's CPU smoke cases; ``head``: the checkout whose ``src`` the
+    run imports (this one, or a changed copy)."""
     verdict = tmp_path / "verdict.json"
     # One intra-op thread per process: on a shared 2-core runner, the OpenMP threads of four
     # workers (spinning after each block) would otherwise time each other instead of the code.
     env = {
         **os.environ,
-        "PYTHONPATH": str(REPO / "src"),
+        "PYTHONPATH": str(head / "src"),
         "ATTNKIT_TEST_DEVICE": "cpu",
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
@@ -542,18 +583,6 @@ def test_paired_mode_sees_the_head_faster_than_a_slowed_base(tmp_path):
     assert sources[0] != sources[1], f"the slowed base is other code: {sources}"
 
 
-def test_a_case_the_base_cannot_build_is_new_not_a_failure(tmp_path):
-    """Only the head's code is under test: a base older than an argument the grid passes (or
-    with a bug fixed since) makes its cases new, never an error of the change."""
-    base = _copy_checkout(tmp_path / "base", None, "raise TypeError('an older attention() signature')")
-    result, verdict = _run_paired(base, tmp_path)
-    output = result.stdout + result.stderr
-    row = verdict["benchmarks"][0]
-    assert row["outcome"] == "new", f"{row['outcome']}: {row['reason']}\n{output[-3000:]}"
-    assert "TypeError: an older attention() signature" in row["reason"], row["reason"]
-    assert result.returncode == 0 and verdict["passed"] is True, output[-3000:]
-
-
 def _base_fails_on_naive(tmp_path: Path, statement: str, *extra: str) -> tuple[dict, str]:
     """A paired run of the naive and sdpa forwards whose base runs ``statement`` in
     ``naive_attention``: the naive case's row, after checking that sdpa was still measured and
@@ -568,6 +597,14 @@ def _base_fails_on_naive(tmp_path: Path, statement: str, *extra: str) -> tuple[d
     assert rows[sdpa]["outcome"] in ("same", "inconclusive"), f"{rows[sdpa]}\n{output[-3000:]}"
     assert result.returncode == 0 and verdict["passed"] is True, output[-3000:]
     return rows[PAIRED_CASE], output
+
+
+def test_a_case_the_base_cannot_build_is_new_not_a_failure(tmp_path):
+    """Only the head's code is under test: a base older than an argument the grid passes (or
+    with a bug fixed since) makes its cases new, never an error of the change."""
+    row, output = _base_fails_on_naive(tmp_path, "raise TypeError('an older attention() signature')")
+    assert row["outcome"] == "new", f"{row['outcome']}: {row['reason']}\n{output[-3000:]}"
+    assert "TypeError: an older attention() signature" in row["reason"], row["reason"]
 
 
 def test_a_base_worker_that_dies_makes_its_case_new_and_the_run_goes_on(tmp_path):
@@ -586,6 +623,35 @@ def test_a_base_worker_that_hangs_is_killed_and_its_case_is_new(tmp_path):
     )
     assert hung["outcome"] == "new", f"{hung['outcome']}: {hung['reason']}\n{output[-3000:]}"
     assert "did not answer prepare within 20 s and was killed" in hung["reason"], hung["reason"]
+
+
+def test_a_case_the_base_runs_and_this_checkout_declines_is_dropped(tmp_path):
+    """No silent hole: a case the head stops supporting fails, named, while the others are
+    compared as usual."""
+    errors = "__import__('attnkit.errors', fromlist=['errors'])"
+    head = _copy_checkout(
+        tmp_path / "head", None, f"raise {errors}.UnsupportedProblemError('no longer here')"
+    )
+    sdpa = "fwd[sdpa-fp32-B1-H2-N128-D32]"
+    result, verdict = _run_paired(
+        REPO, tmp_path, "(naive or sdpa) and fwd and not causal", (PAIRED_CASE, sdpa), head=head
+    )
+    output = result.stdout + result.stderr
+    rows = {r["name"]: r for r in verdict["benchmarks"]}
+    assert rows[PAIRED_CASE]["outcome"] == "dropped", f"{rows[PAIRED_CASE]}\n{output[-3000:]}"
+    assert "the base runs it, this checkout does not: no longer here" in rows[PAIRED_CASE]["reason"]
+    assert rows[sdpa]["outcome"] in ("same", "inconclusive"), rows[sdpa]
+    assert result.returncode == 1 and verdict["passed"] is False, output[-3000:]
+
+
+def test_a_paired_run_whose_only_benchmark_raised_fails_and_says_nothing_was_compared(tmp_path):
+    head = _copy_checkout(tmp_path / "head", None, "raise RuntimeError('the head broke')")
+    result, verdict = _run_paired(REPO, tmp_path, head=head)
+    output = result.stdout + result.stderr
+    row = verdict["benchmarks"][0]
+    assert row["outcome"] == "error" and "RuntimeError: the head broke" in row["reason"], row
+    assert result.returncode != 0 and verdict["passed"] is False, output[-3000:]
+    assert "attnkit perf gate (paired): FAILED, nothing compared" in output, output[-3000:]
 
 
 def test_paired_aa_run_does_not_fail(tmp_path):
@@ -649,11 +715,9 @@ def test_paired_mode_rewrites_the_verdict_after_each_benchmark(tmp_path):
 def test_a_paired_benchmark_is_host_bound_only_when_both_sides_are(base_share, head_share, host_bound):
     """Neither side alone may put a benchmark under the loose host-bound threshold: a change that
     adds host work would hide behind it."""
-    from attnkit_perf.measure.paired import SideResult
-    from attnkit_perf.session import _host_bound
+    from attnkit_perf.decide.hostbound import host_bound_pair
 
-    base, head = SideResult(host_share=base_share), SideResult(host_share=head_share)
-    assert _host_bound(base, head) is host_bound, f"base {base_share}, head {head_share}"
+    assert host_bound_pair(base_share, head_share) is host_bound, f"base {base_share}, head {head_share}"
 
 
 @pytest.mark.parametrize(
@@ -667,12 +731,12 @@ def test_a_paired_benchmark_is_host_bound_only_when_both_sides_are(base_share, h
 def test_a_confirmed_benchmark_is_host_bound_only_when_every_measurement_says_so(first, second, host_bound):
     """The confirmation of a suspect is judged by the strictest classification seen: a slowdown
     measured under the GPU rule must not pass because fresh processes read host-bound."""
+    from attnkit_perf.decide.hostbound import host_bound_throughout
     from attnkit_perf.measure.paired import SideResult
-    from attnkit_perf.session import _host_bound_throughout
 
     def measurement(shares):
         base, head = shares
         return {"base": SideResult(host_share=base), "head": SideResult(host_share=head)}
 
-    assert _host_bound_throughout(measurement(first), measurement(second)) is host_bound
-    assert _host_bound_throughout(measurement(second)) is (min(second) >= 0.5)
+    assert host_bound_throughout(measurement(first), measurement(second)) is host_bound
+    assert host_bound_throughout(measurement(second)) is (min(second) >= 0.5)

@@ -1,5 +1,6 @@
-"""One-way imports (issue 10, item 6): the library never imports the gate, the tools or the
-tests; the gate never imports the tools or the tests; no test module imports another. Checked on
+"""One-way imports: the library never imports the gate, the tools or the tests; the gate never
+imports the tools or the tests; the gate's decisions (attnkit_perf.decide) import neither torch
+nor the measuring code nor the orchestrator; no test module imports another. Checked on
 the source with ast, so an import inside a function body counts as much as one at the top."""
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ HISTORY_MAY_IMPORT = ("attnkit_perf.history", "attnkit_perf.decide.formats")
 def test_the_history_package_needs_no_torch_and_no_gate_internals():
     files = _python_files(SRC / "attnkit_perf" / "history")
     assert files, "no source files under src/attnkit_perf/history"
+
     bad = [
         f"{path.relative_to(REPO)}:{line} imports {module}"
         for path in files
@@ -104,6 +106,21 @@ def test_the_library_imports_no_test_framework():
     assert not bad, (
         f"attnkit outside {TEST_PARTS} must not import the test frameworks or them:\n" + "\n".join(bad)
     )
+
+
+def test_the_decisions_are_pure():
+    """attnkit_perf.decide holds every rule that turns measurements into an outcome, as functions
+    of plain values: testable without a GPU, and never a way back into the orchestrator."""
+    forbidden = ("torch", "attnkit_perf.measure", "attnkit_perf.session", "attnkit_perf.plugin")
+    files = _python_files(SRC / "attnkit_perf" / "decide")
+
+    bad = [
+        f"{path.relative_to(REPO)}:{line} imports {module}"
+        for path in files
+        for line, module in _file_imports(path)
+        if any(module == f or module.startswith(f + ".") for f in forbidden)
+    ]
+    assert files and not bad, "attnkit_perf.decide must stay pure:\n" + "\n".join(bad)
 
 
 def _names_a_test_file(text: str) -> bool:

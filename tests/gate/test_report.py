@@ -374,3 +374,17 @@ def test_the_module_command(tmp_path):
     assert good.returncode == 0, good.stderr
     for name in ("report.md", "summary.md"):
         assert f"wrote {out / name}" in good.stdout, f"stdout does not say it wrote {name}: {good.stdout!r}"
+
+
+def test_a_cpu_run_names_the_device_it_ran_on_not_the_cuda_torch_was_built_with():
+    """A CPU verdict once showed "CUDA 13.0" and "cuDNN 92400": the versions of a CUDA build of
+    torch, not of the device that ran the benchmarks."""
+    from attnkit_perf.machine import provenance
+
+    info = provenance("cpu")
+    assert (info["cuda"], info["cudnn"], info["device_name"], info["driver"]) == (None, None, None, None), (
+        info
+    )
+    rows = markdown.provenance(data.RunInfo({"attnkit": info}, {}, None))
+    assert rows["CUDA"] == rows["cuDNN"] == "—", rows
+    assert rows["GPU"] == info["gpu_key"] and info["gpu_key"].startswith("cpu"), rows

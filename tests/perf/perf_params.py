@@ -34,6 +34,16 @@ def _backend_skip(backend: str) -> str | None:
 CASES = {case.name: case for case in gpu_suite_cases() + cpu_suite_cases()}
 
 
+def _skips(where: str | None, backend: str) -> list:
+    """Skip marks: ``where`` the grid does not run here at all, else the backend's own reason,
+    marked as declined by this checkout (paired mode then asks each side; stored mode reports a
+    baseline benchmark declined here as dropped)."""
+    if where:
+        return [pytest.mark.skip(reason=where)]
+    reason = _backend_skip(backend)
+    return [pytest.mark.skip(reason=reason), pytest.mark.attnkit_declined(reason)] if reason else []
+
+
 def gpu_params(pass_name: str) -> list:
     """The GPU grid of one pass; every case is listed, the unrunnable ones skipped with why."""
     params = []
@@ -41,20 +51,11 @@ def gpu_params(pass_name: str) -> list:
     for case in gpu_suite_cases():
         if case.pass_name != pass_name:
             continue
-        reason = no_gpu or _backend_skip(case.backend)
-        marks = [pytest.mark.benchmark(timer=gpu_time_clock, group=case.group)]
-        if reason:
-            marks.append(pytest.mark.skip(reason=reason))
+        marks = [pytest.mark.benchmark(timer=gpu_time_clock, group=case.group), *_skips(no_gpu, case.backend)]
         params.append(pytest.param(case.name, marks=marks, id=f"{case.backend}-{case.shape_label}"))
     return params
 
 
 def cpu_params() -> list:
-    params = []
-    for case in cpu_suite_cases():
-        reason = _backend_skip(case.backend)
-        if DEVICE.type == "cuda":
-            reason = "CPU smoke benchmarks run only where there is no GPU"
-        marks = [pytest.mark.skip(reason=reason)] if reason else []
-        params.append(pytest.param(case.name, marks=marks, id=case.name))
-    return params
+    gpu = "CPU smoke benchmarks run only where there is no GPU" if DEVICE.type == "cuda" else None
+    return [pytest.param(c.name, marks=_skips(gpu, c.backend), id=c.name) for c in cpu_suite_cases()]

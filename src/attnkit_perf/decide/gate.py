@@ -22,18 +22,25 @@ share of the run's false-alarm budget (:func:`per_benchmark_alpha`):
 * **faster**: the mirror image (reported, never failing). In paired mode a speed-up that the
   interval shows but the rank test does not yet is inconclusive, so it is measured on rather
   than settled as "same";
-* **same**: a slowdown of ``t`` is excluded and no speed-up was shown: the 99% interval lies
-  below 1 + t (paired; one-sided, because the gate guards slowdowns: an interval such as
-  [0.97, 1.01] settles the question it asks, and measuring on to narrow its lower end only
-  costs time), or the ratio is below 1 + t and its interval excludes 1 + 2t (stored, where
-  the two runs' noise is wider). Calling "same" wrongly is a miss, not a false alarm, so this
-  interval needs no share of the run's budget;
+* **same**: a slowdown of ``t`` is excluded and no speed-up was shown: the one-sided 99% upper
+  bound lies below 1 + t (paired; the bound is taken over the worker processes, the unit that
+  carries an offset of its own, :func:`attnkit_perf.decide.stats.process_interval`; one-sided,
+  because the gate guards slowdowns: an interval such as [0.97, 1.01] settles the question it
+  asks), or the ratio is below 1 + t and its interval excludes 1 + 2t (stored, where the two
+  runs' noise is wider). Calling "same" wrongly is a miss, not a false alarm, so this bound
+  needs no share of the run's budget; it is held to a miss rate of about 5% at exactly 1 + t
+  over the session's repeated looks (the gate's decision tests simulate it);
 * **inconclusive**: anything else — too few, NaN, non-positive or constant samples, or an
   interval too wide to tell. The caller measures more; still unclear, it is reported loudly,
   never as "same".
 
 Memory is deterministic: **more-memory** when the peak grows by more than
 ``max(memory_abs_bytes, memory_rel * base_peak)``.
+
+Two outcomes say that a benchmark was not compared although it should have been, and fail:
+**error** (its measurement raised) and **dropped** (the base ran it, the head declined it or
+lost its backend; ``--attnkit-allow-dropped`` accepts that knowingly). **new** (the base cannot
+run it) and **missing** (in the baseline, not selected in this run) are listed, never failing.
 """
 
 from __future__ import annotations
@@ -51,11 +58,14 @@ from attnkit_perf.decide.stats import (
     sample_problem,
 )
 
-#: Confidence of the interval that must lie within the threshold for "same".
+#: Confidence of the bound that must lie within the threshold for "same" (one-sided, over the
+#: worker processes in paired mode) and of the pairs' interval behind "slower" (two-sided).
 SAME_CONFIDENCE = 0.99
 
-OUTCOMES = ("slower", "more-memory", "inconclusive", "faster", "new", "missing", "same")
-FAILING = ("slower", "more-memory")
+OUTCOMES = ("error", "dropped", "slower", "more-memory", "inconclusive", "faster", "new", "missing", "same")
+FAILING = ("error", "dropped", "slower", "more-memory")
+#: Outcomes of a benchmark measured on both sides: a run with none of them compared nothing.
+COMPARED = ("slower", "more-memory", "inconclusive", "faster", "same")
 MIB = 1024 * 1024
 
 
@@ -76,15 +86,23 @@ class Thresholds:
     memory_abs_bytes: int = MIB
     noise_k: float | None = None
     fail_on_inconclusive: bool = False
+    #: Accept benchmarks the base ran and the head no longer runs (outcome "dropped").
+    allow_dropped: bool = False
     #: Host-bound benchmarks (the Python layer and launches set their time) moved by tens of
     #: percent between worker processes in A/A runs on the H100: in paired mode they are held to at
     #: least this (an A/A noise file may raise it), so they guard against gross per-call
     #: regressions only.
     host_bound_slower: float = 0.25
 
-    #: Stored-mode default: GPU-bound kernels differed by up to 6% between two fresh H100s in one
-    #: run of this grid (docs/PERF_GATE.md), and up to 14% in a wider study (ANCHORS.md).
+    #: Stored-mode default: GPU-bound kernels of this grid differed by up to 6% between two fresh
+    #: H100s measured the same day (docs/PERF_GATE.md), machines of one model more than runs of one.
     STORED_SLOWER = 0.10
+
+
+def failing_outcomes(fail_on_inconclusive: bool = False, allow_dropped: bool = False) -> tuple[str, ...]:
+    """The outcomes that fail a run under these options."""
+    kinds = FAILING + (("inconclusive",) if fail_on_inconclusive else ())
+    return tuple(k for k in kinds if not (allow_dropped and k == "dropped"))
 
 
 def per_benchmark_alpha(t: Thresholds, benchmarks: int) -> float:
@@ -156,17 +174,31 @@ def decide_paired(
     threshold: float,
     base_peak: int | None = None,
     head_peak: int | None = None,
+    clusters=None,
 ) -> Decision:
-    """Decide from block medians measured as adjacent A/B pairs (index i of each is pair i)."""
+    """Decide from block medians measured as adjacent A/B pairs (index i of each is pair i).
+
+    ``clusters[i]``: the worker processes that measured pair ``i``. Given, "same" needs the
+    upper bound over processes below ``1 + threshold``
+    (:func:`attnkit_perf.decide.stats.process_interval`); without it the pairs are taken as
+    independent."""
     problem = sample_problem(base_blocks, "base") or sample_problem(head_blocks, "head")
     if problem is None and len(base_blocks) != len(head_blocks):
         problem = f"{len(base_blocks)} base blocks against {len(head_blocks)} head blocks: not paired"
+    if problem is None and clusters is not None and len(clusters) != len(head_blocks):
+        problem = f"{len(clusters)} process labels for {len(head_blocks)} pairs"
     if problem:
         return _with_memory(Decision("inconclusive", reason=problem), base_peak, head_peak, t)
-    est = paired_ratio(base_blocks, head_blocks, confidence=SAME_CONFIDENCE)
+    est = paired_ratio(base_blocks, head_blocks, confidence=SAME_CONFIDENCE, clusters=clusters)
     up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
-    common = {"ratio": est.ratio, "ci": (est.low, est.high), "threshold": threshold, "alpha": alpha}
-    text = f"x{est.ratio:.4f}, 99% interval [{est.low:.4f}, {est.high:.4f}] over {est.pairs} pairs"
+    common = {"ratio": est.ratio, "ci": (est.lower, est.upper), "threshold": threshold, "alpha": alpha}
+    over = f" over {est.processes} processes" if est.processes else ""
+    text = (
+        f"x{est.ratio:.4f}, {SAME_CONFIDENCE:.0%} bounds{over} [{est.lower:.4f}, {est.upper:.4f}], "
+        f"{est.pairs} pairs"
+    )
+    # The rank test's smallest p over n pairs is 2^-n: below alpha, "slower" cannot be reached.
+    reachable = 0.5**est.pairs < alpha
     if est.ratio >= up and est.low > 1.0 and est.p_slower < alpha:
         d = Decision("slower", p=est.p_slower, reason=f"{text}, p={est.p_slower:.1e} >= x{up:.3f}", **common)
     elif est.ratio <= down and est.high < 1.0 and est.p_faster < alpha:
@@ -176,12 +208,22 @@ def decide_paired(
         # rank test's smallest p is 2^-8): "same" would misreport it, so measure on.
         why = f"looks faster, p={est.p_faster:.1e} not yet below {alpha:.1e}"
         d = Decision("inconclusive", p=est.p_faster, reason=f"{text}: {why}", **common)
-    elif est.high < up:
+    elif est.upper < up:
         d = Decision("same", p=est.p_slower, reason=f"{text}: below x{up:.3f}", **common)
     else:
-        d = Decision("inconclusive", p=est.p_slower, reason=f"{text}: cannot tell at x{up:.3f}", **common)
+        why = f"cannot tell at x{up:.3f}"
+        if not reachable:
+            why += f"; {est.pairs} pairs cannot show slower at alpha {alpha:.1e} (smallest p 2^-{est.pairs})"
+        d = Decision("inconclusive", p=est.p_slower, reason=f"{text}: {why}", **common)
     logs = [math.log(h / b) for b, h in zip(base_blocks, head_blocks, strict=True)]
-    d.extra.update(pairs=est.pairs, log_ratios=[round(x, 5) for x in logs])
+    d.extra.update(
+        pairs=est.pairs,
+        log_ratios=[round(x, 5) for x in logs],
+        pairs_ci=[est.low, est.high],
+        slower_reachable=reachable,
+    )
+    if est.processes:
+        d.extra["processes"] = [int(c) for c in clusters]
     return _with_memory(d, base_peak, head_peak, t)
 
 
@@ -203,6 +245,9 @@ def decide_stored(
         return _with_memory(Decision("inconclusive", reason=problem), base_peak, head_peak, t)
     head = [s / drift for s in head_samples]
     ratio = median(head) / median(base_samples)
+    # The one-sided rank test's smallest p over n and m samples is 1 / C(n + m, n).
+    n, m = len(head), len(base_samples)
+    reachable = math.lgamma(n + m + 1) - math.lgamma(n + 1) - math.lgamma(m + 1) > -math.log(alpha)
     p_slower = mann_whitney_greater(head, base_samples)
     p_faster = mann_whitney_greater(base_samples, head)
     low, high = bootstrap_ratio_ci(base_samples, head, confidence=0.99)
@@ -217,8 +262,10 @@ def decide_stored(
         d = Decision("same", p=p_slower, reason=text, **common)
     else:
         why = "not significant" if ratio >= up else f"interval reaches x{1 + 2 * threshold:.3f}"
+        if not reachable:
+            why += f"; {len(base_samples)} and {len(head)} samples cannot show slower at alpha {alpha:.1e}"
         d = Decision("inconclusive", p=p_slower, reason=f"{text}, p={p_slower:.1e}: {why}", **common)
-    d.extra["drift"] = drift
+    d.extra.update(drift=drift, slower_reachable=reachable)
     return _with_memory(d, base_peak, head_peak, t)
 
 
@@ -229,7 +276,8 @@ def confirm_slowdown(first: Decision, second: Decision) -> Decision:
     if first.outcome != "slower":
         return first
     if second.outcome == "slower":
-        second.ratio = min(first.ratio, second.ratio)  # the slowdown both measurements support
+        if first.ratio < second.ratio:  # the slowdown both measurements support, with its bounds
+            second.ratio, second.ci = first.ratio, first.ci
         second.reason = f"{first.reason}; re-measured: {second.reason}"
         return second
     second.reason = f"first measurement slower ({first.reason}), re-measured: {second.reason}"

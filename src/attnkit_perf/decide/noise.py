@@ -5,10 +5,18 @@ verdicts of N runs of the gate on unchanged code (paired mode with the base equa
 or stored mode against the committed baseline) and writes, per benchmark, the ratios seen and
 the standard deviation of their logarithm (format ``attnkit-perf-noise/1``, schema
 ``schemas/noise.schema.json``). The gate then holds each benchmark to
-``max(practical threshold, k x sd)``, ``k`` from the benchmark's share of the false-alarm budget
-(:func:`attnkit_perf.decide.gate.benchmark_threshold`, :func:`attnkit_perf.decide.gate.noise_z`)
-and lists the benchmarks whose noise keeps them from being guarded at the practical threshold.
-``.ci/aa-noise.sh`` runs the whole procedure.
+``max(practical threshold, k x sigma)``, ``k`` from the benchmark's share of the false-alarm
+budget (:func:`attnkit_perf.decide.gate.benchmark_threshold`,
+:func:`attnkit_perf.decide.gate.noise_z`), where ``sigma`` is not the few runs' standard deviation
+but its one-sided :data:`SD_CONFIDENCE` upper confidence bound (:func:`sd_upper_bound`): three
+runs' sd is below the true sigma half the time, and a threshold built on it fails unchanged code.
+The gate lists the benchmarks whose noise keeps them from being guarded at the practical
+threshold.
+
+A noise file describes one measurement: it is refused when it names another timing protocol
+than the run's, and the run lists loudly the benchmarks it holds that the grid no longer has
+(stale) and those of the run it lacks (held to the practical threshold):
+:func:`coverage_notes`. ``.ci/aa-noise.sh`` runs the whole procedure.
 """
 
 from __future__ import annotations
@@ -20,12 +28,25 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import chi2
 
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.formats import FormatError, read_json, validate
 from attnkit_perf.decide.verdict import VerdictDocument
 
 FORMAT = "attnkit-perf-noise/1"
+#: Confidence of the upper bound on an A/A standard deviation (:func:`sd_upper_bound`).
+SD_CONFIDENCE = 0.9
+
+
+def sd_upper_bound(sd: float, runs: int, confidence: float = SD_CONFIDENCE) -> float:
+    """One-sided ``confidence`` upper bound on sigma from the sample sd of ``runs`` normal
+    values: ``(runs - 1) s^2 / sigma^2`` is chi-square with ``runs - 1`` degrees of freedom, so
+    ``sigma <= s sqrt((runs - 1) / chi2.ppf(1 - confidence, runs - 1))``; x3.08 the sd for 3
+    runs, x1.92 for 7, x1.47 for 10."""
+    if runs < 2:
+        return math.inf
+    return sd * math.sqrt((runs - 1) / chi2.ppf(1.0 - confidence, runs - 1))
 
 
 def noise_file(root: Path | str, key: str, mode: str) -> Path:
@@ -70,8 +91,12 @@ def build(docs: list[VerdictDocument]) -> dict:
     }
 
 
-def load_noise(path: Path | str, expected_key: str, mode: str) -> dict[str, float]:
-    """``{benchmark name: log-ratio sd}`` from a noise file, validated."""
+def load_noise(
+    path: Path | str, expected_key: str, mode: str, timing_protocol: str | None = None
+) -> dict[str, float]:
+    """``{benchmark name: upper bound on its log-ratio sigma}`` (:func:`sd_upper_bound`) from a
+    noise file, validated; refused when it is for another GPU model or mode, or names another
+    timing protocol than ``timing_protocol``."""
     data = read_json(path, "A/A noise")
     validate("noise", data, f"A/A noise {path}")
     if data["gpu_key"] != expected_key or data["mode"] != mode:
@@ -79,7 +104,51 @@ def load_noise(path: Path | str, expected_key: str, mode: str) -> dict[str, floa
             f"A/A noise {path} is for {data['gpu_key']!r} in {data['mode']} mode; this run is "
             f"{expected_key!r} in {mode} mode"
         )
-    return {name: entry["log_ratio_sd"] for name, entry in data["benchmarks"].items()}
+    protocol = noise_protocol(data)
+    if timing_protocol is not None and protocol is not None and protocol != timing_protocol:
+        raise FormatError(
+            f"A/A noise {path} was measured with the {protocol!r} timing protocol, this run times "
+            f"with {timing_protocol!r}: regenerate it ({REGENERATE})"
+        )
+    return {
+        name: sd_upper_bound(entry["log_ratio_sd"], len(entry["ratios"]) or data["runs"])
+        for name, entry in data["benchmarks"].items()
+    }
+
+
+#: How a noise file is regenerated, as the refusals and notes say.
+REGENERATE = ".ci/aa-noise.sh on this GPU model"
+
+
+def noise_protocol(data: dict) -> str | None:
+    """The timing protocol a noise file's runs used (their provenance's ``timing``), or None
+    for a file that names none (written before protocols were recorded with noise)."""
+    return (data.get("provenance") or {}).get("timing")
+
+
+def coverage_notes(path, noise_names, grid_names, run_names, protocol: str | None) -> list[str]:
+    """Loud notes on a noise file that does not describe this run: no timing protocol named,
+    names the grid no longer has (stale), and benchmarks of this run it lacks (each held to the
+    practical threshold, whatever its real noise)."""
+    notes = []
+    if protocol is None:
+        notes.append(
+            f"WARNING: A/A noise {path} names no timing protocol: it may predate the current one "
+            f"(regenerate it: {REGENERATE})"
+        )
+    stale = sorted(set(noise_names) - set(grid_names))
+    missing = sorted(set(run_names) - set(noise_names))
+    if stale:
+        notes.append(
+            f"WARNING: A/A noise {path} holds {len(stale)} benchmarks the grid no longer has "
+            f"(stale; regenerate it: {REGENERATE}): " + ", ".join(stale)
+        )
+    if missing:
+        notes.append(
+            f"WARNING: A/A noise {path} lacks {len(missing)} benchmarks of this run (held to the "
+            f"practical threshold without their noise; regenerate it: {REGENERATE}): " + ", ".join(missing)
+        )
+    return notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,12 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf8")
-    sds = sorted(((e["log_ratio_sd"], n) for n, e in doc["benchmarks"].items()), reverse=True)
+    sds = sorted(
+        ((e["log_ratio_sd"], len(e["ratios"]), n) for n, e in doc["benchmarks"].items()), reverse=True
+    )
     # The paired gate's default multiple for this many benchmarks (slowdowns confirmed).
     k = gate.noise_z(gate.per_benchmark_alpha(gate.Thresholds(), len(sds)), confirmed=True)
     print(f"wrote {out}: {len(sds)} benchmarks from {doc['runs']} runs; noisiest:")
-    for sd, name in sds[:5]:
-        print(f"  {name}: sd {sd:.4f} (paired threshold at k={k:.2f}: {math.expm1(k * sd):.3%})")
+    for sd, runs, name in sds[:5]:
+        bound = sd_upper_bound(sd, runs)
+        print(
+            f"  {name}: sd {sd:.4f}, {SD_CONFIDENCE:.0%} bound {bound:.4f} "
+            f"(paired threshold at k={k:.2f}: {math.expm1(k * bound):.3%})"
+        )
     return 0
 
 

@@ -3,10 +3,12 @@
 Format ``attnkit-perf-verdict/2``, validated by ``schemas/verdict.schema.json`` on write and on
 read. A document holds the mode (``paired`` or ``stored``), both sides' provenance, the
 thresholds, and one row per benchmark (:class:`BenchmarkVerdict`). ``passed`` is false iff a
-row is slower or more-memory (or inconclusive, when the run was told to fail on those), or the
-document is not ``complete``: paired mode rewrites the verdict file after each benchmark with
-``complete: false``, so a run stopped before its end (a job's time limit) leaves the benchmarks
-it decided, and never a file that reads as passed.
+row fails (:data:`attnkit_perf.decide.gate.FAILING`: error, dropped unless allowed, slower,
+more-memory; inconclusive too when the run was told to fail on those), no benchmark was compared
+at all (a gate that guarded nothing has not passed), or the document is not ``complete``: paired
+mode rewrites the verdict file after each benchmark with ``complete: false``, so a run stopped
+before its end (a job's time limit) leaves the benchmarks it decided, and never a file that
+reads as passed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from attnkit_perf.decide.formats import read_json, validate
-from attnkit_perf.decide.gate import FAILING, OUTCOMES, Decision
+from attnkit_perf.decide.gate import COMPARED, FAILING, OUTCOMES, Decision, failing_outcomes
 
 FORMAT = "attnkit-perf-verdict/2"
 
@@ -85,13 +87,21 @@ class VerdictDocument:
         return bool(self.thresholds.get("fail_on_inconclusive"))
 
     @property
+    def failing_outcomes(self) -> tuple[str, ...]:
+        return failing_outcomes(self.fail_on_inconclusive, bool(self.thresholds.get("allow_dropped")))
+
+    @property
     def failing(self) -> list[BenchmarkVerdict]:
-        kinds = FAILING + (("inconclusive",) if self.fail_on_inconclusive else ())
-        return [b for b in self.benchmarks if b.outcome in kinds]
+        return [b for b in self.benchmarks if b.outcome in self.failing_outcomes]
+
+    @property
+    def compared(self) -> int:
+        """Benchmarks measured on both sides (whatever their outcome)."""
+        return sum(b.outcome in COMPARED for b in self.benchmarks)
 
     @property
     def passed(self) -> bool:
-        return self.complete and not self.failing
+        return self.complete and not self.failing and self.compared > 0
 
     def counts(self) -> dict[str, int]:
         counts = Counter(b.outcome for b in self.benchmarks)
@@ -174,7 +184,12 @@ def format_table(rows: list[BenchmarkVerdict]) -> list[str]:
 
 def summary_line(doc: VerdictDocument) -> str:
     counts = doc.counts()
-    parts = ", ".join(f"{n} {k}" for k, n in counts.items()) or "nothing compared"
+    parts = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no benchmark"
     if not doc.complete:
         return f"attnkit perf gate ({doc.mode}): INCOMPLETE, the run did not finish ({parts} so far)"
+    if not doc.compared:
+        return (
+            f"attnkit perf gate ({doc.mode}): FAILED, nothing compared: no benchmark was measured on "
+            f"both sides ({parts})"
+        )
     return f"attnkit perf gate ({doc.mode}): {'passed' if doc.passed else 'FAILED'} ({parts})"

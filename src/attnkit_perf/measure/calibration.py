@@ -3,7 +3,7 @@
 Two cards of one model differ by a few percent in sustained clock and memory speed, and one
 card drifts with temperature and power state; two hosts differ far more in how fast they run
 Python and issue launches. The gate divides those effects out by comparing the calibration of
-the baseline run with this run's (:func:`drift_factor`):
+the baseline run with this run's (:func:`attnkit_perf.decide.drift.drift_factor`):
 
 * ``matmul_ms`` (a fixed bf16 matmul, compute-bound) and ``copy_ms`` (a device copy,
   bandwidth-bound) for GPU-bound benchmarks;
@@ -15,7 +15,6 @@ What is specific to one kernel is left for the gate.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 
@@ -30,8 +29,6 @@ MATMUL_SIZE = 4096
 COPY_BYTES = 256 * 1024 * 1024
 ROUNDS = 5
 REPS = 10
-GPU_KEYS = ("matmul_ms", "copy_ms")
-HOST_KEYS = ("host_ms",)
 
 
 def _host_loop() -> None:
@@ -71,14 +68,3 @@ def measure_calibration(
         result[key] = statistics.median(samples) * 1e3
     result["host_ms"] = measure_host_ms()
     return result
-
-
-def drift_factor(baseline: dict | None, now: dict | None, keys: tuple[str, ...] = GPU_KEYS) -> float:
-    """How much slower this machine runs the calibration than the baseline's did: the geometric
-    mean of ``now / baseline`` over ``keys`` that both measured; 1.0 if none."""
-    if not baseline or not now:
-        return 1.0
-    ratios = [now[k] / baseline[k] for k in keys if baseline.get(k) and now.get(k)]
-    if not ratios:
-        return 1.0
-    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))

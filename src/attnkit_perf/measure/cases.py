@@ -1,22 +1,25 @@
 """Benchmark cases: one description of "what is timed", shared by the perf suite, the
 performance grid and the report.
 
-A :class:`BenchCase` names a backend, a pass (forward, backward, or both) and a shape;
-it is plain data (:meth:`BenchCase.as_dict` / ``BenchCase(**d)``), so paired mode sends it to
-the worker processes of either side;
-:func:`build_runner` turns it into a zero-argument callable on fresh random inputs, and the
-derived metrics (FLOPs, the minimum bytes a pass must write) are defined here once.
+A :class:`BenchCase` names a backend, a pass (forward, backward, or both), a call mode and a
+shape; it is plain data (:meth:`BenchCase.as_dict` / ``BenchCase(**d)``), so paired mode sends it
+to the worker processes of either side, and its field names are those stored in every baseline.
+The shape means what attnkit means by it: :attr:`BenchCase.problem` is the
+:class:`attnkit.inputs.AttentionProblem` attnkit validates, and the inputs and the derived
+metrics (FLOPs, the minimum bytes a pass must write) are computed from it, once, here;
+:func:`build_runner` turns a case into a zero-argument callable on fresh random inputs.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
 import attnkit
-from attnkit.inputs import check_inputs
+from attnkit.inputs import AttentionProblem, check_inputs
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
 #: How the call is made and timed: ``eager``; ``compiled``, through
@@ -103,48 +106,51 @@ class BenchCase:
         """Benchmarks of one group differ only in backend, so tables put peers side by side."""
         return f"{self.pass_name} {self.shape_label}"
 
+    @functools.cached_property
+    def problem(self) -> AttentionProblem:
+        """The problem attnkit sees for this case (validated by :func:`attnkit.inputs.check_inputs`
+        on tensors of the meta device: shapes only, no memory). ``seq_len`` is its ``q_len``."""
+        dtype = DTYPES[self.dtype]
+        q = torch.empty(self.batch, self.q_heads, self.seq_len, self.head_dim, device="meta", dtype=dtype)
+        k = torch.empty(self.batch, self.kv_heads, self.keys, self.head_dim, device="meta", dtype=dtype)
+        return check_inputs(q, k, k, self.causal, None, self.window)
+
     @property
     def visible_pairs(self) -> float:
         """Query-key pairs the mask leaves: N*M, or N*M - N*(N-1)/2 when causal (bottom-right:
         N^2/2 by the usual accounting for N = M, all for N = 1); with a window, the pairs
         counted exactly from the band (:attr:`attnkit.inputs.AttentionProblem.key_band`)."""
-        n, m = self.seq_len, self.keys
-        if self.window is not None:
-            return float(_band_pairs(n, m, self.causal, self.window))
-        pairs = n * m - (min(n, m) * (min(n, m) - 1) / 2 if self.causal else 0)
-        if self.causal and n == m:
-            pairs = n * n / 2  # the usual accounting of square causal attention
-        return pairs
+        p = self.problem
+        n, m = p.q_len, p.kv_len
+        if p.has_window:
+            return float(_band_pairs(p))
+        if p.causal and n == m:
+            return n * n / 2  # the usual accounting of square causal attention
+        return n * m - (min(n, m) * (min(n, m) - 1) / 2 if p.causal else 0)
 
     @property
     def flops(self) -> float:
         """4*B*H*(:attr:`visible_pairs`)*D for the forward, scaled per pass."""
-        pairs = self.visible_pairs
-        forward = 4.0 * self.batch * self.q_heads * pairs * self.head_dim
+        p = self.problem
+        forward = 4.0 * p.batch * p.q_heads * self.visible_pairs * p.head_dim
         return forward * _PASS_FLOP_FACTOR[self.pass_name]
 
     @property
     def kv_bytes(self) -> int:
         """Bytes of K and V: what a memory-bound (decode) forward must read at the least."""
-        return (
-            2
-            * self.batch
-            * self.kv_heads
-            * self.keys
-            * self.head_dim
-            * torch.finfo(DTYPES[self.dtype]).bits
-            // 8
-        )
+        p = self.problem
+        return p.batch * p.kv_heads * p.kv_len * (p.head_dim + p.value_dim) * p.dtype.itemsize
 
     @property
     def min_bytes(self) -> int:
         """Fewest bytes the pass must allocate: its outputs (O and the float32 log-sum-exp for
         the forward, dQ/dK/dV for the backward). Peak memory over this is overhead."""
-        item = torch.finfo(DTYPES[self.dtype]).bits // 8
-        out = self.batch * self.q_heads * self.seq_len * self.head_dim * item
-        lse = self.batch * self.q_heads * self.seq_len * 4
-        kv = self.batch * self.kv_heads * self.keys * self.head_dim * item
-        grads = out + 2 * kv
+        p = self.problem
+        item = p.dtype.itemsize
+        out = p.batch * p.q_heads * p.q_len * p.value_dim * item
+        lse = p.batch * p.q_heads * p.q_len * 4
+        grads = p.batch * p.q_heads * p.q_len * p.head_dim * item
+        grads += p.batch * p.kv_heads * p.kv_len * (p.head_dim + p.value_dim) * item
         return {"fwd": out + lse, "bwd": grads, "fwd+bwd": out + lse + grads}[self.pass_name]
 
     def as_dict(self) -> dict:
@@ -161,31 +167,29 @@ class BenchCase:
         return data
 
 
-def _band_pairs(q_len: int, kv_len: int, causal: bool, window: tuple[int, int]) -> int:
+def _band_pairs(p: AttentionProblem) -> int:
     """Visible (query, key) pairs under a window: per row, the keys of its band inside [0, M),
     summed over rows (one vectorised pass over N)."""
-    q = torch.empty(1, 1, q_len, 1, device="meta")
-    k = torch.empty(1, 1, kv_len, 1, device="meta")
-    lower, upper = check_inputs(q, k, k, causal, None, window).key_band
-    lower = -q_len if lower is None else lower  # row i + lower <= 0 for every row
-    upper = kv_len if upper is None else upper  # row i + upper >= M - 1 for every row
-    rows = torch.arange(q_len, dtype=torch.int64)
-    first = (rows + lower).clamp(0, kv_len)
-    last = (rows + upper + 1).clamp(0, kv_len)
+    lower, upper = p.key_band
+    lower = -p.q_len if lower is None else lower  # row i + lower <= 0 for every row
+    upper = p.kv_len if upper is None else upper  # row i + upper >= M - 1 for every row
+    rows = torch.arange(p.q_len, dtype=torch.int64)
+    first = (rows + lower).clamp(0, p.kv_len)
+    last = (rows + upper + 1).clamp(0, p.kv_len)
     return int((last - first).clamp_min(0).sum())
 
 
 def make_inputs(case: BenchCase, device: torch.device | str, seed: int = 0):
-    """Random (never zero) q, k, v and grad_out for ``case`` on ``device``."""
+    """Random (never zero) q, k, v and grad_out for ``case`` on ``device``: q and grad_out
+    (batch, q_heads, q_len, head_dim), k and v (batch, kv_heads, kv_len, head_dim)."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    dtype = DTYPES[case.dtype]
+    p = case.problem
 
-    def rand(heads, length):
-        shape = (case.batch, heads, length, case.head_dim)
-        return torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    def rand(heads, length, dim):
+        return torch.randn((p.batch, heads, length, dim), generator=gen, device=device, dtype=p.dtype)
 
-    q, grad_out = rand(case.q_heads, case.seq_len), rand(case.q_heads, case.seq_len)
-    return q, rand(case.kv_heads, case.keys), rand(case.kv_heads, case.keys), grad_out
+    q, grad_out = rand(p.q_heads, p.q_len, p.head_dim), rand(p.q_heads, p.q_len, p.value_dim)
+    return q, rand(p.kv_heads, p.kv_len, p.head_dim), rand(p.kv_heads, p.kv_len, p.value_dim), grad_out
 
 
 def build_runner(case: BenchCase, device: torch.device | str, seed: int = 0) -> Callable[[], object]:
@@ -261,9 +265,9 @@ SLOW_BACKENDS = ("tiled", "naive")
 NAIVE_SCORE_BYTES_MAX = 2 * 1024**3
 
 #: (batch, q_heads, kv_heads, seq_len, head_dim, causal, dtype). 16K tokens per batch and
-#: H*D = 2048 as in ANCHORS.md, so TFLOP/s compare with the published tables. Short and long N,
-#: D 64 and 128, causal and not, one fp16 and one GQA shape: every kernel specialisation the
-#: fused paths have, with nothing timed twice.
+#: H*D = 2048 as in FlashAttention's published benchmarks, so TFLOP/s compare with their
+#: tables. Short and long N, D 64 and 128, causal and not, one fp16 and one GQA shape: every
+#: kernel specialisation the fused paths have, with nothing timed twice.
 GPU_SHAPES = (
     (16, 16, 16, 1024, 128, True, "bf16"),
     (4, 16, 16, 4096, 128, True, "bf16"),

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
+from attnkit_perf.decide.hostbound import HOST_BOUND_SHARE
 from attnkit_perf.measure.calibration import measure_calibration
 from attnkit_perf.measure.cases import BenchCase, build_runner
 from attnkit_perf.measure.timing import (
-    HOST_BOUND_SHARE,
     L2Flusher,
     host_share,
     make_round,

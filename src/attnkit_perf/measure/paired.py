@@ -103,9 +103,12 @@ class PairedSettings:
 
 @dataclass
 class SideResult:
-    """What one side measured for one benchmark."""
+    """What one side measured for one benchmark: ``blocks[i]`` is pair ``i``'s block, measured by
+    worker ``workers[i]`` (pair ``i`` of both sides runs on the workers of index ``i %``
+    :data:`PROCESSES_PER_SIDE`: the decision's unit of replication)."""
 
     blocks: list[float] = field(default_factory=list)
+    workers: list[int] = field(default_factory=list)
     peak_bytes: int | None = None
     host_share: float | None = None
     unsupported: str | None = None
@@ -339,6 +342,7 @@ class PairedSession:
                     order = ("base", "head") if pair % 2 == 0 else ("head", "base")
                     for side in order:
                         results[side].blocks.append(self._block(side, pair, reps, settings.rounds_per_block))
+                        results[side].workers.append(pair % PROCESSES_PER_SIDE)
                 done = len(results["head"].blocks)
                 if done >= settings.min_pairs and settled(results):
                     break

@@ -61,7 +61,7 @@ class L2Flusher:
 
     Reading, not writing: a flush that writes (``triton.testing.do_bench`` zeroes its buffer)
     leaves the L2 full of dirty lines, and their write-back to memory then happens inside the
-    next timed call. Measured on the H100 (docs/evidence/h100-2026-11-24/session14): a split-KV
+    next timed call. Measured on the H100 (torch 2.11, CUDA 13.0): a split-KV
     decode reading 134 MB of keys and values took 63.6 us after a zeroing flush and 53.8 us
     after a reading one (the same as zeroing then reading), B8 N1 M32768 371.7 against 361.8 us;
     a 1 GiB copy moved 3003 against 3013 GB/s. So every call paid ~10 us of someone else's
@@ -261,10 +261,6 @@ def host_share(
         lead_s *= 4
     times = sorted(s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True))
     return max(0.0, 1.0 - times[len(times) // 2] / measured_s)
-
-
-#: A benchmark is host-bound when the host set at least this share of its measured time.
-HOST_BOUND_SHARE = 0.5
 
 
 def median_time_s(

@@ -34,7 +34,15 @@ def _serve(out) -> None:
     import torch
 
     import attnkit
-    from attnkit.errors import UnsupportedProblemError
+    from attnkit import errors
+
+    # A side that cannot run a case says so (unsupported) instead of failing: an unregistered or
+    # unavailable backend counts as declined, like a shape the backend rejects.
+    declined = tuple(
+        getattr(errors, name)
+        for name in ("UnsupportedProblemError", "BackendUnavailableError")
+        if hasattr(errors, name)
+    )
     from attnkit_perf.machine import provenance
     from attnkit_perf.measure.cases import BenchCase, build_runner
     from attnkit_perf.measure.timing import (
@@ -80,9 +88,12 @@ def _serve(out) -> None:
                 runner, between = None, flusher if case.flushed else keep_cache
                 pin(False)
                 try:
+                    names = getattr(attnkit, "backend_names", None)
+                    if names is not None and case.backend not in names():
+                        raise errors.UnsupportedProblemError(f"backend {case.backend!r} is not registered")
                     runner = build_runner(case, device, seed=request.get("seed", 0))
                     runner()  # compiles or loads the kernels on any core
-                except UnsupportedProblemError as err:
+                except declined as err:
                     answer({"ok": False, "unsupported": str(err)})
                     continue
                 finally:

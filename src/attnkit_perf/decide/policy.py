@@ -1,0 +1,77 @@
+"""A run's decision parameters: the thresholds, the false-alarm budget split over the run's
+benchmarks, and each benchmark's own threshold from its A/A noise
+(:func:`attnkit_perf.decide.gate.benchmark_threshold`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from attnkit_perf.decide import gate
+
+
+@dataclass
+class RunPolicy:
+    """``noise``: benchmark name -> A/A log-ratio sd bound (:mod:`attnkit_perf.decide.noise`);
+    ``confirmed``: whether a slowdown must show on two independent measurements to fail (paired
+    mode re-measures every suspect on fresh processes of both sides; stored mode re-measures only
+    the head against the same recorded baseline, whose own deviation both share)."""
+
+    thresholds: gate.Thresholds
+    confirmed: bool
+    noise: dict[str, float] = field(default_factory=dict)
+    benchmark_count: int = 0
+
+    @property
+    def alpha(self) -> float:
+        return gate.per_benchmark_alpha(self.thresholds, self.benchmark_count)
+
+    @property
+    def noise_k(self) -> float:
+        """A/A standard deviations a benchmark's threshold clears (:func:`gate.noise_z`)."""
+        if self.thresholds.noise_k is not None:
+            return self.thresholds.noise_k
+        return gate.noise_z(self.alpha, self.confirmed)
+
+    def threshold_for(self, name: str) -> float:
+        return gate.benchmark_threshold(self.thresholds, self.noise.get(name), self.alpha, self.confirmed)
+
+    def noise_notes(self) -> list[str]:
+        """The benchmarks whose A/A noise keeps them from being guarded at the practical threshold."""
+        noisy = sorted(n for n in self.noise if self.threshold_for(n) > 2 * self.thresholds.slower)
+        if not noisy:
+            return []
+        return [
+            f"too noisy to guard at {self.thresholds.slower:.1%} (their threshold, {self.noise_k:.2f} A/A "
+            f"standard deviations, is over twice it): " + ", ".join(noisy)
+        ]
+
+    @staticmethod
+    def budget_notes(rows) -> list[str]:
+        """The benchmarks left unsettled by an effort too small to show "slower" at all (the
+        rank test's smallest p over n pairs is 2^-n; over n and m samples 1/C(n+m, n)): a
+        slowdown there could not have failed, whatever its size."""
+        blind = sorted(
+            r.name
+            for r in rows
+            if r.outcome == "inconclusive" and r.evidence.get("slower_reachable") is False
+        )
+        if not blind:
+            return []
+        return [
+            f"WARNING: {len(blind)} benchmarks stopped where 'slower' was out of reach of their "
+            "alpha (raise --attnkit-budget-s, or run fewer benchmarks): " + ", ".join(blind)
+        ]
+
+    def as_dict(self) -> dict:
+        """The verdict's ``thresholds`` block."""
+        t = self.thresholds
+        return {
+            "slower": t.slower,
+            "run_alpha": t.run_alpha,
+            "per_benchmark_alpha": self.alpha,
+            "memory_rel": t.memory_rel,
+            "memory_abs_bytes": t.memory_abs_bytes,
+            "noise_k": self.noise_k,
+            "fail_on_inconclusive": t.fail_on_inconclusive,
+            "allow_dropped": t.allow_dropped,
+        }

@@ -1,0 +1,168 @@
+"""Stored mode's procedure: this run's benchmarks against the baseline JSON, each decided by
+:func:`attnkit_perf.decide.gate.decide_stored` after the calibration drift
+(:mod:`attnkit_perf.decide.drift`), confirmed by re-measurement, and exempted where host-bound
+on both machines (:mod:`attnkit_perf.decide.hostbound`).
+
+**Confirmation.** A benchmark that looks slower or inconclusive while it is measured (against
+its own calibration) is re-measured at the end of the run, minutes later. A "slower" stands
+only when two consecutive measurements say so (:func:`settle`); while the latest measurement
+is slower and the one before it was not, the benchmark is measured again
+(:meth:`StoredRule.wants_remeasure`), up to :data:`MAX_REMEASURES` times. A slowdown never
+fails on one measurement unless confirmation was turned off (``--attnkit-no-confirm``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+
+from attnkit_perf.decide.drift import drift_for, run_calibration
+from attnkit_perf.decide.gate import Decision, Thresholds, decide_stored
+from attnkit_perf.decide.hostbound import stored_exempt
+from attnkit_perf.decide.paired import dropped
+
+#: Re-measurements a suspect may take before it is reported unconfirmed.
+MAX_REMEASURES = 3
+
+
+def settle(decisions: list[Decision]) -> Decision:
+    """One benchmark's outcome from its measurements in order (the first, then re-measurements):
+    slower only when the last two agree; a last-only slower is inconclusive, unconfirmed."""
+    last = decisions[-1]
+    if len(decisions) == 1:
+        return last
+    before = decisions[-2]
+    history = ", ".join(d.outcome for d in decisions[:-1])
+    if last.outcome == "slower" and before.outcome == "slower":
+        if before.ratio < last.ratio:  # the slowdown both measurements support, with its interval
+            last.ratio, last.ci = before.ratio, before.ci
+        last.reason = f"{before.reason}; re-measured: {last.reason}"
+    elif last.outcome == "slower":
+        last.outcome = "inconclusive"
+        last.reason = (
+            f"slower on the last of {len(decisions)} measurements only ({history} before): {last.reason}"
+        )
+    elif last.outcome == "faster" and any(d.outcome == "slower" for d in decisions):
+        last.outcome = "inconclusive"
+        last.reason = f"measured {history}, then: {last.reason}"
+    else:
+        last.reason = f"measured {history}, re-measured: {last.reason}"
+    return last
+
+
+def _median_ms(samples) -> float | None:
+    """Median of ``samples`` (seconds) in ms, or None when they are no evidence (empty, NaN):
+    the row's outcome says why, and the verdict stays valid JSON."""
+    values = [float(s) for s in samples or ()]
+    median = statistics.median(values) * 1e3 if values else math.nan
+    return median if math.isfinite(median) else None
+
+
+def confirmations(info: Mapping) -> list[dict]:
+    """The re-measurements stored in a benchmark's ``extra_info["confirm"]`` (a list; a single
+    object in runs written before a suspect could be re-measured more than once)."""
+    confirm = info.get("confirm")
+    if not confirm:
+        return []
+    return [confirm] if isinstance(confirm, dict) else list(confirm)
+
+
+@dataclass(frozen=True)
+class StoredRule:
+    """``threshold_for(name)``: a benchmark's own threshold (A/A noise); ``alpha`` its share of
+    the run's false-alarm budget."""
+
+    thresholds: Thresholds
+    alpha: float
+    threshold_for: Callable[[str], float]
+
+    def decide(self, base_entry: Mapping, samples, head_info: Mapping, drift: float) -> Decision:
+        base_info = base_entry.get("extra_info") or {}
+        name = base_info.get("name") or base_entry["fullname"]
+        return decide_stored(
+            base_entry["stats"]["data"],
+            samples,
+            drift,
+            self.thresholds,
+            self.alpha,
+            self.threshold_for(name),
+            base_info.get("peak_bytes"),
+            head_info.get("peak_bytes"),
+        )
+
+    def _local(self, base_entry: Mapping, samples, head_info: Mapping, calibration) -> Decision:
+        """Decided against the benchmark's own calibration (the run's is not in yet)."""
+        base_info = base_entry.get("extra_info") or {}
+        drift = drift_for(base_info.get("calibration"), calibration, bool(head_info.get("host_bound")))
+        return self.decide(base_entry, samples, head_info, drift)
+
+    def suspect(self, base_entry: Mapping, samples, head_info: Mapping) -> bool:
+        """Whether a benchmark just measured needs a second measurement at the end of the run."""
+        first = self._local(base_entry, samples, head_info, head_info.get("calibration"))
+        return first.outcome in ("slower", "inconclusive")
+
+    def wants_remeasure(self, base_entry: Mapping, samples, head_info: Mapping) -> bool:
+        """After the re-measurements in ``head_info``: whether the latest is an unconfirmed slower."""
+        decisions = [self._local(base_entry, samples, head_info, head_info.get("calibration"))]
+        for again in confirmations(head_info):
+            decisions.append(self._local(base_entry, again["samples_s"], head_info, again.get("calibration")))
+        if len(decisions) == 1:  # a suspect: always measured a second time
+            return True
+        unconfirmed = decisions[-1].outcome == "slower" and decisions[-2].outcome != "slower"
+        return unconfirmed and len(decisions) - 1 < MAX_REMEASURES
+
+    def judge(self, base_entry: Mapping, head_entry: Mapping, drifts: Mapping[bool, float]) -> Decision:
+        """A benchmark's outcome from every measurement of it; ``drifts`` by host-boundness."""
+        info = head_entry.get("extra_info") or {}
+        drift = drifts[bool(info.get("host_bound"))]
+        decisions = [self.decide(base_entry, head_entry["stats"]["data"], info, drift)]
+        if decisions[0].outcome in ("slower", "inconclusive"):
+            decisions += [self.decide(base_entry, c["samples_s"], info, drift) for c in confirmations(info)]
+        return stored_exempt(settle(decisions), base_entry.get("extra_info") or {}, info)
+
+    def compare(
+        self, baseline: Mapping, run: Mapping, declined: Mapping[str, str], errored: Collection[str] = ()
+    ) -> list[tuple]:
+        """``(extra_info, decision, measured)`` per benchmark of the run and of the baseline.
+        ``declined``: test node id (a baseline's ``fullname``) -> why this run skipped it; a
+        baseline benchmark this run declined is dropped, one it did not select is missing;
+        ``errored`` benchmarks (node ids) have a row of their own (the caller's), none here."""
+        base_runs = {b["fullname"]: b for b in baseline["benchmarks"]}
+        base_cal, head_cal = run_calibration(baseline), run_calibration(run)
+        drifts = {hb: drift_for(base_cal, head_cal, hb) for hb in (False, True)}
+        rows, seen = [], set()
+        for bench in run.get("benchmarks", []):
+            info = bench.get("extra_info") or {}
+            seen.add(bench["fullname"])
+            measured = {
+                "head_median_ms": _median_ms(bench["stats"]["data"]),
+                "head_peak_bytes": info.get("peak_bytes"),
+                "tflops": info.get("tflops"),
+                "host_bound": info.get("host_bound"),
+            }
+            reference = base_runs.get(bench["fullname"])
+            if reference is None:
+                rows.append((info, Decision("new", reason="not in the baseline"), measured))
+                continue
+            measured["base_median_ms"] = _median_ms(reference["stats"]["data"])
+            measured["base_peak_bytes"] = (reference.get("extra_info") or {}).get("peak_bytes")
+            rows.append((info, self.judge(reference, bench, drifts), measured))
+        for fullname, reference in base_runs.items():
+            if fullname in seen:
+                continue
+            info = reference["extra_info"]
+            if fullname in errored:
+                continue
+            why = declined.get(fullname)
+            if why is not None:
+                decision = dropped(f"in the baseline, this checkout declined it: {why}", self.thresholds)
+            else:
+                decision = Decision("missing", reason="in the baseline, not selected in this run")
+            measured = {
+                "base_median_ms": _median_ms(reference["stats"]["data"]),
+                "base_peak_bytes": info.get("peak_bytes"),
+            }
+            rows.append((info, decision, measured))
+        return rows

@@ -1,0 +1,93 @@
+"""The perf gate's configuration, read once per pytest process: which mode, which thresholds,
+and the files it compares with (the baseline, the A/A noise). Every way a comparison could
+silently not happen is a :class:`pytest.UsageError` here, before any benchmark runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnkit_perf.decide import gate
+from attnkit_perf.decide.baseline import RECORD_COMMAND, baseline_path, load_baseline, missing_message
+from attnkit_perf.decide.formats import FormatError, read_json
+from attnkit_perf.decide.noise import load_noise, noise_file, noise_protocol
+from attnkit_perf.measure.timing import TIMING_PROTOCOL
+
+
+def _usage(message: str) -> pytest.UsageError:
+    return pytest.UsageError(f"attnkit perf gate: {message}")
+
+
+def mode(config: pytest.Config, opt: dict) -> str | None:
+    """``paired`` (``--attnkit-base``), ``stored`` (``--benchmark-compare``) or None."""
+    compare = config.getoption("benchmark_compare", default=None)
+    return "paired" if opt["base"] else ("stored" if compare not in (None, [], False) else None)
+
+
+def thresholds(opt: dict, mode: str | None) -> gate.Thresholds:
+    default_slower = gate.Thresholds.slower if mode == "paired" else gate.Thresholds.STORED_SLOWER
+    return gate.Thresholds(
+        slower=opt["slower"] if opt["slower"] is not None else default_slower,
+        run_alpha=opt["run_alpha"],
+        memory_rel=opt["memory_rel"],
+        memory_abs_bytes=int(opt["memory_abs_mib"] * gate.MIB),
+        noise_k=opt["noise_k"],
+        fail_on_inconclusive=opt["fail_on_inconclusive"],
+        allow_dropped=opt["allow_dropped"],
+    )
+
+
+def check_usage(mode: str | None, device: torch.device, opt: dict) -> None:
+    gpu = device.type == "cuda"
+    if mode and not gpu and not opt["allow_cpu"]:
+        raise _usage(
+            f"{mode} mode compares GPU timings, and there is no CUDA device here ({device}). "
+            "Without --benchmark-compare / --attnkit-base, tests/perf runs the CPU smoke benchmarks "
+            "without comparing."
+        )
+    if opt["record"] and not gpu and not opt["allow_cpu"]:
+        raise _usage(
+            "refusing to record a baseline on the CPU: host timings of the smoke grid are not a gate; "
+            "record on the GPU model the gate runs on"
+        )
+    if opt["record"] and opt["base"]:
+        raise _usage("--attnkit-record and --attnkit-base exclude each other")
+
+
+def stored_baseline(config: pytest.Config, root: Path, key: str, opt: dict) -> tuple[dict, Path]:
+    """The baseline stored mode compares with, validated, and its path."""
+    compare = config.getoption("benchmark_compare")
+    if compare is True:
+        path = baseline_path(root, key)
+        if not path.exists():
+            raise _usage(missing_message(root, key))
+    else:
+        path = Path(str(compare))
+        if not path.is_file():
+            raise _usage(
+                f"--benchmark-compare={compare}: no such baseline file (give the path of a baseline "
+                f"JSON, or no value for {baseline_path(root, key)})"
+            )
+    try:
+        baseline = load_baseline(path, key, opt["allow_other_gpu"], timing_protocol=TIMING_PROTOCOL)
+    except FormatError as err:
+        raise _usage(f"{err}; re-record it with: {RECORD_COMMAND}") from err
+    # pytest-benchmark's own --benchmark-compare-fail then reads the same file.
+    config.option.benchmark_compare = str(path.resolve())
+    return baseline, path
+
+
+def noise(opt: dict, root: Path, key: str, mode: str) -> tuple[dict[str, float], list[str], tuple | None]:
+    """``({benchmark: log-ratio sigma bound}, notes, (path, timing protocol) or None)`` from the
+    A/A noise file, if any."""
+    path = opt["noise"] or noise_file(root, key, mode)
+    if str(path) == "none" or (not opt["noise"] and not Path(path).is_file()):
+        return {}, [f"no A/A noise file ({path}): every benchmark held to the practical threshold"], None
+    try:
+        sds = load_noise(path, key, mode, timing_protocol=TIMING_PROTOCOL)
+        protocol = noise_protocol(read_json(path, "A/A noise"))
+    except FormatError as err:
+        raise _usage(str(err)) from err
+    return sds, [f"A/A noise from {path}: {len(sds)} benchmarks"], (path, protocol)
