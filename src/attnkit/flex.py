@@ -70,7 +70,18 @@ def flex_problem_support(problem: AttentionProblem) -> str | None:
     if problem.device.type == "cuda" and min(problem.head_dim, problem.value_dim) < 16:
         dims = f"D={problem.head_dim} Dv={problem.value_dim}"
         return f"FlexAttention's CUDA kernels need head dims >= 16, got {dims}"
+    if problem.device.type == "cuda" and problem.group_size > 1 and problem.q_len < _DECODING_BELOW:
+        # FlexAttention takes these to its decoding kernel; on the H100 (torch 2.11) Inductor found
+        # no kernel for one (Hq=4 Hkv=1 N=M=33 bf16 with gradients: NoValidChoicesError).
+        return (
+            f"FlexAttention's decoding kernel (GQA with fewer than {_DECODING_BELOW} queries) failed to "
+            "compile for such shapes on CUDA (torch 2.11)"
+        )
     return None
+
+
+#: Queries below which FlexAttention runs grouped-query problems through its decoding kernel.
+_DECODING_BELOW = 128
 
 
 def _band_mask(q_len: int, kv_len: int, lower: int | None, upper: int | None, device: torch.device):

@@ -1,0 +1,48 @@
+"""The ``flex`` backend's checks before any kernel runs: what it declines, and why, on each device
+(its numerics are the installed suite's: ``pytest --pyargs attnkit.suite --attnkit-backend flex``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from attnkit.flex import CPU_OPT_IN, flex_device_support, flex_problem_support
+from attnkit.inputs import check_inputs
+
+
+def problem(q_heads=4, kv_heads=4, n=256, d=64, dtype=torch.bfloat16, device="cuda"):
+    q = torch.empty(1, q_heads, n, d, dtype=dtype, device="meta")
+    k = torch.empty(1, kv_heads, n, d, dtype=dtype, device="meta")
+    return dataclasses.replace(check_inputs(q, k, k, True, None, None), device=torch.device(device))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"dtype": torch.float64}, "not float64"),
+        ({"d": 8}, "head dims >= 16"),
+        ({"kv_heads": 1, "n": 33}, "decoding kernel"),
+        ({"kv_heads": 2, "n": 127}, "decoding kernel"),
+    ],
+)
+def test_flex_declines_with_its_reason(kwargs, reason):
+    got = flex_problem_support(problem(**kwargs))
+    assert got is not None and reason in got, f"{kwargs}: declined with {got!r}, expected {reason!r}"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"kv_heads": 1, "n": 128}, {"kv_heads": 1, "n": 33, "device": "cpu"}, {"d": 8, "device": "cpu"}],
+)
+def test_flex_takes_what_its_kernels_run(kwargs):
+    assert flex_problem_support(problem(**kwargs)) is None, kwargs
+
+
+def test_on_the_cpu_flex_runs_only_when_asked(monkeypatch):
+    monkeypatch.delenv(CPU_OPT_IN, raising=False)
+    reason = flex_device_support(torch.device("cpu"))
+    assert reason is not None and CPU_OPT_IN in reason, reason
+    monkeypatch.setenv(CPU_OPT_IN, "1")
+    assert flex_device_support(torch.device("cpu")) is None
