@@ -174,7 +174,7 @@ def tune_family(
 def time_over_best(times: dict) -> dict:
     """{candidate: geometric mean over the points of its time / the best candidate's time at
     that point} from ``times`` = {candidate: {point: time}}, every candidate timed at the same
-    points. The ranking rule of every config choice here and in ``tools/decode_table.py``."""
+    points. The ranking rule of every config choice here and in ``attnkit_tools.decode_table``."""
     points = next(iter(times.values()), {})
     best = {n: min(per_point[n] for per_point in times.values()) for n in points}
     return {
