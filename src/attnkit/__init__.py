@@ -1,5 +1,6 @@
 """attnkit: one attention API over several paths, and the suite that guards them."""
 
+from attnkit import builtins as _builtins  # noqa: F401  (registers attnkit's own backends)
 from attnkit import ops as _ops  # noqa: F401  (registers the attnkit:: torch.library ops)
 from attnkit.api import AUTO_ORDER, attention
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError

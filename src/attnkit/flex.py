@@ -1,5 +1,5 @@
 """PyTorch's FlexAttention as the ``flex`` backend, registered through the public API
-(:func:`attnkit.register_backend`) like any external kernel.
+(:func:`attnkit.register_backend`, by :mod:`attnkit.builtins`) like any external kernel.
 
 ``torch.nn.attention.flex_attention.flex_attention`` is compiled with :func:`torch.compile`;
 attnkit's masking rule (bottom-right causal and the sliding window,
@@ -120,16 +120,3 @@ def flex_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Attenti
         mask = make(problem.q_len, problem.kv_len, lower, upper, problem.device)
     run = _functions()[0] if tracing else _compiled()
     return run(q, k, v, block_mask=mask, scale=problem.scale, enable_gqa=problem.group_size > 1)
-
-
-def register() -> None:
-    """Register the ``flex`` backend (attnkit's registry does, on import)."""
-    from attnkit.registry import register_backend  # here: the registry imports this module
-
-    register_backend(
-        "flex",
-        run=flex_run,
-        description="PyTorch FlexAttention (torch.compile), masks as block masks",
-        device_support=flex_device_support,
-        supports=flex_problem_support,
-    )

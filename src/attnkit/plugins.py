@@ -49,26 +49,21 @@ class BackendSpec:
     description: str = ""
     forward_only: bool = False
 
-    def register(self, *, replace: bool = False):
-        """Register this spec (:func:`attnkit.register_backend`); returns the Backend."""
-        from attnkit.registry import register_backend  # here: the registry imports this module
-
-        return register_backend(**asdict(self), replace=replace)
-
 
 #: None until the group was read; then the error it raised, or True.
 _state: BackendEntryPointError | bool | None = None
 
 
-def load_entry_points() -> None:
-    """Register every installed ``attnkit.backends`` entry point, once per process; raise
+def load_entry_points(register: Callable) -> None:
+    """Register every installed ``attnkit.backends`` entry point with ``register`` (the registry's
+    :func:`~attnkit.registry.register_backend`, which calls this), once per process; raise
     :class:`BackendEntryPointError` for a broken one (again on every later call)."""
     global _state
     if _state is None:
         _state = True  # set first: a plugin that looks up backends while loading does not recurse
         try:
             for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-                _load(entry)
+                _load(entry, register)
         except BackendEntryPointError as err:
             _state = err
     if isinstance(_state, BackendEntryPointError):
@@ -87,7 +82,7 @@ def _where(entry: importlib.metadata.EntryPoint) -> str:
     return f"{ENTRY_POINT_GROUP} entry point {entry.name!r} = {entry.value!r} of {package}"
 
 
-def _load(entry: importlib.metadata.EntryPoint) -> None:
+def _load(entry: importlib.metadata.EntryPoint, register: Callable) -> None:
     try:
         target = entry.load()
     except Exception as err:
@@ -107,6 +102,6 @@ def _load(entry: importlib.metadata.EntryPoint) -> None:
         )
     for spec in specs:
         try:
-            spec.register()
+            register(**asdict(spec))
         except (TypeError, ValueError) as err:
             raise BackendEntryPointError(f"{_where(entry)}: {err}") from err

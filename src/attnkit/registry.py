@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
@@ -13,15 +12,7 @@ from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
 from attnkit.plugins import load_entry_points
 from attnkit.prepared import PreparedRun, RunFn
-from attnkit.reference import naive_attention
-from attnkit.sdpa import (
-    SDPA_BACKENDS,
-    sdpa_attention,
-    sdpa_device_support,
-    sdpa_prepare,
-    sdpa_problem_support,
-)
-from attnkit.tiled import tiled_attention
+from attnkit.sdpa import SDPA_BACKENDS
 
 DeviceCheck = Callable[[torch.device], "str | None"]
 ProblemCheck = Callable[[AttentionProblem], "str | None"]
@@ -229,7 +220,7 @@ def _forget_plans() -> None:
 def backend_names() -> list[str]:
     """Every registered backend's name, those of installed plugins (the ``attnkit.backends``
     entry points, loaded on first use) included."""
-    load_entry_points()
+    load_entry_points(register_backend)
     return list(_REGISTRY)
 
 
@@ -241,7 +232,7 @@ OWN_NAMES = frozenset({"auto", "naive", "tiled", *SDPA_BACKENDS, "triton", "flex
 
 def get_backend(name: str) -> Backend:
     if isinstance(name, str) and name not in _REGISTRY and name not in OWN_NAMES:
-        load_entry_points()
+        load_entry_points(register_backend)
     if not isinstance(name, str) or name not in _REGISTRY:
         valid = ", ".join(repr(n) for n in ["auto", *_REGISTRY])
         raise ValueError(f"backend: expected one of {valid}, got {name!r}")
@@ -266,40 +257,3 @@ def auto_skip_reason(name: str, device: torch.device | str) -> str | None:
 def available_backends(device: torch.device | str | None = None) -> list[str]:
     """Names of the backends usable on ``device`` (default: CUDA if present, else CPU)."""
     return [name for name in backend_names() if unavailable_reason(name, device) is None]
-
-
-# attnkit's own backends come in through the public door (the advanced ``run`` form).
-register_backend(
-    "naive", run=naive_attention, description="materialised score matrix; float64-capable oracle"
-)
-register_backend(
-    "tiled", run=tiled_attention, description="FlashAttention-2 in pure PyTorch (online softmax, O(N) memory)"
-)
-for _name in SDPA_BACKENDS:
-    register_backend(
-        _name,
-        run=partial(sdpa_attention, _name),
-        description="torch SDPA"
-        + (f", forced to {SDPA_BACKENDS[_name].name}" if SDPA_BACKENDS[_name] else ""),
-        device_support=partial(sdpa_device_support, _name),
-        supports=partial(sdpa_problem_support, _name),
-        prepare=partial(sdpa_prepare, _name),
-    )
-
-try:
-    from attnkit.triton import prepare, run_after_support_check, triton_device_support, triton_problem_support
-except ImportError:  # no triton in this install: the backend is simply not registered
-    pass
-else:
-    register_backend(
-        "triton",
-        run=run_after_support_check,
-        description="fused Triton FlashAttention-2 kernels, deterministic backward",
-        device_support=triton_device_support,
-        supports=triton_problem_support,
-        prepare=prepare,
-    )
-
-from attnkit.flex import register as _register_flex  # noqa: E402  (needs register_backend above)
-
-_register_flex()
