@@ -16,6 +16,7 @@ from perf_synthetic import H100_KEY, bench_entry, noisy_samples, paired_blocks, 
 import attnkit_perf.report
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument, summary_line
+from attnkit_perf.history import history_link
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.report import data, markdown, plots
 from attnkit_perf.session import describe
@@ -388,3 +389,15 @@ def test_a_cpu_run_names_the_device_it_ran_on_not_the_cuda_torch_was_built_with(
     rows = markdown.provenance(data.RunInfo({"attnkit": info}, {}, None))
     assert rows["CUDA"] == rows["cuDNN"] == "—", rows
     assert rows["GPU"] == info["gpu_key"] and info["gpu_key"].startswith("cpu"), rows
+
+
+def test_the_report_links_the_bases_point_in_the_performance_history(tmp_path):
+    doc = verdict_document()
+    link = history_link(doc, "https://example.org/perf")
+    assert link and link.startswith("https://example.org/perf/"), link
+    written = markdown.write_report(
+        str(_write(tmp_path, doc)), None, tmp_path / "out", "https://example.org/perf"
+    )
+    for path in written[:2]:  # report.md and the job summary
+        assert f"The base in the performance history: {link}" in path.read_text(), path
+    assert "performance history" not in _report(tmp_path / "plain"), "no site given, no link"

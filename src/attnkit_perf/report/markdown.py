@@ -21,6 +21,7 @@ gate does.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -28,6 +29,7 @@ from pathlib import Path
 from attnkit_perf.decide.formats import FormatError
 from attnkit_perf.decide.gate import OUTCOMES
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.history.links import history_link
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.report.data import (
     CaseKey,
@@ -37,6 +39,9 @@ from attnkit_perf.report.data import (
     load_benchmarks,
     measurements_from_verdict,
 )
+
+#: Where the published performance history lives, for the link to the base (docs/HISTORY.md).
+HISTORY_URL_ENV = "ATTNKIT_HISTORY_URL"
 
 VERDICT_LABELS = {
     "slower": "🔴 slower",
@@ -145,12 +150,17 @@ def _side_info(side: dict) -> RunInfo:
     return RunInfo({"attnkit": side.get("provenance") or {}}, {}, side.get("datetime"))
 
 
-def _provenance_lines(verdict: VerdictDocument | None, now: RunInfo) -> list[str]:
+def _provenance_lines(
+    verdict: VerdictDocument | None, now: RunInfo, history_url: str | None = None
+) -> list[str]:
     if verdict is None:
         return _table(["", "this run"], [[label, value] for label, value in provenance(now).items()])
     base_rows, now_rows = provenance(_side_info(verdict.base)), provenance(_side_info(verdict.head))
     lines = _table(["", "base", "head"], [[k, base_rows[k], now_rows[k]] for k in now_rows])
     lines += ["", f"Mode: **{verdict.mode}** — {verdict.base['label']} against {verdict.head['label']}."]
+    link = history_link(verdict, history_url) if history_url else None
+    if link:
+        lines.append(f"The base in the performance history: {link}")
     t = verdict.thresholds
     lines.append(
         f"Slower means at least {t['slower']:.1%} slower (more where A/A noise requires) and significant "
@@ -260,14 +270,16 @@ def render_markdown(
     now: RunInfo,
     plots: list[str] | None,
     plots_skipped: str | None,
+    history_url: str | None = None,
 ) -> str:
     """The whole report. ``plots`` are image files to link (None: link none, e.g. for the job
-    summary); ``plots_skipped`` says why there are no plots, if so."""
+    summary); ``plots_skipped`` says why there are no plots, if so; ``history_url``, the
+    published performance history (docs/HISTORY.md), whose page of the base the report links."""
     floors = {m.key: m.min_bytes for m in measurements}
     title = "attnkit perf gate" if verdict else "attnkit perf run"
     gpu = provenance(_side_info(verdict.head) if verdict else now)["GPU"]
     lines = [f"## {title} on {gpu}" if gpu != "—" else f"## {title}", ""]
-    lines += _provenance_lines(verdict, now)
+    lines += _provenance_lines(verdict, now, history_url)
     lines.append("")
     if verdict:
         lines += _verdict_lines(verdict, floors)
@@ -302,9 +314,15 @@ def render_markdown(
 # ---- command line -----------------------------------------------------------------------------
 
 
-def write_report(verdict_path: str | None, benchmarks_path: str | None, out_dir: str | Path) -> list[Path]:
+def write_report(
+    verdict_path: str | None,
+    benchmarks_path: str | None,
+    out_dir: str | Path,
+    history_url: str | None = None,
+) -> list[Path]:
     """Write report.md, summary.md and, with matplotlib, the plots into ``out_dir``; returns the
-    files written. Raises :class:`FormatError` for an input that cannot be read."""
+    files written (``history_url``: see :func:`render_markdown`). Raises :class:`FormatError` for
+    an input that cannot be read."""
     if not verdict_path and not benchmarks_path:
         raise FormatError("nothing to report: give --verdict, --benchmarks or both")
     verdict = VerdictDocument.read(verdict_path) if verdict_path else None
@@ -323,9 +341,13 @@ def write_report(verdict_path: str | None, benchmarks_path: str | None, out_dir:
         if not plots:
             skipped = "no attention benchmarks with backend, pass and shape to plot."
     report = out / "report.md"
-    report.write_text(render_markdown(verdict, measurements, now, plots, skipped), encoding="utf-8")
+    report.write_text(
+        render_markdown(verdict, measurements, now, plots, skipped, history_url), encoding="utf-8"
+    )
     summary = out / "summary.md"
-    summary.write_text(render_markdown(verdict, measurements, now, None, skipped), encoding="utf-8")
+    summary.write_text(
+        render_markdown(verdict, measurements, now, None, skipped, history_url), encoding="utf-8"
+    )
     return [report, summary, *(out / p for p in plots)]
 
 
@@ -336,9 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--benchmarks", help="pytest-benchmark JSON of the run (stored mode, record)")
     parser.add_argument("--verdict", help="the gate's verdict JSON")
     parser.add_argument("--out-dir", required=True, help="folder for report.md, summary.md and the plots")
+    parser.add_argument(
+        "--history-url",
+        default=os.environ.get(HISTORY_URL_ENV) or None,
+        help=f"the published performance history, to link the base's point (default: ${HISTORY_URL_ENV})",
+    )
     args = parser.parse_args(argv)
     try:
-        written = write_report(args.verdict, args.benchmarks, args.out_dir)
+        written = write_report(args.verdict, args.benchmarks, args.out_dir, args.history_url)
     except FormatError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
