@@ -4,7 +4,8 @@
     python -m attnkit_tools.grid --render grid.json --out docs/PERFORMANCE.md      # anywhere
 
 bf16, B=4, H*D=2048, N in 1024..16384, D in {64, 128}, causal and not, forward and backward:
-every cell times triton, sdpa-flash and sdpa-cudnn side by side in one run, with
+every cell times triton, sdpa-flash, sdpa-cudnn and flex (FlexAttention, compiled) side by side in
+one run, with
 the gate's timing protocol (:func:`attnkit_perf.measure.timing.median_time_s`: warm-up, L2
 flushed, CUDA events, median) on random
 inputs, through :func:`attnkit_perf.measure.cases.build_runner` so every provider is timed the same
@@ -27,7 +28,7 @@ from attnkit_perf.measure.cases import BenchCase, build_runner
 from attnkit_perf.measure.timing import median_time_s
 from attnkit_tools.provenance import provenance_table, require_cuda
 
-PROVIDERS = ("triton", "sdpa-flash", "sdpa-cudnn")
+PROVIDERS = ("triton", "sdpa-flash", "sdpa-cudnn", "flex")
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
 HEAD_DIMS = (64, 128)
 PASSES = ("fwd", "bwd")
@@ -37,7 +38,8 @@ FLOOR = {"fwd": 1.2, "bwd": 1.0}
 FLOOR_FROM = 2048
 
 
-def measure(seq_lens=SEQ_LENS, head_dims=HEAD_DIMS, log=print) -> list[dict]:
+def measure(seq_lens=SEQ_LENS, head_dims=HEAD_DIMS, log=print, on_row=None) -> list[dict]:
+    """The grid's rows; ``on_row(rows)`` after each (a run stopped midway keeps what it measured)."""
     rows = []
     for head_dim in head_dims:
         for pass_name in PASSES:
@@ -59,6 +61,8 @@ def measure(seq_lens=SEQ_LENS, head_dims=HEAD_DIMS, log=print) -> list[dict]:
                     torch.cuda.empty_cache()
                     rows.append(row)
                     log(format_row(row))
+                    if on_row:
+                        on_row(rows)
     return rows
 
 
@@ -67,12 +71,12 @@ def _ratio(row, peer):
 
 
 def format_row(row: dict) -> str:
-    cells = [f"{row[p]:6.1f}" if row.get(p) else "   n/a" for p in PROVIDERS]
+    cells = "  ".join(f"{p} {row[p]:6.1f}" if row.get(p) else f"{p}    n/a" for p in PROVIDERS)
     ratios = [f"{r:5.2f}x" if r else "  n/a" for r in (_ratio(row, "sdpa-flash"), _ratio(row, "sdpa-cudnn"))]
     mask = "causal" if row["causal"] else "full"
     return (
-        f"D={row['D']:3d} {row['pass']} {mask:6s} N={row['N']:5d}  triton {cells[0]}  flash {cells[1]}  "
-        f"cudnn {cells[2]} TFLOP/s  vs flash {ratios[0]}  vs cudnn {ratios[1]}"
+        f"D={row['D']:3d} {row['pass']} {mask:6s} N={row['N']:5d}  {cells} TFLOP/s  "
+        f"triton vs flash {ratios[0]}  vs cudnn {ratios[1]}"
     )
 
 
@@ -89,8 +93,8 @@ def report(rows: list[dict], info: dict, plot_name: str | None, out: str = "docs
         "",
         f"Produced by `python -m attnkit_tools.grid --out {out}`. bf16, B=4, H*D=2048, "
         "TFLOP/s = 4*B*H*N^2*D (halved when causal, x2.5 for the backward alone), "
-        "median of the gate's timing protocol (L2 flushed, CUDA events), random inputs, the three "
-        "providers timed in one run.",
+        "median of the gate's timing protocol (L2 flushed, CUDA events), random inputs, all "
+        "providers timed in one run (flex: FlexAttention, compiled).",
         "",
         *provenance_table(info),
         "",
@@ -126,7 +130,8 @@ def report(rows: list[dict], info: dict, plot_name: str | None, out: str = "docs
         lines.append(f"| {d} | {pass_name} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
     short = [r for r in rows if meets_floor(r) is False]
     lines += ["", f"Cells below the floor: {len(short)} of {sum(meets_floor(r) is not None for r in rows)}."]
-    lines += ["", "Peers (TFLOP/s, sdpa-flash / sdpa-cudnn), same run:", ""]
+    peers = [p for p in PROVIDERS[1:] if any(r.get(p) for r in rows)]
+    lines += ["", f"Peers (TFLOP/s, {' / '.join(peers)}), same run:", ""]
     lines += ["| D | pass | causal | " + " | ".join(f"N={n}" for n in SEQ_LENS) + " |"]
     lines += ["|---|---|---|" + "---|" * len(SEQ_LENS)]
     for d, pass_name, causal in keys:
@@ -135,7 +140,7 @@ def report(rows: list[dict], info: dict, plot_name: str | None, out: str = "docs
             row = next(
                 (r for r in rows if (r["D"], r["pass"], r["causal"], r["N"]) == (d, pass_name, causal, n)), {}
             )
-            cells.append("/".join(f"{row[p]:.0f}" if row.get(p) else "n/a" for p in PROVIDERS[1:]))
+            cells.append("/".join(f"{row[p]:.0f}" if row.get(p) else "n/a" for p in peers))
         lines.append(f"| {d} | {pass_name} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
     if plot_name:
         lines += ["", f"![TFLOP/s by sequence length]({plot_name})"]
@@ -197,9 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     require_cuda("attnkit_tools.grid")
     info = provenance(torch.device("cuda"))
     print(" | ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
-    rows = measure(log=lambda s: print(s, flush=True))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"provenance": info, "rows": rows}, indent=1))
+
+    def save(rows):
+        if args.json:
+            Path(args.json).write_text(json.dumps({"provenance": info, "rows": rows}, indent=1))
+
+    rows = measure(log=lambda s: print(s, flush=True), on_row=save)
     write_report(rows, info, Path(args.out))
     print(f"wrote {args.out}")
     return 0
