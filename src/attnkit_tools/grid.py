@@ -18,6 +18,7 @@ without a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -38,6 +39,23 @@ FLOOR = {"fwd": 1.2, "bwd": 1.0}
 FLOOR_FROM = 2048
 
 
+@contextlib.contextmanager
+def _compiled_peer(provider: str):
+    """How a torch.compile'd peer (flex) is timed cell by cell. Its compiled function is reset
+    first: forty cells of new shapes and grad modes would pass dynamo's recompile limit and fall
+    back to the unfused reference. Buffer donation is off: the ``bwd`` pass re-runs the backward
+    of one retained graph, which donated buffers refuse (donation saves memory, not kernel time)."""
+    if provider != "flex":
+        yield
+        return
+    import torch._dynamo
+    import torch._functorch.config
+
+    torch._dynamo.reset()
+    with torch._functorch.config.patch(donated_buffer=False):
+        yield
+
+
 def measure(seq_lens=SEQ_LENS, head_dims=HEAD_DIMS, log=print, on_row=None) -> list[dict]:
     """The grid's rows; ``on_row(rows)`` after each (a run stopped midway keeps what it measured)."""
     rows = []
@@ -51,13 +69,12 @@ def measure(seq_lens=SEQ_LENS, head_dims=HEAD_DIMS, log=print, on_row=None) -> l
                             provider, pass_name, 4, 2048 // head_dim, 2048 // head_dim, n, head_dim, causal
                         )
                         try:
-                            runner = build_runner(case, "cuda")
-                            ms = 1e3 * median_time_s(runner, torch.device("cuda"))
+                            with _compiled_peer(provider):
+                                ms = 1e3 * median_time_s(build_runner(case, "cuda"), torch.device("cuda"))
                             row[provider] = case.flops / (ms * 1e-3) / 1e12
                         except Exception as err:  # a peer that cannot run a cell is reported, not fatal
                             row[provider] = None
                             log(f"  {case.name}: {type(err).__name__}: {err}")
-                        del runner
                     torch.cuda.empty_cache()
                     rows.append(row)
                     log(format_row(row))
