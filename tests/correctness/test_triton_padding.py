@@ -31,6 +31,7 @@ pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"triton on {DE
 
 from attnkit.triton import prepare, triton_problem_support  # noqa: E402
 from attnkit.triton.config import padded_dim  # noqa: E402
+from attnkit.triton.decode import use_split_kv  # noqa: E402
 from attnkit.triton.padding import padded_dims, padded_problem  # noqa: E402
 
 _16BIT = (torch.float16, torch.bfloat16)
@@ -141,6 +142,10 @@ CASES = {
     "d40-dv24-fp16-causal": AttentionCase.make(
         q_len=21, kv_len=33, head_dim=40, value_dim=24, causal=True, dtype=torch.float16
     ),
+    # Padded to D = Dv = 64, a head dim the split-KV forward takes: the decode path.
+    "d59-fp16-decode": AttentionCase.make(
+        q_heads=4, kv_heads=1, q_len=1, kv_len=600, head_dim=59, causal=True, dtype=torch.float16
+    ),
     "d3-fp32-window": AttentionCase.make(
         q_len=20, kv_len=26, head_dim=3, value_dim=17, window=(4, 2), dtype=torch.float32
     ),
@@ -166,6 +171,15 @@ def _check_against_oracle(label: str, case: AttentionCase, gradients: bool = Tru
 def test_padded_head_dims_match_reference(name):
     """Output and dq, dk, dv (shaped like the caller's q, k, v) against the oracle."""
     _check_against_oracle(name, CASES[name])
+
+
+def test_a_padded_decode_runs_split_kv():
+    """The decode case is one the split-KV forward takes once padded (so the cases above cover
+    it), and a call without gradients matches the oracle through it."""
+    case = CASES["d59-fp16-decode"]
+    padded = padded_problem(dataclasses.replace(case.problem, device=torch.device(DEVICE)))
+    assert use_split_kv(padded), f"{padded.describe()} does not run split-KV"
+    _check_against_oracle("d59-fp16-decode, no gradients", case, gradients=False)
 
 
 @pytest.mark.parametrize("name", ["d59-fp16-causal-gqa", "d111-dv17-bf16-full"])
@@ -212,21 +226,28 @@ def test_padded_problems_have_no_native_program():
 
 
 #: Larger shapes for the GPU, where rows that are not whole 16-byte vectors failed: lengths that
-#: divide no tile, GQA, N != M.
-_GPU_SHAPE = dict(batch=2, q_heads=8, kv_heads=2, q_len=300, kv_len=517)
+#: divide no tile, GQA, N != M; and a decode shape (split-KV where D and Dv pad to 64).
+_GPU_SHAPES = {
+    "prefill": dict(batch=2, q_heads=8, kv_heads=2, q_len=300, kv_len=517),
+    "decode": dict(batch=2, q_heads=8, kv_heads=2, q_len=1, kv_len=4100),
+}
+_GPU_DIMS = {"D59": (59, 59), "D111": (111, 111), "D59-Dv37": (59, 37), "D111-Dv17": (111, 17)}
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.device(DEVICE).type != "cuda", reason="the 16-byte row rule applies on CUDA")
+@pytest.mark.skipif(
+    torch.device(DEVICE).type != "cuda", reason="GPU-sized shapes; the CPU runs the small cases above"
+)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize(("head_dim", "value_dim"), [(59, 59), (111, 111), (59, 37), (111, 17)], ids=str)
-def test_padded_head_dims_match_reference_on_gpu(head_dim, value_dim, dtype, causal):
-    case = AttentionCase.make(
-        **_GPU_SHAPE, head_dim=head_dim, value_dim=value_dim, causal=causal, dtype=dtype
-    )
-    _check_against_oracle(f"D={head_dim} Dv={value_dim}", case)
-    for call in range(2):  # forward-only launches: the first call binds the launch, the second reuses it
-        _check_against_oracle(
-            f"D={head_dim} Dv={value_dim}, no gradients, call {call}", case, gradients=False
-        )
+@pytest.mark.parametrize("dims", list(_GPU_DIMS))
+@pytest.mark.parametrize("shape", list(_GPU_SHAPES))
+def test_padded_head_dims_match_reference_on_gpu(shape, dims, dtype, causal):
+    """Forward and backward against the oracle, then two calls without gradients (the first
+    binds the forward-only launch, the second reuses it), each against the oracle."""
+    head_dim, value_dim = _GPU_DIMS[dims]
+    fields = dict(_GPU_SHAPES[shape], head_dim=head_dim, value_dim=value_dim, causal=causal, dtype=dtype)
+    case = AttentionCase.make(**fields)
+    _check_against_oracle(f"{shape} {dims}", case)
+    for call in range(2):
+        _check_against_oracle(f"{shape} {dims}, no gradients, call {call}", case, gradients=False)
