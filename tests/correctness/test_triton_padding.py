@@ -29,10 +29,10 @@ _UNAVAILABLE = (
 )
 pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"triton on {DEVICE}: {_UNAVAILABLE}")
 
-from attnkit.triton import prepare, triton_problem_support  # noqa: E402
+from attnkit.triton import TritonImplementation, prepare, triton_problem_support  # noqa: E402
 from attnkit.triton.config import padded_dim  # noqa: E402
 from attnkit.triton.decode import use_split_kv  # noqa: E402
-from attnkit.triton.padding import padded_dims, padded_problem  # noqa: E402
+from attnkit.triton.padding import padded_attention, padded_dims, padded_problem  # noqa: E402
 
 _16BIT = (torch.float16, torch.bfloat16)
 
@@ -173,6 +173,26 @@ def test_padded_head_dims_match_reference(name):
     _check_against_oracle(name, CASES[name])
 
 
+@pytest.mark.skipif(
+    torch.device(DEVICE).type == "cuda" and torch.cuda.get_device_capability(DEVICE)[0] != 9,
+    reason="TMA descriptors need a Hopper GPU or the interpreter",
+)
+@pytest.mark.parametrize("name", ["d111-dv17-bf16-full", "d59-dv37-fp16-window"])
+def test_padded_head_dims_through_tma_descriptors_match_reference(name):
+    """The kernels reading their streamed tensors through TMA descriptors (on Hopper, long
+    problems do) on padded operands: the descriptors' blocks are the padded tiles."""
+    case = CASES[name]
+    q, k, v, grad_out = case.tensors(DEVICE)
+    problem = check_inputs(q, k, v, **case.kwargs)
+    padded = padded_problem(problem)
+
+    def run(a, b, c):
+        return padded_attention(TritonImplementation(tma=True), a, b, c, problem, padded)
+
+    checks = compare_to_reference(run, q, k, v, grad_out=grad_out, **case.kwargs)
+    assert_close_to_reference(f"triton via TMA {name}: {case}", checks)
+
+
 def test_a_padded_decode_runs_split_kv():
     """The decode case is one the split-KV forward takes once padded (so the cases above cover
     it), and a call without gradients matches the oracle through it."""
@@ -226,9 +246,11 @@ def test_padded_problems_have_no_native_program():
 
 
 #: Larger shapes for the GPU, where rows that are not whole 16-byte vectors failed: lengths that
-#: divide no tile, GQA, N != M; and a decode shape (split-KV where D and Dv pad to 64).
+#: divide no tile, GQA, N != M; a long one with enough score pairs for TMA descriptors on Hopper
+#: (launch.TMA_MIN_SCORES); and a decode shape (split-KV where D and Dv pad to 64).
 _GPU_SHAPES = {
     "prefill": dict(batch=2, q_heads=8, kv_heads=2, q_len=300, kv_len=517),
+    "long": dict(batch=1, q_heads=8, kv_heads=4, q_len=1537, kv_len=1537),
     "decode": dict(batch=2, q_heads=8, kv_heads=2, q_len=1, kv_len=4100),
 }
 _GPU_DIMS = {"D59": (59, 59), "D111": (111, 111), "D59-Dv37": (59, 37), "D111-Dv17": (111, 17)}
