@@ -193,6 +193,20 @@ def test_padded_head_dims_through_tma_descriptors_match_reference(name):
     assert_close_to_reference(f"triton via TMA {name}: {case}", checks)
 
 
+def test_padded_head_dims_under_torch_compile_match_reference():
+    """Under torch.compile the pad and the cut are traced ops around the attnkit op, which runs
+    the padded problem: fullgraph, forward and backward against the oracle."""
+    case = CASES["d59-dv37-fp16-window"]
+    q, k, v, grad_out = case.tensors(DEVICE)
+    compiled = torch.compile(
+        lambda a, b, c: attention(a, b, c, **case.kwargs, backend="triton"),
+        fullgraph=True,
+        backend="aot_eager",
+    )
+    checks = compare_to_reference(compiled, q, k, v, grad_out=grad_out, **case.kwargs)
+    assert_close_to_reference(f"triton compiled: {case}", checks)
+
+
 def test_a_padded_decode_runs_split_kv():
     """The decode case is one the split-KV forward takes once padded (so the cases above cover
     it), and a call without gradients matches the oracle through it."""
