@@ -7,7 +7,7 @@ from functools import partial
 import torch
 
 from attnkit import fastpath
-from attnkit.auto import DEFAULT_ORDER, auto_order
+from attnkit.auto import DEFAULT_ORDER, auto_order, deterministic_order
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem, check_inputs
 from attnkit.prepared import PreparedRun
@@ -174,11 +174,15 @@ def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
             return PreparedRun(degenerate_attention) if prepared else degenerate_attention
         inference, training = auto_order(problem, training=False), auto_order(problem, training=True)
         runs = _auto_runs(problem, prepared, inference)
-        if training == inference:
-            run = partial(_run_first, _auto_candidates(inference, runs))
-        else:
-            runs.update(_auto_runs(problem, prepared, (n for n in training if n not in runs)))
-            run = partial(_run_by_grad, _auto_candidates(inference, runs), _auto_candidates(training, runs))
+        runs.update(_auto_runs(problem, prepared, (n for n in training if n not in runs)))
+        orders = (
+            _auto_candidates(inference, runs),
+            _auto_candidates(training, runs),
+            _deterministic_candidates(training, runs, warn_only=False),
+            _deterministic_candidates(training, runs, warn_only=True),
+        )
+        # One order for every call (no path skipped under any mode): no per-call checks.
+        run = partial(_run_first, orders[0]) if len(set(orders)) == 1 else partial(_run_by_grad, *orders)
         return PreparedRun(run) if prepared else run
     chosen = get_backend(backend)
     reason = _device_reason(backend, problem.device)
@@ -224,11 +228,27 @@ def _auto_candidates(order: tuple[str, ...], runs: dict) -> tuple:
     )
 
 
-def _run_by_grad(inference: tuple, training: tuple, q, k, v, problem):
-    """``auto`` where the fastest path differs between inference and training: a call that
-    records a backward runs the training order (chosen by forward and backward time together)."""
-    records_backward = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return _run_first(training if records_backward else inference, q, k, v, problem)
+def _deterministic_candidates(order: tuple[str, ...], runs: dict, warn_only: bool) -> tuple:
+    """:func:`_auto_candidates` of the training ``order`` under
+    ``torch.use_deterministic_algorithms(True, warn_only=warn_only)``: a path whose backward is
+    not then deterministic (:func:`attnkit.auto.deterministic_order`) is skipped, with that reason."""
+    kept = set(deterministic_order(order, warn_only))
+    mode = "True, warn_only=True" if warn_only else "True"
+    reason = f"its backward is not deterministic under torch.use_deterministic_algorithms({mode})"
+    marked = {name: run if name in kept else f"{name}: {reason}" for name, run in runs.items()}
+    return _auto_candidates(order, marked)
+
+
+def _run_by_grad(inference: tuple, training: tuple, strict: tuple, warn_only: tuple, q, k, v, problem):
+    """``auto``'s run: a call that records a backward runs the training order (chosen by
+    forward and backward time together), kept to paths with a deterministic backward while
+    ``torch.use_deterministic_algorithms`` is on (``strict``, or ``warn_only`` in that mode);
+    any other call runs the inference order."""
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return _run_first(inference, q, k, v, problem)
+    if torch.are_deterministic_algorithms_enabled():
+        training = warn_only if torch.is_deterministic_algorithms_warn_only_enabled() else strict
+    return _run_first(training, q, k, v, problem)
 
 
 def _run_first(candidates: tuple, q, k, v, problem):

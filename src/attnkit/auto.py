@@ -20,6 +20,10 @@ Which class a problem falls in (:func:`cell_key`):
   shortest);
 * the pass: ``"fwd"`` for a call that records no backward, ``"fwd+bwd"`` for one that does (a
   training step's forward is chosen by the cost of the forward and backward together).
+
+Under ``torch.use_deterministic_algorithms(True)`` a call that records a backward keeps, of
+that order, only the paths whose backward is then deterministic (:data:`DETERMINISTIC_BACKWARD`,
+:func:`deterministic_order`), whatever the table says is fastest.
 """
 
 from __future__ import annotations
@@ -45,6 +49,24 @@ DEFAULT_ORDER = ("triton", "sdpa", "tiled", "naive")
 
 #: Version of the table format this module reads (``format`` in the JSON).
 TABLE_FORMAT = 1
+
+#: Whose backward is deterministic under ``torch.use_deterministic_algorithms(True)``:
+#: ``"always"``: in every mode: the Triton backward (each gradient element written by one
+#: program, in a fixed order, no atomics), and the paths made of ATen ops, which follow the mode
+#: themselves (tiled, naive, SDPA's math); ``"strict"``: only with ``warn_only=False``, where
+#: PyTorch runs flash's deterministic backward and the memory-efficient one on a single key
+#: split, and its own choice (``"sdpa"``) never takes cuDNN (with ``warn_only=True`` they warn and
+#: run the non-deterministic kernels). cuDNN's backward is not deterministic; a path not named
+#: here (flex, a plugin's) is not known to be.
+DETERMINISTIC_BACKWARD = {
+    "triton": "always",
+    "tiled": "always",
+    "naive": "always",
+    "sdpa-math": "always",
+    "sdpa": "strict",
+    "sdpa-flash": "strict",
+    "sdpa-efficient": "strict",
+}
 
 PASSES = ("fwd", "fwd+bwd")
 _MEASURED_DTYPES = (torch.bfloat16, torch.float16)
@@ -117,3 +139,11 @@ def auto_order(problem: AttentionProblem, training: bool) -> tuple[str, ...]:
     path = table_path(problem.device)
     measured = _load(str(path)).order(problem, training) if path is not None else ()
     return (*measured, *(name for name in DEFAULT_ORDER if name not in measured))
+
+
+def deterministic_order(order: tuple[str, ...], warn_only: bool) -> tuple[str, ...]:
+    """The paths of ``order`` whose backward is deterministic under
+    ``torch.use_deterministic_algorithms(True, warn_only=warn_only)`` (:data:`DETERMINISTIC_BACKWARD`),
+    in ``order``'s order."""
+    accepted = ("always",) if warn_only else ("always", "strict")
+    return tuple(name for name in order if DETERMINISTIC_BACKWARD.get(name) in accepted)

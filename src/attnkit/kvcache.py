@@ -83,8 +83,12 @@ def attention_with_kvcache(
     if name == "triton":
         # Imported here: the triton package is optional, and "triton" is only picked when present.
         from attnkit.triton.decode import decode_config, decode_forward
+        from attnkit.triton.padding import padded_problem
 
-        if cache.problem.group_size * cache.problem.q_len <= decode_config(block_table is not None).max_rows:
+        # Head dims the kernels need padded (attnkit.triton.padding) would mean copying the whole
+        # cache on every call: those take the gathered route, which pads each sequence's keys.
+        rows = cache.problem.group_size * cache.problem.q_len
+        if padded_problem(cache.problem) is None and rows <= decode_config(block_table is not None).max_rows:
             seqlens = cache.lengths.to(device=q.device, dtype=torch.int32)
             table = None if block_table is None else block_table.to(torch.int32)
             return decode_forward(q, k_cache, v_cache, cache.problem, seqlens=seqlens, block_table=table)[0]

@@ -10,8 +10,18 @@ import torch
 
 import attnkit
 import attnkit.api
+import attnkit.auto
 import attnkit.registry
-from attnkit.auto import DEFAULT_ORDER, TABLE_ENV, TABLE_FORMAT, AutoTable, auto_order, cell_key, table_path
+from attnkit.auto import (
+    DEFAULT_ORDER,
+    TABLE_ENV,
+    TABLE_FORMAT,
+    AutoTable,
+    auto_order,
+    cell_key,
+    deterministic_order,
+    table_path,
+)
 from attnkit.inputs import check_inputs
 from attnkit.reference import naive_attention
 from attnkit.registry import Backend
@@ -129,3 +139,86 @@ def test_a_problem_outside_the_table_runs_the_default_order(spies):
     out = attnkit.attention(q, k, v, causal=True)
     assert spies == [], f"float32 is not measured, yet {spies} ran"
     assert out.shape == (1, 1, 8, 16)
+
+
+@pytest.mark.parametrize(
+    ("warn_only", "expected"),
+    [
+        (False, ("sdpa-flash", "triton", "sdpa", "sdpa-efficient", "tiled", "naive", "sdpa-math")),
+        (True, ("triton", "tiled", "naive", "sdpa-math")),
+    ],
+    ids=["strict", "warn-only"],
+)
+def test_deterministic_order_keeps_the_paths_whose_backward_is_deterministic(warn_only, expected):
+    """cuDNN's backward is never deterministic, nor is a path attnkit does not know (flex, a
+    plugin); PyTorch's flash and memory-efficient backwards (and its own choice) are only with
+    warn_only=False."""
+    order = ("sdpa-cudnn", "sdpa-flash", "triton", "sdpa", "flex", "sdpa-efficient", "tiled", "naive")
+    got = deterministic_order((*order, "a-plugin", "sdpa-math"), warn_only)
+    assert got == expected, f"warn_only={warn_only}: kept {got}"
+
+
+@pytest.fixture
+def deterministic_mode():
+    """Sets torch's deterministic mode for a test: ``deterministic_mode(True, warn_only=...)``;
+    the mode found before is restored after it."""
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    yield torch.use_deterministic_algorithms
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def test_a_training_call_in_deterministic_mode_runs_a_deterministic_path(
+    monkeypatch, tmp_path, deterministic_mode
+):
+    """The table's fastest training path first, unless torch's deterministic mode is on: then
+    the fastest one whose backward is deterministic in that mode. Inference calls keep their
+    pick (no backward follows)."""
+    ran = []
+    declared = {"spy-strict": "strict", "spy-always": "always"}
+    for name in ("spy-fast", *declared):
+        monkeypatch.setitem(
+            attnkit.registry._REGISTRY,
+            name,
+            Backend(
+                name,
+                "records its calls",
+                lambda q, k, v, p, name=name: ran.append(name) or naive_attention(q, k, v, p),
+            ),
+        )
+    monkeypatch.setattr(attnkit.auto, "DETERMINISTIC_BACKWARD", declared)
+    path = tmp_path / "table.json"
+    times = {"spy-fast": 1.0, "spy-strict": 2.0, "spy-always": 3.0}
+    path.write_text(
+        json.dumps(table(cell(16, True, 8, "fwd", **times), cell(16, True, 8, "fwd+bwd", **times)))
+    )
+    monkeypatch.setenv(TABLE_ENV, str(path))
+    monkeypatch.setattr(attnkit.api, "_PLANNED", {})
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
+    q, k, v = (torch.randn(1, 1, 8, 16, dtype=torch.bfloat16) for _ in range(3))
+    leaf = q.detach().requires_grad_()
+
+    expected = []
+    for mode, training_pick in ((None, "spy-fast"), (False, "spy-strict"), (True, "spy-always")):
+        if mode is not None:
+            deterministic_mode(True, warn_only=mode)
+        attnkit.attention(leaf, k, v, causal=True).float().sum().backward()
+        attnkit.attention(q, k, v, causal=True)
+        expected += [training_pick, "spy-fast"]
+        assert ran == expected, f"deterministic mode {mode}: ran {ran[-2:]}, expected {expected[-2:]}"
+
+
+def test_deterministic_mode_names_why_it_skipped_a_path(monkeypatch, deterministic_mode):
+    """When no path with a deterministic backward takes a training call, the error names each
+    skipped path and the mode."""
+    monkeypatch.setattr(attnkit.api, "_PLANNED", {})
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
+    monkeypatch.setattr(attnkit.auto, "DETERMINISTIC_BACKWARD", {})
+    deterministic_mode(True)
+    q = torch.randn(1, 1, 4, 8, requires_grad=True)
+    with pytest.raises(
+        attnkit.UnsupportedProblemError, match=r"sdpa: its backward is not deterministic under"
+    ):
+        attnkit.attention(q, q, q)

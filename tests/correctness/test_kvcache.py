@@ -27,6 +27,13 @@ _PAGED_APPEND = CacheCase(
     capacity=8, block_size=4, table=((4, 1), (0, 3)), num_blocks=5, causal=False, dtype=torch.float32, seed=3,
 )  # fmt: skip
 
+#: Head dims the Triton path pads (rows of 118 and 74 bytes): it takes the gathered route.
+_ODD_HEAD_DIM = CacheCase(
+    batch=2, q_heads=2, kv_heads=1, q_len=2, head_dim=59, value_dim=37, seqlens=(4, 7), new_len=2,
+    capacity=12, block_size=4, table=((2, 0, 5), (1, 3, 4)), num_blocks=6, causal=True, dtype=torch.float16,
+    seed=4,
+)  # fmt: skip
+
 
 def _appended(case: CacheCase, k_cache, v_cache, k, v, table):
     """The cache after the append, written one key at a time (independently of the library)."""
@@ -86,6 +93,7 @@ def check_cache_backend(backend: str, case: CacheCase) -> None:
 @example(case=_SHARED)
 @example(case=_APPEND)
 @example(case=_PAGED_APPEND)
+@example(case=_ODD_HEAD_DIM)
 def test_kvcache_matches_reference(backend, case):
     check_cache_backend(backend, case)
 

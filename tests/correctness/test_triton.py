@@ -248,30 +248,6 @@ def test_unsupported_problem_is_rejected_before_launch(dtype, head_dim, message)
         attention(q, q, q, backend="triton")
 
 
-@pytest.mark.parametrize(
-    ("dtype", "head_dim", "value_dim", "declined"),
-    [
-        (torch.float16, 40, 24, True),  # the H100's wrong rows / illegal access (ci profile)
-        (torch.bfloat16, 128, 64, True),
-        (torch.float16, 40, 40, False),
-        (torch.bfloat16, 24, 40, False),  # a wider value tile passed
-        (torch.float32, 40, 24, False),  # float32 passed
-    ],
-)
-def test_cuda_declines_a_value_tile_narrower_than_the_key_tile(dtype, head_dim, value_dim, declined):
-    """The support check (pure: it runs on any machine) for a CUDA problem: 16-bit inputs whose
-    padded Dv is below the padded D are declined with the reason, before any launch."""
-    q = torch.empty(1, 2, 1, head_dim, device="meta", dtype=dtype)
-    k = torch.empty(1, 1, 46, head_dim, device="meta", dtype=dtype)
-    v = torch.empty(1, 1, 46, value_dim, device="meta", dtype=dtype)
-    problem = dataclasses.replace(check_inputs(q, k, v, False, None), device=torch.device("cuda"))
-    reason = attnkit.triton.triton_problem_support(problem)
-    if declined:
-        assert reason is not None and "narrower tile" in reason, f"D={head_dim} Dv={value_dim}: {reason!r}"
-    else:
-        assert reason is None, f"D={head_dim} Dv={value_dim} {dtype} declined: {reason}"
-
-
 @pytest.mark.parametrize("variable", [None, "1"], ids=["unset", "set-after-import"])
 def test_cpu_without_interpreted_kernels_says_what_is_missing(monkeypatch, variable):
     """Kernels compiled for a GPU (TRITON_INTERPRET unset at import) cannot run on the CPU,

@@ -73,8 +73,8 @@ EDGE_CASES = {
         magnitude="outliers",
     ),
     # Found on the H100 by the ci profile: Triton's compiled forward read out of bounds (wrong
-    # rows, or an illegal memory access) with a value tile narrower than the key tile; CUDA
-    # now declines it (triton_problem_support), every other path must still be right.
+    # rows, or an illegal memory access) with a value tile narrower than the key tile; the Triton
+    # path widens Dv to D's tile (attnkit.triton.padding), every path must be right.
     "narrow-value-tile-fp16": edge(
         batch=4,
         q_heads=2,

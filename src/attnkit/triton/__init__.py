@@ -12,8 +12,9 @@ Layers, one module each:
   :func:`triton_attention`, and the support checks the registry asks before dispatch.
 
 Supports bottom-right causal with N != M, GQA/MQA, any strides, any N, M >= 1, head dims
-1..256 (padded to a power of two in-kernel), Dv != D, fp16 / bf16 / fp32 (fp32 with IEEE dots,
-not tf32). Runs on CUDA GPUs, and on the CPU through ``TRITON_INTERPRET=1``.
+1..256 (zero-padded to whole 16-byte rows before the launch, :mod:`~attnkit.triton.padding`, and
+to a power of two in-kernel), Dv != D, fp16 / bf16 / fp32 (fp32 with IEEE dots, not tf32). Runs
+on CUDA GPUs, and on the CPU through ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from attnkit.errors import UnsupportedProblemError
 from attnkit.flash_autograd import PATHS, flash_attention
 from attnkit.inputs import AttentionProblem
 from attnkit.prepared import PreparedRun
-from attnkit.triton.config import AttentionConfig, KernelConfig, padded_dim
+from attnkit.triton.config import AttentionConfig, KernelConfig
 from attnkit.triton.decode import (
     decode_forward,
     decode_forward_only,
@@ -37,6 +38,7 @@ from attnkit.triton.decode import (
 )
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
 from attnkit.triton.launch import attention_backward, attention_forward, launch_setup
+from attnkit.triton.padding import padded_attention, padded_problem
 
 #: Whether @triton.jit built interpreter kernels: Triton reads TRITON_INTERPRET once, when the
 #: kernels are decorated (at import), so availability follows the kernels, not today's variable.
@@ -91,14 +93,23 @@ def triton_attention(
     reason = triton_problem_support(problem)
     if reason is not None:
         raise UnsupportedProblemError(f"backend 'triton' does not support {problem.describe()}: {reason}")
-    return flash_attention(TritonImplementation(config), q, k, v, problem)
+    return _attention(TritonImplementation(config), q, k, v, problem)
 
 
 def run_after_support_check(q, k, v, problem: AttentionProblem) -> torch.Tensor:
     """The registry's run: :func:`triton_attention` without its support check, which the
     dispatcher has made before choosing this path (``triton_problem_support``, once per
     problem signature), and with one shared default implementation."""
-    return flash_attention(_DEFAULT_IMPLEMENTATION, q, k, v, problem)
+    return _attention(_DEFAULT_IMPLEMENTATION, q, k, v, problem)
+
+
+def _attention(impl: TritonImplementation, q, k, v, problem: AttentionProblem) -> torch.Tensor:
+    """``impl`` through the shared autograd function, on head dims padded where the kernels
+    need it (:mod:`attnkit.triton.padding`)."""
+    padded = padded_problem(problem)
+    if padded is None:
+        return flash_attention(impl, q, k, v, problem)
+    return padded_attention(impl, q, k, v, problem, padded)
 
 
 def prepare(problem: AttentionProblem) -> PreparedRun:
@@ -107,19 +118,26 @@ def prepare(problem: AttentionProblem) -> PreparedRun:
     the forward without the log-sum-exp, through launches bound per layout: the split-KV
     forward for decode-shaped problems (:func:`~attnkit.triton.decode.decode_forward_only`),
     else :meth:`~attnkit.triton.launch.LaunchSetup.forward_only` of the problem's setup,
-    looked up here once. Those bound launches, per layout, are its ``native_forward``."""
-    if use_split_kv(problem):
-        plan = dense_plan(problem)
+    looked up here once. Those bound launches, per layout, are its ``native_forward``, except
+    for a problem whose head dims are padded (:mod:`attnkit.triton.padding`): a native program
+    would launch on the caller's unpadded operands, so that run stays in Python."""
+    padded = padded_problem(problem)
+    kernel_problem = problem if padded is None else padded
+    if use_split_kv(kernel_problem):
+        plan = dense_plan(kernel_problem)
 
         def forward_only(q, k, v):
-            return decode_forward_only(q, k, v, problem, plan)
+            return decode_forward_only(q, k, v, kernel_problem, plan)
 
         def native_forward(q, k, v):
-            return decode_native_forward_only(q, k, v, problem, plan)
+            return decode_native_forward_only(q, k, v, kernel_problem, plan)
 
     else:
-        setup = launch_setup(problem)
+        setup = launch_setup(kernel_problem)
         forward_only, native_forward = setup.forward_only, setup.native_forward_only
+    if padded is not None:
+        run = partial(padded_attention, _DEFAULT_IMPLEMENTATION, padded=padded, forward_only=forward_only)
+        return PreparedRun(run)
     run = partial(flash_attention, _DEFAULT_IMPLEMENTATION, forward_only=forward_only)
     return PreparedRun(run, native_forward=native_forward)
 
@@ -149,29 +167,11 @@ def triton_problem_support(problem: AttentionProblem) -> str | None:
             f"dtype {problem.dtype} is not supported (fp16, bf16, fp32 only: the kernels accumulate "
             "in float32; use 'naive' or 'tiled' for float64)"
         )
+    # Rows that are not whole 16-byte vectors and 16-bit value tiles narrower than the key tile
+    # are padded before the launch (attnkit.triton.padding), which keeps every width <= 256.
     for name, dim in (("head_dim", problem.head_dim), ("value_dim", problem.value_dim)):
         if dim > MAX_HEAD_DIM:
             return f"{name} {dim} exceeds {MAX_HEAD_DIM}: its tiles would not fit in shared memory"
-        row_bytes = dim * torch.finfo(problem.dtype).bits // 8
-        if problem.device.type == "cuda" and row_bytes % 16:
-            # On the H100 (triton 3.6) D = 111 with Dv = 17 or 3 gave wrong outputs; until the
-            # kernels handle rows that are not whole 16-byte vectors, decline them clearly.
-            return f"{name} {dim} makes {row_bytes}-byte rows; on CUDA rows must be a multiple of 16 bytes"
-    if (
-        problem.device.type == "cuda"
-        and problem.dtype in (torch.float16, torch.bfloat16)
-        and padded_dim(problem.value_dim) < padded_dim(problem.head_dim)
-    ):
-        # On the H100 (triton 3.6) 16-bit problems whose value tile is narrower than the key
-        # tile read out of bounds: D = 40 with Dv = 24 (tiles 64 / 32) returned wrong rows or an
-        # illegal memory access, compiled (the interpreter is exact), with any layout, scale
-        # sign, batch or group; D = 111 with Dv = 17 or 3 gave wrong rows before. Dv = D, and
-        # Dv wider than D (D = 24, Dv = 40), and float32 passed. Declined until understood.
-        return (
-            f"value_dim {problem.value_dim} pads to a narrower tile ({padded_dim(problem.value_dim)}) than "
-            f"head_dim {problem.head_dim} ({padded_dim(problem.head_dim)}); with 16-bit inputs on CUDA "
-            "such kernels read out of bounds (H100, triton 3.6)"
-        )
     programs = -(-max(problem.q_len, problem.kv_len) // _MIN_BLOCK) * problem.batch * problem.q_heads
     if programs > MAX_PROGRAMS:
         return (
