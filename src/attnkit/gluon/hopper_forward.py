@@ -1,0 +1,238 @@
+"""Warp-specialized FlashAttention forward for Hopper (sm_90), written in Gluon.
+
+One program (CTA) computes the output rows [m0, m0 + 2 * BLOCK_M) of one (batch, head) and
+their log-sum-exp. It runs three partitions (:func:`gluon.language.warp_specialize`):
+
+* a producer (1 warp, few registers) issuing TMA copies: the two Q tiles once, then the K and
+  V tiles of every key block into a ring of ``STAGES`` shared-memory slots. Each slot has a
+  "ready" mbarrier (the copy engine completes it when the bytes land) and an "empty" one
+  (both consumers arrive on it when their wgmma no longer reads the slot). K and V have
+  separate barriers so that Q K^T can start while V is still in flight.
+* two consumer warpgroups (the default partition and a 4-warp worker, the same code), each
+  owning BLOCK_M query rows. They stream the same key blocks from the ring, compute
+  S = Q K^T and O += P V with ``warpgroup_mma`` (Q, K, V read from shared memory, P from
+  registers), and keep the online softmax in registers. Two independent warpgroups let the
+  warp schedulers overlap one group's softmax with the other's matrix products.
+
+Register reallocation (``setmaxnreg``): the producer shrinks to ``PRODUCER_REGS`` and the
+consumers grow to what the kernel's ``maxnreg`` budget leaves (see :mod:`.config`).
+
+Numerics (the same contract as the portable Triton forward):
+* scores live in the log2 domain: ``qk_scale = scale * log2(e)`` is folded into one FMA per
+  score and the softmax uses ``exp2``; the launcher requires ``scale > 0`` so that the row
+  max of scaled scores is the scaled row max and a masked ``-inf`` stays ``-inf``;
+* a row that has seen no key keeps max = -inf; its exp2 terms are taken against 0, so no
+  ``-inf - -inf = NaN`` appears; it outputs 0 and stores lse = +inf;
+* P is rounded to the input dtype for the tensor-core product; accumulators are float32;
+* the stored log-sum-exp is natural log, (B, H, N) float32 contiguous.
+
+Masks: key block j needs one only from ``free_end`` on (the blocks crossing the causal
+diagonal, bottom-right aligned: row i sees key j iff ``j <= i + M - N``, and the ragged end
+of the keys); the earlier blocks are seen by every row of the CTA and run bare. Both
+consumers walk the CTA's whole block list (the later rows' range), so the ring's slots are
+released by both in the same order; the earlier rows mask what they must not see.
+
+Addressing: Q, K and V are read through 2-D TMA descriptors over (B * H * rows, D). A tile
+that runs past a head's last row reads the next head's rows (or zeros past the tensor):
+those keys are masked and those query rows are never stored. O and the log-sum-exp are
+stored with masked pointer stores (rows past N are dropped).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
+
+
+@gluon.jit
+def _producer(
+    args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, WG: gl.constexpr,
+):  # fmt: skip
+    """TMA loads: the consumers' two Q tiles, then K and V of every key block into the ring."""
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+     _out_ptr, _lse_ptr, bh, m0, q_len, kv_len, _causal_offset, _free_end, n_blocks,
+     _qk_scale) = args  # fmt: skip
+    q_row = bh * q_len + m0
+    for wg in gl.static_range(2):
+        mbarrier.expect(q_bar.index(wg), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row + wg * BLOCK_M, 0], q_bar.index(wg), q_smem.index(wg))
+    kv_row = bh * kv_len
+    for j in range(n_blocks):
+        stage = j % STAGES
+        # A fresh mbarrier counts as having completed the phase before phase 0: waiting on
+        # parity 1 passes at once, so the first STAGES slots are filled without waiting.
+        phase = ((j // STAGES) & 1) ^ 1
+        mbarrier.wait(k_empty.index(stage), phase)
+        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            k_desc, [kv_row + j * BLOCK_N, 0], k_ready.index(stage), k_smem.index(stage)
+        )
+        mbarrier.wait(v_empty.index(stage), phase)
+        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(
+            v_desc, [kv_row + j * BLOCK_N, 0], v_ready.index(stage), v_smem.index(stage)
+        )
+
+
+@gluon.jit
+def _consumer(
+    args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, WG: gl.constexpr,
+):  # fmt: skip
+    """One warpgroup: rows [m0 + WG * BLOCK_M, + BLOCK_M), online softmax over the ring."""
+    (q_desc, _k_desc, _v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+     out_ptr, lse_ptr, bh, m0, q_len, kv_len, causal_offset, free_end, n_blocks, qk_scale) = args  # fmt: skip
+    dtype: gl.constexpr = q_desc.dtype
+    # wgmma accumulator layouts of one warpgroup (4 warps along M, 16 rows each per
+    # instruction); the instruction's N is the whole tile width.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16]
+    )
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16]
+    )
+    # P feeds the second product from registers: the accumulator's rows already sit where
+    # the A operand wants them, so this conversion is a register repack, not a shared trip.
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+
+    row0 = m0 + WG * BLOCK_M
+    rows = row0 + gl.arange(0, BLOCK_M, layout=row_s)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+
+    q_buf = q_smem.index(WG)
+    mbarrier.wait(q_bar.index(WG), 0)
+    for j in range(n_blocks):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        qk = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        qk = warpgroup_mma_wait(0, deps=(qk,))
+        # The wgmma is complete for the whole warpgroup: the K slot may be refilled.
+        mbarrier.arrive(k_empty.index(stage), count=1)
+
+        start_n = j * BLOCK_N
+        if start_n + BLOCK_N > free_end:
+            cols = start_n + gl.arange(0, BLOCK_N, layout=col_s)
+            visible = cols[None, :] < kv_len
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
+            qk = gl.where(visible, qk, float("-inf"))
+        # qk_scale > 0: the max of the scaled scores is the scaled max, and scaling and
+        # shifting a score is one FMA.
+        m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
+        # A row with nothing visible so far keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
+        shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(qk * qk_scale - shift[:, None])
+        alpha = gl.exp2(m_i - shift)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        m_i = m_new
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+        mbarrier.wait(v_ready.index(stage), phase)
+        acc = warpgroup_mma(p_op, v_smem.index(stage), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(v_empty.index(stage), count=1)
+
+    # Every row that saw a key has l_i >= 1 (its max term is exp2(0)); l_i == 0 means none.
+    seen = l_i > 0.0
+    l_safe = gl.where(seen, l_i, 1.0)
+    out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+    rows_o = row0 + gl.arange(0, BLOCK_M, layout=row_o)
+    cols_o = gl.arange(0, HEAD_DIM, layout=col_o)
+    # int64 before the multiply by D: B * H * N * D may pass 2**31.
+    o_offs = (bh * q_len + rows_o).to(gl.int64)[:, None] * HEAD_DIM + cols_o[None, :]
+    o_mask = (rows_o[:, None] < q_len) & (cols_o[None, :] < HEAD_DIM)
+    gl.store(out_ptr + o_offs, out.to(dtype), mask=o_mask)
+    lse = gl.where(seen, (m_i + gl.log2(l_safe)) * LN2, float("inf"))
+    gl.store(lse_ptr + bh.to(gl.int64) * q_len + rows, lse, mask=rows < q_len)
+
+
+@gluon.jit
+def _consumer0(
+    args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, WG: gl.constexpr,
+):  # fmt: skip
+    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 0)
+
+
+@gluon.jit
+def _consumer1(
+    args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, WG: gl.constexpr,
+):  # fmt: skip
+    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 1)
+
+
+@gluon.jit
+def _attn_fwd_kernel(
+    q_desc, k_desc, v_desc, out_ptr, lse_ptr, q_len, kv_len, causal_offset, qk_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+):  # fmt: skip
+    """Grid (cdiv(N, 2 * BLOCK_M) * B * H,). q_desc: (B * H * N, D) with (BLOCK_M, D) blocks;
+    k_desc, v_desc: (B * H * M, D) with (BLOCK_N, D) blocks; out_ptr: (B, H, N, D) contiguous;
+    lse_ptr: (B, H, N) float32 contiguous. ``qk_scale = scale * log2(e) > 0``; ``causal_offset =
+    M - N`` (bottom-right diagonal), used with CAUSAL. Launched with num_warps=4 (the first
+    consumer warpgroup); the partitions add 5 warps."""
+    n_mblocks = gl.cdiv(q_len, 2 * BLOCK_M)
+    pid = gl.program_id(0)
+    pid_m = pid % n_mblocks
+    if CAUSAL:
+        # Lower row blocks see more keys: launch them first to shorten the tail.
+        pid_m = n_mblocks - 1 - pid_m
+    bh = pid // n_mblocks
+    m0 = pid_m * (2 * BLOCK_M)
+
+    if CAUSAL:
+        kv_end = gl.minimum(kv_len, gl.maximum(m0 + 2 * BLOCK_M + causal_offset, 0))
+        # Row m0 sees keys j <= m0 + causal_offset, and every later row sees at least those.
+        free_end = gl.minimum(kv_len, gl.maximum(m0 + causal_offset + 1, 0))
+    else:
+        kv_end = kv_len
+        free_end = kv_len
+    free_end = (free_end // BLOCK_N) * BLOCK_N
+    n_blocks = gl.cdiv(kv_end, BLOCK_N)
+
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bar.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        # Released by both consumers.
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+
+    args = (
+        q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+        out_ptr, lse_ptr, bh, m0, q_len, kv_len, causal_offset, free_end, n_blocks, qk_scale,
+    )  # fmt: skip
+    gl.warp_specialize(
+        [
+            (_consumer0, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 0)),
+            (_consumer1, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 1)),
+            (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 2)),
+        ],
+        [4, 1],
+        [CONSUMER_REGS, PRODUCER_REGS],
+    )
