@@ -9,6 +9,9 @@ rounded up to a warpgroup), so one CTA per SM may use 65536 / 384 = 170 register
 from the producer (``producer_regs``) to the consumers (``consumer_regs``), keeping
 4 * 32 * (2 * consumer_regs + producer_regs) <= 384 * maxnreg.
 
+The layout each key block streams through: with ``overlap``, block j's scores are computed
+while block j - 1's P V is in flight, so three P/S tiles are live at once.
+
 Shared memory per CTA: 2 * block_m * D (Q) + 2 * stages * block_n * D (K, V) elements plus
 barriers and layout-conversion scratch; at most 227 KiB on an H100.
 
@@ -26,6 +29,9 @@ class HopperForwardConfig:
     block_m: int
     block_n: int
     stages: int
+    #: Issue block j's Q K^T before block j - 1's P V (FlashAttention-3's intra-warpgroup
+    #: overlap); False runs each block's two products back to back.
+    overlap: bool
     consumer_regs: int
     producer_regs: int
     maxnreg: int
@@ -34,10 +40,10 @@ class HopperForwardConfig:
 #: By head dim (Dv = D).
 CONFIGS: dict[int, HopperForwardConfig] = {
     64: HopperForwardConfig(
-        block_m=64, block_n=128, stages=3, consumer_regs=240, producer_regs=24, maxnreg=168
+        block_m=64, block_n=128, stages=3, overlap=True, consumer_regs=240, producer_regs=24, maxnreg=168
     ),
     128: HopperForwardConfig(
-        block_m=64, block_n=128, stages=2, consumer_regs=240, producer_regs=24, maxnreg=168
+        block_m=64, block_n=128, stages=2, overlap=True, consumer_regs=240, producer_regs=24, maxnreg=168
     ),
 }
 

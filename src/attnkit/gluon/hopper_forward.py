@@ -50,7 +50,7 @@ LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 @gluon.jit
 def _producer(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, WG: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """TMA loads: the consumers' two Q tiles, then K and V of every key block into the ring."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
@@ -79,9 +79,62 @@ def _producer(
 
 
 @gluon.jit
+def _scores(q_buf, k_smem, k_ready, k_empty, s_init, j, STAGES: gl.constexpr):
+    """S = Q K_j^T for key block j, synchronously; releases K's ring slot."""
+    stage = j % STAGES
+    mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+    qk = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    qk = warpgroup_mma_wait(0, deps=(qk,))
+    # The wgmma is complete for the whole warpgroup: the K slot may be refilled.
+    mbarrier.arrive(k_empty.index(stage), count=1)
+    return qk
+
+
+@gluon.jit
+def _pv(p_op, v_smem, v_ready, v_empty, acc, j, STAGES: gl.constexpr):
+    """acc += P V_j for key block j, synchronously; releases V's ring slot."""
+    stage = j % STAGES
+    mbarrier.wait(v_ready.index(stage), (j // STAGES) & 1)
+    acc = warpgroup_mma(p_op, v_smem.index(stage), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(stage), count=1)
+    return acc
+
+
+@gluon.jit
+def _mask(qk, j, rows, free_end, kv_len, causal_offset, col_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+          CAUSAL: gl.constexpr):  # fmt: skip
+    """Key block j's scores with unseen keys at -inf; blocks before ``free_end`` are seen
+    whole by every row and pass untouched (a runtime branch, no mask built)."""
+    start_n = j * BLOCK_N
+    if start_n + BLOCK_N > free_end:
+        cols = start_n + gl.arange(0, BLOCK_N, layout=col_layout)
+        visible = cols[None, :] < kv_len
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
+        qk = gl.where(visible, qk, float("-inf"))
+    return qk
+
+
+@gluon.jit
+def _softmax_step(qk, m_i, l_i, qk_scale):
+    """Online softmax over one block of raw scores: (p, alpha, m_new, l_new), with p the
+    block's unnormalised weights and alpha the factor that rescales what came before."""
+    # qk_scale > 0: the max of the scaled scores is the scaled max, and scaling and
+    # shifting a score is one FMA.
+    m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
+    # A row with nothing visible so far keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
+    shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(qk * qk_scale - shift[:, None])
+    alpha = gl.exp2(m_i - shift)
+    l_new = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
 def _consumer(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, WG: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: rows [m0 + WG * BLOCK_M, + BLOCK_M), online softmax over the ring."""
     (q_desc, _k_desc, _v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
@@ -112,38 +165,45 @@ def _consumer(
 
     q_buf = q_smem.index(WG)
     mbarrier.wait(q_bar.index(WG), 0)
-    for j in range(n_blocks):
-        stage = j % STAGES
-        phase = (j // STAGES) & 1
-        mbarrier.wait(k_ready.index(stage), phase)
-        qk = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
-        qk = warpgroup_mma_wait(0, deps=(qk,))
-        # The wgmma is complete for the whole warpgroup: the K slot may be refilled.
-        mbarrier.arrive(k_empty.index(stage), count=1)
-
-        start_n = j * BLOCK_N
-        if start_n + BLOCK_N > free_end:
-            cols = start_n + gl.arange(0, BLOCK_N, layout=col_s)
-            visible = cols[None, :] < kv_len
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
-            qk = gl.where(visible, qk, float("-inf"))
-        # qk_scale > 0: the max of the scaled scores is the scaled max, and scaling and
-        # shifting a score is one FMA.
-        m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
-        # A row with nothing visible so far keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
-        shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(qk * qk_scale - shift[:, None])
-        alpha = gl.exp2(m_i - shift)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        m_i = m_new
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-
-        mbarrier.wait(v_ready.index(stage), phase)
-        acc = warpgroup_mma(p_op, v_smem.index(stage), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(v_empty.index(stage), count=1)
+    if OVERLAP:
+        # FlashAttention-3's intra-warpgroup overlap: block j's Q K^T is issued before block
+        # j - 1's P V, so the softmax of block j runs on the CUDA cores while the tensor
+        # cores do P V. wgmma groups retire in issue order: waiting until one group is left
+        # pending retires Q K^T and leaves P V running.
+        p_op = gl.zeros([BLOCK_M, BLOCK_N], dtype, layout=p_layout)
+        if n_blocks > 0:
+            qk = _scores(q_buf, k_smem, k_ready, k_empty, s_init, 0, STAGES)
+            qk = _mask(qk, 0, rows, free_end, kv_len, causal_offset, col_s, BLOCK_N, CAUSAL)
+            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, n_blocks):
+            stage = j % STAGES
+            mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+            qk = warpgroup_mma(
+                q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True
+            )
+            prev = (j - 1) % STAGES
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            qk = warpgroup_mma_wait(1, deps=(qk,))
+            mbarrier.arrive(k_empty.index(stage), count=1)
+            qk = _mask(qk, j, rows, free_end, kv_len, causal_offset, col_s, BLOCK_N, CAUSAL)
+            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(v_empty.index(prev), count=1)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        if n_blocks > 0:
+            last = n_blocks - 1
+            acc = _pv(p_op, v_smem, v_ready, v_empty, acc, last, STAGES)
+    else:
+        for j in range(n_blocks):
+            qk = _scores(q_buf, k_smem, k_ready, k_empty, s_init, j, STAGES)
+            qk = _mask(qk, j, rows, free_end, kv_len, causal_offset, col_s, BLOCK_N, CAUSAL)
+            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            acc = _pv(p_op, v_smem, v_ready, v_empty, acc, j, STAGES)
 
     # Every row that saw a key has l_i >= 1 (its max term is exp2(0)); l_i == 0 means none.
     seen = l_i > 0.0
@@ -162,24 +222,28 @@ def _consumer(
 @gluon.jit
 def _consumer0(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, WG: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
-    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 0)
+    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, 0)
 
 
 @gluon.jit
 def _consumer1(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, WG: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
-    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 1)
+    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, 1)
 
 
-@gluon.jit
+#: Sizes stay runtime values: a size of 1 would otherwise compile a kernel of its own.
+_DYNAMIC_INTS = ["q_len", "kv_len", "causal_offset"]
+
+
+@gluon.jit(do_not_specialize=_DYNAMIC_INTS)
 def _attn_fwd_kernel(
     q_desc, k_desc, v_desc, out_ptr, lse_ptr, q_len, kv_len, causal_offset, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(N, 2 * BLOCK_M) * B * H,). q_desc: (B * H * N, D) with (BLOCK_M, D) blocks;
     k_desc, v_desc: (B * H * M, D) with (BLOCK_N, D) blocks; out_ptr: (B, H, N, D) contiguous;
@@ -229,9 +293,9 @@ def _attn_fwd_kernel(
     )  # fmt: skip
     gl.warp_specialize(
         [
-            (_consumer0, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 0)),
-            (_consumer1, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 1)),
-            (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, 2)),
+            (_consumer0, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, 0)),
+            (_consumer1, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, 1)),
+            (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, 2)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
