@@ -25,10 +25,6 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 4:
             raise ValueError(f"{name}: expected 4 dims (B, H, rows, D), got shape {tuple(x.shape)}")
-        if x.device.type != "cuda":
-            raise UnsupportedProblemError(
-                f"{name}: the Gluon Hopper forward runs on CUDA, got device {x.device}"
-            )
         if x.dtype not in _GL_DTYPES:
             raise UnsupportedProblemError(f"{name}: dtype {x.dtype} not supported (float16 or bfloat16)")
         if not x.is_contiguous():
@@ -59,6 +55,9 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
         raise TypeError(f"causal: expected a bool, got {type(causal).__name__}")
     if not (isinstance(scale, float) and math.isfinite(scale) and scale > 0):
         raise UnsupportedProblemError(f"scale must be a finite float > 0, got {scale!r}")
+    # The device last: every check above also runs (and is tested) on a machine without a GPU.
+    if q.device.type != "cuda":
+        raise UnsupportedProblemError(f"the Gluon Hopper forward runs on CUDA, got device {q.device}")
     capability = torch.cuda.get_device_capability(q.device)
     if capability != (9, 0):
         raise UnsupportedProblemError(
