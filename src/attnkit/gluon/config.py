@@ -32,6 +32,9 @@ class HopperForwardConfig:
     #: Issue block j's Q K^T before block j - 1's P V (FlashAttention-3's intra-warpgroup
     #: overlap); False runs each block's two products back to back.
     overlap: bool
+    #: With ``overlap``: the two consumer warpgroups take the tensor cores in turn (an
+    #: mbarrier pair), so one's softmax runs while the other's products do.
+    pingpong: bool
     consumer_regs: int
     producer_regs: int
     maxnreg: int
@@ -40,10 +43,24 @@ class HopperForwardConfig:
 #: By head dim (Dv = D).
 CONFIGS: dict[int, HopperForwardConfig] = {
     64: HopperForwardConfig(
-        block_m=64, block_n=128, stages=3, overlap=True, consumer_regs=240, producer_regs=24, maxnreg=168
+        block_m=64,
+        block_n=128,
+        stages=3,
+        overlap=True,
+        pingpong=False,
+        consumer_regs=240,
+        producer_regs=24,
+        maxnreg=168,
     ),
     128: HopperForwardConfig(
-        block_m=64, block_n=128, stages=2, overlap=True, consumer_regs=240, producer_regs=24, maxnreg=168
+        block_m=64,
+        block_n=128,
+        stages=2,
+        overlap=True,
+        pingpong=False,
+        consumer_regs=240,
+        producer_regs=24,
+        maxnreg=168,
     ),
 }
 

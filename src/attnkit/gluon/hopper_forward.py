@@ -50,10 +50,10 @@ LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 @gluon.jit
 def _producer(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WG: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """TMA loads: the consumers' two Q tiles, then K and V of every key block into the ring."""
-    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, _turn,
      _out_ptr, _lse_ptr, bh, m0, q_len, kv_len, _causal_offset, _free_end, n_blocks,
      _qk_scale) = args  # fmt: skip
     q_row = bh * q_len + m0
@@ -134,10 +134,10 @@ def _softmax_step(qk, m_i, l_i, qk_scale):
 @gluon.jit
 def _consumer(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WG: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: rows [m0 + WG * BLOCK_M, + BLOCK_M), online softmax over the ring."""
-    (q_desc, _k_desc, _v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+    (q_desc, _k_desc, _v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
      out_ptr, lse_ptr, bh, m0, q_len, kv_len, causal_offset, free_end, n_blocks, qk_scale) = args  # fmt: skip
     dtype: gl.constexpr = q_desc.dtype
     # wgmma accumulator layouts of one warpgroup (4 warps along M, 16 rows each per
@@ -178,13 +178,20 @@ def _consumer(
             p_op = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, n_blocks):
             stage = j % STAGES
+            prev = (j - 1) % STAGES
             mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            if PINGPONG:
+                # Take the tensor cores in turn with the other warpgroup (FlashAttention-3's
+                # ping-pong): its softmax then runs while our products do. A fresh barrier
+                # passes a parity-1 wait, so warpgroup 0 goes first.
+                mbarrier.wait(turn.index(WG), (j + WG) & 1)
             qk = warpgroup_mma(
                 q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True
             )
-            prev = (j - 1) % STAGES
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - WG), count=1)
             qk = warpgroup_mma_wait(1, deps=(qk,))
             mbarrier.arrive(k_empty.index(stage), count=1)
             qk = _mask(qk, j, rows, free_end, kv_len, causal_offset, col_s, BLOCK_N, CAUSAL)
@@ -222,17 +229,17 @@ def _consumer(
 @gluon.jit
 def _consumer0(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WG: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
-    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, 0)
+    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, 0)
 
 
 @gluon.jit
 def _consumer1(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, WG: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
-    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, 1)
+    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, 1)
 
 
 #: Sizes stay runtime values: a size of 1 would otherwise compile a kernel of its own.
@@ -243,7 +250,8 @@ _DYNAMIC_INTS = ["q_len", "kv_len", "causal_offset"]
 def _attn_fwd_kernel(
     q_desc, k_desc, v_desc, out_ptr, lse_ptr, q_len, kv_len, causal_offset, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(N, 2 * BLOCK_M) * B * H,). q_desc: (B * H * N, D) with (BLOCK_M, D) blocks;
     k_desc, v_desc: (B * H * M, D) with (BLOCK_N, D) blocks; out_ptr: (B, H, N, D) contiguous;
@@ -278,8 +286,10 @@ def _attn_fwd_kernel(
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_bar.index(i), count=1)
+        mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -288,14 +298,14 @@ def _attn_fwd_kernel(
         mbarrier.init(v_empty.index(i), count=2)
 
     args = (
-        q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty,
+        q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
         out_ptr, lse_ptr, bh, m0, q_len, kv_len, causal_offset, free_end, n_blocks, qk_scale,
     )  # fmt: skip
     gl.warp_specialize(
         [
-            (_consumer0, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, 0)),
-            (_consumer1, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, 1)),
-            (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, 2)),
+            (_consumer0, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, 0)),
+            (_consumer1, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, 1)),
+            (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, 2)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],

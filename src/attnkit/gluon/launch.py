@@ -10,7 +10,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnkit.errors import UnsupportedProblemError
-from attnkit.gluon.config import SUPPORTED_HEAD_DIMS, get_config
+from attnkit.gluon.config import SUPPORTED_HEAD_DIMS, HopperForwardConfig, get_config
 from attnkit.gluon.hopper_forward import _attn_fwd_kernel
 
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
@@ -66,7 +66,12 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scal
 
 
 def forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    config: HopperForwardConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention forward on an H100/H200.
 
@@ -76,6 +81,8 @@ def forward(
         v: (B, H, M, D), same dtype and device, contiguous.
         causal: bottom-right causal mask (row i sees key j iff j <= i + M - N).
         scale: softmax scale, > 0; default 1 / sqrt(D).
+        config: overrides the head dim's entry of :data:`~attnkit.gluon.config.CONFIGS`
+            (for tuning and A/B runs).
 
     Returns:
         ``(o, lse)``: o (B, H, N, D) in q's dtype; lse (B, H, N) float32, the natural-log
@@ -89,7 +96,7 @@ def forward(
     _check(q, k, v, causal, scale)
     b, h, n, d = q.shape
     m = k.shape[2]
-    cfg = get_config(d)
+    cfg = get_config(d) if config is None else config
     o = torch.empty_like(q)
     lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)
 
@@ -103,7 +110,8 @@ def forward(
     _attn_fwd_kernel[grid](
         q_desc, k_desc, v_desc, o, lse, n, m, m - n, scale * math.log2(math.e),
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
-        OVERLAP=cfg.overlap, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong,
+        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
     return o, lse
