@@ -5,6 +5,7 @@ must pass the rule too."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from conftest import DEVICE
 import attnkit.gluon as gluon
 from attnkit import UnsupportedProblemError
 from attnkit.flash_autograd import flash_attention
+from attnkit.gluon.config import get_config
 from attnkit.inputs import check_inputs
 from attnkit.testing import assert_close_to_reference, compare_to_reference, make_tensor
 
@@ -64,19 +66,25 @@ class _GluonForwardTritonBackward:
 
     op_name = None
 
-    def __init__(self):
+    def __init__(self, config):
         from attnkit.triton import TritonImplementation
 
         self.triton = TritonImplementation()
+        self.config = config
 
     def forward(self, q, k, v, problem):
-        return gluon.forward(q, k, v, problem.causal, problem.scale)
+        return gluon.forward(q, k, v, problem.causal, problem.scale, config=self.config)
 
     def backward(self, grad_out, q, k, v, out, lse, problem):
         return self.triton.backward(grad_out, q, k, v, out, lse, problem)
 
 
+#: The shipped configs, and the options a config may switch on (each runs other code).
+VARIANTS = {"shipped": {}, "pingpong": {"pingpong": True}, "persistent": {"persistent": True}}
+
+
 @needs_hopper
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize(
     ("b", "h", "n", "m", "d", "causal", "magnitude"),
@@ -92,20 +100,22 @@ class _GluonForwardTritonBackward:
         (1, 2, 512, 640, 64, False, "outliers"),
     ],
 )
-def test_matches_the_oracle_with_the_triton_backward(b, h, n, m, d, causal, magnitude, dtype):
+def test_matches_the_oracle_with_the_triton_backward(b, h, n, m, d, causal, magnitude, dtype, variant):
     gen = torch.Generator().manual_seed(0)
     shape_q, shape_kv = (b, h, n, d), (b, h, m, d)
     q = make_tensor(shape_q, dtype=dtype, device=DEVICE, generator=gen, magnitude=magnitude)
     k, v = (make_tensor(shape_kv, dtype=dtype, device=DEVICE, generator=gen) for _ in range(2))
     grad_out = make_tensor(shape_q, dtype=dtype, device=DEVICE, generator=gen)
     scale = 1.0 / math.sqrt(d)
-    impl = _GluonForwardTritonBackward()
+    impl = _GluonForwardTritonBackward(dataclasses.replace(get_config(d), **VARIANTS[variant]))
 
     def run(q_, k_, v_):
         return flash_attention(impl, q_, k_, v_, check_inputs(q_, k_, v_, causal, scale))
 
     checks = compare_to_reference(run, q, k, v, causal=causal, scale=scale, grad_out=grad_out)
-    assert_close_to_reference(f"gluon B={b} H={h} N={n} M={m} D={d} causal={causal} {dtype}", checks)
+    assert_close_to_reference(
+        f"gluon {variant} B={b} H={h} N={n} M={m} D={d} causal={causal} {dtype}", checks
+    )
 
 
 @needs_hopper

@@ -15,8 +15,8 @@ while block j - 1's P V is in flight, so three P/S tiles are live at once.
 Shared memory per CTA: 2 * block_m * D (Q) + 2 * stages * block_n * D (K, V) elements plus
 barriers and layout-conversion scratch; at most 227 KiB on an H100.
 
-These values are a first choice (compiled for sm_90 without spills); they are not yet tuned
-on a GPU.
+These values are a first choice (compiled for sm_90 without register spills; ptxas reports
+spills for ``persistent`` at D=128 causal, ~150 bytes); they are not yet tuned on a GPU.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ class HopperForwardConfig:
     #: With ``overlap``: the two consumer warpgroups take the tensor cores in turn (an
     #: mbarrier pair), so one's softmax runs while the other's products do.
     pingpong: bool
+    #: One program per SM looping over the tiles (else one program per tile).
+    persistent: bool
     consumer_regs: int
     producer_regs: int
     maxnreg: int
@@ -48,6 +50,7 @@ CONFIGS: dict[int, HopperForwardConfig] = {
         stages=3,
         overlap=True,
         pingpong=False,
+        persistent=False,
         consumer_regs=240,
         producer_regs=24,
         maxnreg=168,
@@ -58,6 +61,7 @@ CONFIGS: dict[int, HopperForwardConfig] = {
         stages=2,
         overlap=True,
         pingpong=False,
+        persistent=False,
         consumer_regs=240,
         producer_regs=24,
         maxnreg=168,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -16,6 +17,11 @@ from attnkit.gluon.hopper_forward import _attn_fwd_kernel
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 #: TMA coordinates are int32: the row coordinate into (B * H * rows, D) must fit.
 _MAX_ROWS = 2**31 - 1
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> None:
@@ -106,11 +112,12 @@ def forward(
     q_desc = TensorDescriptor.from_tensor(q.view(b * h * n, d), [cfg.block_m, d], q_layout)
     k_desc = TensorDescriptor.from_tensor(k.view(b * h * m, d), [cfg.block_n, d], kv_layout)
     v_desc = TensorDescriptor.from_tensor(v.view(b * h * m, d), [cfg.block_n, d], kv_layout)
-    grid = (triton.cdiv(n, 2 * cfg.block_m) * b * h,)
+    tiles = triton.cdiv(n, 2 * cfg.block_m) * b * h
+    grid = (min(tiles, _sm_count(q.device)) if cfg.persistent else tiles,)
     _attn_fwd_kernel[grid](
-        q_desc, k_desc, v_desc, o, lse, n, m, m - n, scale * math.log2(math.e),
+        q_desc, k_desc, v_desc, o, lse, n, m, m - n, b * h, scale * math.log2(math.e),
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
-        OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong,
+        OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, PERSISTENT=cfg.persistent,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
