@@ -20,13 +20,24 @@ except Exception as error:  # ImportError, or a Gluon API this code does not kno
 else:
     _IMPORT_ERROR = None
 
-__all__ = ["available", "forward", "unavailable_reason"]
+__all__ = ["GLUON_API_VERSION", "available", "forward", "unavailable_reason"]
+
+#: The triton release whose (experimental) Gluon API the kernel is written against.
+GLUON_API_VERSION = "3.6."
 
 
 def unavailable_reason() -> str | None:
     """Why :func:`forward` cannot run on the current CUDA device, or None if it can."""
     if _IMPORT_ERROR is not None:
         return f"triton.experimental.gluon (Hopper) not importable: {_IMPORT_ERROR!r}"
+    import triton
+
+    if not triton.__version__.startswith(GLUON_API_VERSION):
+        # Gluon is experimental: 3.9 already renamed the TMA copies this kernel calls.
+        return (
+            f"the kernel is written against triton {GLUON_API_VERSION}x's Gluon API, "
+            f"found triton {triton.__version__}"
+        )
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return "Gluon kernels do not run under the Triton interpreter (TRITON_INTERPRET is set)"
     import torch
