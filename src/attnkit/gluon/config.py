@@ -1,0 +1,75 @@
+"""Tile and register configuration of the Gluon Hopper forward, as data, by head dim.
+
+Each consumer warpgroup owns ``block_m`` query rows (a CTA covers ``2 * block_m``); key
+blocks are ``block_n`` rows; ``stages`` K/V slots form the shared-memory ring.
+
+Registers: a CTA runs 12 warps (two 4-warp consumer warpgroups and the producer's warp,
+rounded up to a warpgroup), so one CTA per SM may use 65536 / 384 = 170 registers a thread:
+``maxnreg`` is that rounded down to a multiple of 8. ``setmaxnreg`` then moves registers
+from the producer (``producer_regs``) to the consumers (``consumer_regs``), keeping
+4 * 32 * (2 * consumer_regs + producer_regs) <= 384 * maxnreg.
+
+The layout each key block streams through: with ``overlap``, block j's scores are computed
+while block j - 1's P V is in flight, so three P/S tiles are live at once.
+
+Shared memory per CTA: 2 * block_m * D (Q) + 2 * stages * block_n * D (K, V) elements plus
+barriers and layout-conversion scratch; at most 227 KiB on an H100.
+
+These values are a first choice (compiled for sm_90 without register spills; ptxas reports
+spills for ``persistent`` at D=128 causal, ~150 bytes); they are not yet tuned on a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HopperForwardConfig:
+    block_m: int
+    block_n: int
+    stages: int
+    #: Issue block j's Q K^T before block j - 1's P V (FlashAttention-3's intra-warpgroup
+    #: overlap); False runs each block's two products back to back.
+    overlap: bool
+    #: With ``overlap``: the two consumer warpgroups take the tensor cores in turn (an
+    #: mbarrier pair), so one's softmax runs while the other's products do.
+    pingpong: bool
+    #: One program per SM looping over the tiles (else one program per tile).
+    persistent: bool
+    consumer_regs: int
+    producer_regs: int
+    maxnreg: int
+
+
+#: By head dim (Dv = D).
+CONFIGS: dict[int, HopperForwardConfig] = {
+    64: HopperForwardConfig(
+        block_m=64,
+        block_n=128,
+        stages=3,
+        overlap=True,
+        pingpong=False,
+        persistent=False,
+        consumer_regs=240,
+        producer_regs=24,
+        maxnreg=168,
+    ),
+    128: HopperForwardConfig(
+        block_m=64,
+        block_n=128,
+        stages=2,
+        overlap=True,
+        pingpong=False,
+        persistent=False,
+        consumer_regs=240,
+        producer_regs=24,
+        maxnreg=168,
+    ),
+}
+
+SUPPORTED_HEAD_DIMS = tuple(sorted(CONFIGS))
+
+
+def get_config(head_dim: int) -> HopperForwardConfig:
+    return CONFIGS[head_dim]
