@@ -118,7 +118,7 @@ class PerfSession:
                 config, self.baseline_root, self.gpu_key, options
             )
         if self.mode:
-            noise = options_.noise(options, self.baseline_root, self.gpu_key, self.mode)
+            noise = options_.noise(options, self.baseline_root, self.gpu_key, self.mode, self.baseline)
             self.policy.noise, notes, self._noise_source = noise
             self.notes += notes
 
