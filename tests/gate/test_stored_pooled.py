@@ -57,6 +57,9 @@ def test_the_drift_kind_reads_the_baselines_median_and_prefers_host_bound():
     old = {k: v for k, v in BASE_CAL.items() if k != "launch_ms"}  # recorded before the probe
     assert drift_kind(False, 8.8 * US, old, FRESH_CAL) == "latency", "this run's probe, same GPU model"
     assert drift_kind(False, 8.8 * US, old, old) == "gpu"
+    base, head, info = _graph_entry(3, 1.0)
+    d = RULE.decide(base, head, info, old, FRESH_CAL)
+    assert d.outcome == "same" and "launch probe not in the baseline" in d.reason, d.reason
 
 
 def _graph_entry(seed: int, head_scale: float, median_s: float = 8.8 * US):

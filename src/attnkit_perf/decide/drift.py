@@ -93,6 +93,9 @@ def drift_for(base_calibration: Mapping | None, head_calibration: Mapping | None
     return drift_factor(base_calibration, head_calibration, HOST_KEYS if kind == "host" else GPU_KEYS)
 
 
-def latency_drift(base_calibration: Mapping | None, head_calibration: Mapping | None) -> float:
-    """The launch probe's drift: reported beside a latency-bound row, never divided out."""
+def latency_drift(base_calibration: Mapping | None, head_calibration: Mapping | None) -> float | None:
+    """The launch probe's drift, reported beside a latency-bound row and never divided out; None
+    when a side has no probe (a baseline recorded before it existed)."""
+    if not all((cal or {}).get(k) for cal in (base_calibration, head_calibration) for k in LATENCY_KEYS):
+        return None
     return drift_factor(base_calibration, head_calibration, LATENCY_KEYS)

@@ -94,7 +94,8 @@ class StoredRule:
         drift, text = drift_for(base_cal, head_cal, kind), None
         if kind == "latency":
             gpu, probe = drift_for(base_cal, head_cal, "gpu"), latency_drift(base_cal, head_cal)
-            text = f"latency-bound: GPU drift x{gpu:.4f} not divided out, launch probe x{probe:.4f}"
+            probe_text = "not in the baseline" if probe is None else f"x{probe:.4f}"
+            text = f"latency-bound: GPU drift x{gpu:.4f} not divided out, launch probe {probe_text}"
         decision = decide_stored(
             base_samples,
             samples,
