@@ -288,3 +288,14 @@ def test_a_pooled_baseline_holds_a_benchmark_to_the_spread_between_its_recording
         "notes"
     ]
     assert verdict["base"]["provenance"]["pooled"]["recordings"] == 2, verdict["base"]
+
+
+def test_a_spread_of_another_gpu_model_is_a_usage_error(synthetic, pytester):
+    assert synthetic("--attnkit-record", "--attnkit-allow-cpu").ret == 0
+    _, spread = pooled.merge([_recording(0, {"flash_a": 1.0}), _recording(1, {"flash_a": 1.0})], ["a", "b"])
+    path = pytester.path / "h100-spread.json"
+    path.write_text(json.dumps(spread))
+    result = synthetic("--benchmark-compare", "--attnkit-allow-cpu", f"--attnkit-noise={path}")
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-3000:]
+    assert f"stored spread {path} is for '{H100_KEY}'; this run is '{CPU_KEY}'" in text, text[-3000:]
