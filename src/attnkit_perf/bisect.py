@@ -154,6 +154,7 @@ def paired_compare(
 ) -> Compare:
     """A :data:`Compare` that measures in paired mode on this machine's device."""
     import attnkit_perf
+    from attnkit_perf.adjudicate import paired_decision
     from attnkit_perf.decide.paired import PairedRule
     from attnkit_perf.measure.checkout import materialise_base
     from attnkit_perf.measure.paired import PairedSession, PairedSettings
@@ -173,15 +174,9 @@ def paired_compare(
             src(base), src(head), Path(attnkit_perf.__file__).parent, {"base": base, "head": head}
         )
         try:
-            results = session.measure(case.as_dict(), settings, lambda r: rule.decide(r).settled)
-            unsupported = results["base"].unsupported or results["head"].unsupported
-            if unsupported:
+            decision, unsupported = paired_decision(session, case, rule, settings)
+            if decision is None:
                 return Decision("inconclusive", reason=f"a side cannot run the benchmark: {unsupported}")
-            decision = rule.decide(results)
-            if rule.needs_confirmation(decision):
-                session.restart()
-                again = session.measure(case.as_dict(), settings, lambda r: rule.decide(r, results).settled)
-                decision = rule.confirm(decision, again, results)
             return decision
         finally:
             session.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit_perf.decide import gate
+from attnkit_perf.decide import gate, pooled
 from attnkit_perf.decide.baseline import RECORD_COMMAND, baseline_path, load_baseline, missing_message
 from attnkit_perf.decide.formats import FormatError, read_json
 from attnkit_perf.decide.noise import load_noise, noise_file, noise_protocol
@@ -79,10 +79,21 @@ def stored_baseline(config: pytest.Config, root: Path, key: str, opt: dict) -> t
     return baseline, path
 
 
-def noise(opt: dict, root: Path, key: str, mode: str) -> tuple[dict[str, float], list[str], tuple | None]:
+def noise(
+    opt: dict, root: Path, key: str, mode: str, baseline: dict | None = None
+) -> tuple[dict[str, float], list[str], tuple | None]:
     """``({benchmark: log-ratio sigma bound}, notes, (path, timing protocol) or None)`` from the
-    A/A noise file, if any."""
+    A/A noise file, if any; in stored mode from the pooled ``baseline``'s spread
+    (:mod:`attnkit_perf.decide.pooled`) when the file is one."""
     path = opt["noise"] or noise_file(root, key, mode)
+    if mode == "stored" and str(path) != "none":
+        if not opt["noise"] and not Path(path).is_file():
+            return {}, [pooled.missing_note(path)], None
+        try:
+            if pooled.is_spread(path):
+                return (*pooled.load_spread(path, key, baseline, TIMING_PROTOCOL), None)
+        except FormatError as err:
+            raise _usage(str(err)) from err
     if str(path) == "none" or (not opt["noise"] and not Path(path).is_file()):
         return {}, [f"no A/A noise file ({path}): every benchmark held to the practical threshold"], None
     try:

@@ -83,8 +83,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--attnkit-no-confirm",
         action="store_true",
         help=(
-            "do not re-measure suspects (stored mode: at the end of the run; paired mode: on fresh "
-            "worker processes)"
+            "do not re-measure suspects (stored mode: at the end of the run, then in paired mode against "
+            "the baseline's commit; paired mode: on fresh worker processes)"
         ),
     )
     for name, kind, default, help_text in _TUNABLE:

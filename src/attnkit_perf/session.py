@@ -9,7 +9,8 @@ Modes (docs/PERF_GATE.md):
   outcome fails. Works under pytest-xdist (one GPU per worker).
 * **stored** (``--benchmark-compare``): pytest-benchmark times each case in this process; at the
   end every benchmark is compared with this GPU model's baseline JSON
-  (:class:`attnkit_perf.decide.stored.StoredRule`), after re-measuring suspects.
+  (:class:`attnkit_perf.decide.stored.StoredRule`), after re-measuring suspects; a "slower" is
+  then adjudicated by paired mode against the baseline's commit (:mod:`attnkit_perf.adjudicate`).
 * **record** (``--attnkit-record``): the run becomes this GPU model's baseline.
 
 Every way a comparison could silently not happen is a :class:`pytest.UsageError` here, or a
@@ -29,6 +30,7 @@ import torch
 from attnkit.device import gpu_key
 from attnkit.errors import UnsupportedProblemError
 from attnkit_perf import options as options_
+from attnkit_perf.adjudicate import Adjudicator, adjudicate_rows
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.baseline import baseline_path, save_baseline
 from attnkit_perf.decide.formats import FormatError
@@ -118,7 +120,7 @@ class PerfSession:
                 config, self.baseline_root, self.gpu_key, options
             )
         if self.mode:
-            noise = options_.noise(options, self.baseline_root, self.gpu_key, self.mode)
+            noise = options_.noise(options, self.baseline_root, self.gpu_key, self.mode, self.baseline)
             self.policy.noise, notes, self._noise_source = noise
             self.notes += notes
 
@@ -301,6 +303,8 @@ class PerfSession:
         if self.baseline is None:
             return
         compared = self.stored_rule.compare(self.baseline, run, self.declined, errored=self.errored)
+        if not self.opt["no_confirm"]:
+            compared = adjudicate_rows(compared, self.adjudicator())
         for info, decision, measured in compared:
             self.rows.append(BenchmarkVerdict.from_decision(_describe_recorded(info), decision, **measured))
         entries = self._baseline_entries()
@@ -309,6 +313,12 @@ class PerfSession:
                 error = gate.Decision("error", reason=row.reason)
                 row = BenchmarkVerdict.from_decision(_describe_recorded(entries[nodeid]["extra_info"]), error)
             self.rows.append(row)
+
+    def adjudicator(self) -> Adjudicator:
+        """Paired mode against the baseline's commit, from the git repository at the rootdir."""
+        recorded = self.baseline["machine_info"].get("attnkit") or {}
+        timeout = self.opt.get("worker_timeout_s") or ANSWER_TIMEOUT_S
+        return Adjudicator(Path(self.config.rootpath), recorded, self.thresholds, timeout)
 
     # --- the verdict ------------------------------------------------------------------------
 

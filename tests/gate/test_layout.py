@@ -111,7 +111,14 @@ def test_the_library_imports_no_test_framework():
 def test_the_decisions_are_pure():
     """attnkit_perf.decide holds every rule that turns measurements into an outcome, as functions
     of plain values: testable without a GPU, and never a way back into the orchestrator."""
-    forbidden = ("torch", "attnkit_perf.measure", "attnkit_perf.session", "attnkit_perf.plugin")
+    forbidden = (
+        "torch",
+        "attnkit_perf.measure",
+        "attnkit_perf.session",
+        "attnkit_perf.plugin",
+        "attnkit_perf.adjudicate",
+        "attnkit_perf.bisect",
+    )
     files = _python_files(SRC / "attnkit_perf" / "decide")
 
     bad = [

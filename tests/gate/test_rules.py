@@ -89,15 +89,14 @@ def test_a_stored_benchmark_that_turned_slower_on_re_measure_fails_only_when_con
     base, head, info = _entry(1.0, 4, (1.3,))
     head = [s * 1.12 for s in head]  # first: between the threshold and the interval's reach
     entry = {"fullname": base["fullname"], "stats": {"data": head}, "extra_info": info}
-    first = RULE.decide(base, head, info, 1.0)
+    first = RULE.decide(base, head, info, {}, {})
     assert first.outcome in ("inconclusive", "slower"), first.reason
-    drifts = {False: 1.0, True: 1.0}
     info["confirm"] = info["confirm"][:1]
     if first.outcome == "inconclusive":
-        assert RULE.judge(base, entry, drifts).outcome == "inconclusive", "one slower is not confirmed"
+        assert RULE.judge(base, entry, {}, {}).outcome == "inconclusive", "one slower is not confirmed"
         assert RULE.wants_remeasure(base, head, info), "so it is measured again"
     info["confirm"].append({"samples_s": info["confirm"][0]["samples_s"]})
-    assert RULE.judge(base, entry, drifts).outcome == "slower", "two consecutive slowers fail"
+    assert RULE.judge(base, entry, {}, {}).outcome == "slower", "two consecutive slowers fail"
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,8 @@
 #                  true effect with do_bench side by side on the cases named by BASE_MATCH
 #                  (words matched as in attnkit_tools.ab_dobench; unset: no do_bench)
 #   stored-record  record this GPU model's baseline (pytest tests/perf --attnkit-record)
+#   stored-pool:N  N recordings in fresh processes, pooled into the baseline and its spread
+#                  (python -m attnkit_perf.decide.pooled; baselines/<gpu_key>/noise-stored.json)
 #   stored:N       stored mode N times against that baseline: nothing may fail
 #   noise          build baselines/<gpu_key>/noise-paired.json from the aa runs' verdicts
 #
@@ -116,6 +118,20 @@ for step in "$@"; do
       log "record rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/log_record.txt")"
       key=$(python3 -c "from attnkit.device import gpu_key; print(gpu_key())")
       cp "baselines/$key/baseline.json" "$out/baseline_$key.json" ;;
+    stored-pool:*)
+      # N recordings in fresh processes, pooled into this GPU model's baseline and its spread
+      # (recordings of other machines copied to $out/recording_*.json first join the pool).
+      for i in $(seq "${step#*:}"); do
+        t0=$(date +%s)
+        limited python3 -m pytest tests/perf/test_attention_perf.py -q -p no:cacheprovider --attnkit-record \
+          --attnkit-baseline-dir="$work/record$i" --benchmark-json="$out/recording_$(hostname)_$i.json" \
+          "${extra[@]}" > "$out/log_record$i.txt" 2>&1
+        log "recording $i rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/log_record$i.txt")"
+      done
+      key=$(python3 -c "from attnkit.device import gpu_key; print(gpu_key())")
+      python3 -m attnkit_perf.decide.pooled "$out"/recording_*.json --out "baselines/$key/baseline.json" \
+        | tee -a "$summary"
+      cp "baselines/$key/baseline.json" "baselines/$key/noise-stored.json" "$out/" ;;
     stored:*)
       for i in $(seq "${step#*:}"); do
         t0=$(date +%s)

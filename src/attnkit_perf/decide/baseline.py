@@ -15,7 +15,10 @@ from pathlib import Path
 from attnkit_perf.decide.formats import FormatError, read_json, validate
 
 BASELINE_FILE = "baseline.json"
-RECORD_COMMAND = "pytest tests/perf --attnkit-record   (tox -e baseline)"
+RECORD_COMMAND = (
+    "pytest tests/perf --attnkit-record   (one machine; recordings of several machines pooled: "
+    "bash .ci/record-baseline.sh, tox -e baseline)"
+)
 #: The timing protocol of a baseline that names none (``machine_info["attnkit"]["timing"]``,
 #: :data:`attnkit_perf.measure.timing.TIMING_PROTOCOL`): recorded before protocols were named,
 #: with an L2 flush that wrote zeros.

@@ -236,8 +236,10 @@ def decide_stored(
     threshold: float,
     base_peak: int | None = None,
     head_peak: int | None = None,
+    drift_text: str | None = None,
 ) -> Decision:
-    """Decide the head's samples (divided by ``drift``) against a stored baseline's."""
+    """Decide the head's samples (divided by ``drift``) against a stored baseline's;
+    ``drift_text`` says in the reason what was divided out (default: the drift)."""
     problem = sample_problem(base_samples, "baseline") or sample_problem(head_samples, "this run")
     if problem is None and not (math.isfinite(drift) and drift > 0):
         problem = f"calibration drift {drift} is not a positive number"
@@ -253,7 +255,8 @@ def decide_stored(
     low, high = bootstrap_ratio_ci(base_samples, head, confidence=0.99)
     up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
     common = {"ratio": ratio, "ci": (low, high), "threshold": threshold, "alpha": alpha}
-    text = f"x{ratio:.4f} (drift x{drift:.4f} divided out), 99% interval [{low:.4f}, {high:.4f}]"
+    drift_text = drift_text or f"drift x{drift:.4f} divided out"
+    text = f"x{ratio:.4f} ({drift_text}), 99% interval [{low:.4f}, {high:.4f}]"
     if ratio >= up and p_slower < alpha:
         d = Decision("slower", p=p_slower, reason=f"{text}, p={p_slower:.1e} < {alpha:.1e}", **common)
     elif ratio <= down and p_faster < alpha:

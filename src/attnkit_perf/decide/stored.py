@@ -1,6 +1,7 @@
 """Stored mode's procedure: this run's benchmarks against the baseline JSON, each decided by
 :func:`attnkit_perf.decide.gate.decide_stored` after the calibration drift
-(:mod:`attnkit_perf.decide.drift`), confirmed by re-measurement, and exempted where host-bound
+(:mod:`attnkit_perf.decide.drift`: the GPU's, the host's, or none for a latency-bound
+benchmark), confirmed by re-measurement, and exempted where host-bound
 on both machines (:mod:`attnkit_perf.decide.hostbound`).
 
 **Confirmation.** A benchmark that looks slower or inconclusive while it is measured (against
@@ -18,7 +19,7 @@ import statistics
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from attnkit_perf.decide.drift import drift_for, run_calibration
+from attnkit_perf.decide.drift import drift_for, drift_kind, latency_drift, run_calibration
 from attnkit_perf.decide.gate import Decision, Thresholds, decide_stored
 from attnkit_perf.decide.hostbound import stored_exempt
 from attnkit_perf.decide.paired import dropped
@@ -71,18 +72,32 @@ def confirmations(info: Mapping) -> list[dict]:
 
 @dataclass(frozen=True)
 class StoredRule:
-    """``threshold_for(name)``: a benchmark's own threshold (A/A noise); ``alpha`` its share of
-    the run's false-alarm budget."""
+    """``threshold_for(name)``: a benchmark's own threshold (A/A noise, or the pooled baseline's
+    spread between recordings); ``alpha`` its share of the run's false-alarm budget."""
 
     thresholds: Thresholds
     alpha: float
     threshold_for: Callable[[str], float]
 
-    def decide(self, base_entry: Mapping, samples, head_info: Mapping, drift: float) -> Decision:
+    def decide(
+        self, base_entry: Mapping, samples, head_info: Mapping, base_cal: Mapping | None, head_cal
+    ) -> Decision:
+        """One measurement (``samples``) against the baseline entry, the drift of its kind
+        (:func:`attnkit_perf.decide.drift.drift_kind`) between the calibrations given divided out."""
         base_info = base_entry.get("extra_info") or {}
         name = base_info.get("name") or base_entry["fullname"]
-        return decide_stored(
-            base_entry["stats"]["data"],
+        base_samples = base_entry["stats"]["data"]
+        median_ms = _median_ms(base_samples)
+        kind = drift_kind(
+            bool(head_info.get("host_bound")), median_ms and median_ms / 1e3, base_cal, head_cal
+        )
+        drift, text = drift_for(base_cal, head_cal, kind), None
+        if kind == "latency":
+            gpu, probe = drift_for(base_cal, head_cal, "gpu"), latency_drift(base_cal, head_cal)
+            probe_text = "not in the baseline" if probe is None else f"x{probe:.4f}"
+            text = f"latency-bound: GPU drift x{gpu:.4f} not divided out, launch probe {probe_text}"
+        decision = decide_stored(
+            base_samples,
             samples,
             drift,
             self.thresholds,
@@ -90,13 +105,15 @@ class StoredRule:
             self.threshold_for(name),
             base_info.get("peak_bytes"),
             head_info.get("peak_bytes"),
+            drift_text=text,
         )
+        decision.extra["drift_kind"] = kind
+        return decision
 
     def _local(self, base_entry: Mapping, samples, head_info: Mapping, calibration) -> Decision:
         """Decided against the benchmark's own calibration (the run's is not in yet)."""
-        base_info = base_entry.get("extra_info") or {}
-        drift = drift_for(base_info.get("calibration"), calibration, bool(head_info.get("host_bound")))
-        return self.decide(base_entry, samples, head_info, drift)
+        base_cal = (base_entry.get("extra_info") or {}).get("calibration")
+        return self.decide(base_entry, samples, head_info, base_cal, calibration)
 
     def suspect(self, base_entry: Mapping, samples, head_info: Mapping) -> bool:
         """Whether a benchmark just measured needs a second measurement at the end of the run."""
@@ -113,13 +130,16 @@ class StoredRule:
         unconfirmed = decisions[-1].outcome == "slower" and decisions[-2].outcome != "slower"
         return unconfirmed and len(decisions) - 1 < MAX_REMEASURES
 
-    def judge(self, base_entry: Mapping, head_entry: Mapping, drifts: Mapping[bool, float]) -> Decision:
-        """A benchmark's outcome from every measurement of it; ``drifts`` by host-boundness."""
+    def judge(
+        self, base_entry: Mapping, head_entry: Mapping, base_cal: Mapping, head_cal: Mapping
+    ) -> Decision:
+        """A benchmark's outcome from every measurement of it, against the runs' calibrations."""
         info = head_entry.get("extra_info") or {}
-        drift = drifts[bool(info.get("host_bound"))]
-        decisions = [self.decide(base_entry, head_entry["stats"]["data"], info, drift)]
+        decisions = [self.decide(base_entry, head_entry["stats"]["data"], info, base_cal, head_cal)]
         if decisions[0].outcome in ("slower", "inconclusive"):
-            decisions += [self.decide(base_entry, c["samples_s"], info, drift) for c in confirmations(info)]
+            decisions += [
+                self.decide(base_entry, c["samples_s"], info, base_cal, head_cal) for c in confirmations(info)
+            ]
         return stored_exempt(settle(decisions), base_entry.get("extra_info") or {}, info)
 
     def compare(
@@ -131,7 +151,6 @@ class StoredRule:
         ``errored`` benchmarks (node ids) have a row of their own (the caller's), none here."""
         base_runs = {b["fullname"]: b for b in baseline["benchmarks"]}
         base_cal, head_cal = run_calibration(baseline), run_calibration(run)
-        drifts = {hb: drift_for(base_cal, head_cal, hb) for hb in (False, True)}
         rows, seen = [], set()
         for bench in run.get("benchmarks", []):
             info = bench.get("extra_info") or {}
@@ -148,7 +167,7 @@ class StoredRule:
                 continue
             measured["base_median_ms"] = _median_ms(reference["stats"]["data"])
             measured["base_peak_bytes"] = (reference.get("extra_info") or {}).get("peak_bytes")
-            rows.append((info, self.judge(reference, bench, drifts), measured))
+            rows.append((info, self.judge(reference, bench, base_cal, head_cal), measured))
         for fullname, reference in base_runs.items():
             if fullname in seen:
                 continue

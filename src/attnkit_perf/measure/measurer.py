@@ -17,7 +17,7 @@
 ``host_share``      share of the measured time in which the GPU waited for the host (GPU only;
                     :func:`attnkit_perf.measure.timing.host_share`)
 ``host_bound``      ``host_share >= HOST_BOUND_SHARE``: judged with the host calibration
-``calibration``     ``{"matmul_ms", "copy_ms", "host_ms"}`` measured just before this benchmark
+``calibration``     ``{"matmul_ms", "copy_ms", "launch_ms", "host_ms"}`` measured just before it
 ``rounds``          rounds taken
 ``reps_per_round``  flushed repetitions per round (a sample is their mean)
 ``confirm``         present only for a benchmark re-measured as a suspect:

@@ -1,0 +1,141 @@
+"""Paired mode against the baseline's commit, for stored mode's "slower" rows before they fail
+(the rule: :mod:`attnkit_perf.decide.adjudication`).
+
+The baseline's provenance names the commit it was recorded at; its ``src`` is extracted from
+the git repository at the run's rootdir (:func:`attnkit_perf.measure.checkout.materialise_base`,
+as ``--attnkit-base`` does) and checked against the recorded ``source`` digest. Each suspect is
+then measured as paired mode measures a benchmark (worker processes of both sides on this GPU,
+a slowdown confirmed on fresh ones: :func:`paired_decision`, which bisect uses too).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from attnkit_perf.decide.adjudication import adjudicated, kept, source_problem
+from attnkit_perf.decide.gate import Decision, Thresholds
+from attnkit_perf.decide.paired import PairedRule
+from attnkit_perf.machine import source_digest
+from attnkit_perf.measure.cases import BenchCase
+from attnkit_perf.measure.checkout import BaseError, materialise_base
+from attnkit_perf.measure.paired import ANSWER_TIMEOUT_S, PairedSession, PairedSettings, WorkerError
+
+
+def paired_decision(
+    session: PairedSession, case: BenchCase, rule: PairedRule, settings: PairedSettings
+) -> tuple[Decision | None, str | None]:
+    """``(decision, None)`` of ``case`` measured on both sides of ``session`` until settled, a
+    slowdown confirmed on fresh processes; ``(None, why)`` when a side cannot run it."""
+    results = session.measure(case.as_dict(), settings, lambda r: rule.decide(r).settled)
+    unsupported = results["base"].unsupported or results["head"].unsupported
+    if unsupported:
+        return None, unsupported
+    decision = rule.decide(results)
+    if rule.needs_confirmation(decision):
+        session.restart()
+        again = session.measure(case.as_dict(), settings, lambda r: rule.decide(r, results).settled)
+        decision = rule.confirm(decision, again, results)
+    return decision, None
+
+
+class Adjudicator:
+    """Paired comparisons of this checkout with the baseline's commit; the base is extracted and
+    the workers started at the first suspect, once."""
+
+    def __init__(
+        self,
+        repo: Path,
+        recorded: Mapping,
+        thresholds: Thresholds,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
+        settings: PairedSettings | None = None,
+    ) -> None:
+        self.repo = Path(repo)
+        self.recorded = recorded
+        self.thresholds = thresholds
+        self.answer_timeout_s = answer_timeout_s
+        self.settings = settings or PairedSettings()
+        self._scratch: Path | None = None
+        self._source: tuple[Path | None, str | None, str | None] | None = None
+        self._session: PairedSession | None = None
+
+    def source(self) -> tuple[Path | None, str | None, str | None]:
+        """``(src folder, commit, None)`` of the baseline's code, or ``(None, None, why not)``."""
+        if self._source is None:
+            self._source = self._materialise()
+        return self._source
+
+    def _materialise(self) -> tuple[Path | None, str | None, str | None]:
+        problem = source_problem(self.recorded)
+        if problem:
+            return None, None, problem
+        label = str(self.recorded["commit"])
+        self._scratch = Path(tempfile.mkdtemp(prefix="attnkit-adjudicate-"))
+        try:
+            src, commit = materialise_base(label, self.repo, self._scratch)
+        except BaseError as err:
+            return None, None, f"the baseline's commit {label} is not available in {self.repo}: {err}"
+        recorded, found = self.recorded.get("source"), source_digest(src / "attnkit")
+        if recorded and recorded != found:
+            return (
+                None,
+                None,
+                (
+                    f"commit {label}'s attnkit (source {found}) is not the code the baseline recorded "
+                    f"(source {recorded})"
+                ),
+            )
+        return src, commit, None
+
+    def _paired(self, src: Path, commit: str) -> PairedSession:
+        if self._session is None:
+            import attnkit
+            import attnkit_perf
+
+            head_src = Path(attnkit.__file__).resolve().parent.parent
+            self._session = PairedSession(
+                src,
+                head_src,
+                Path(attnkit_perf.__file__).parent,
+                {"base": commit},
+                answer_timeout_s=self.answer_timeout_s,
+            )
+        return self._session
+
+    def adjudicate(self, case: BenchCase, stored: Decision) -> Decision:
+        """The row of ``case``, whose stored decision ``stored`` is slower."""
+        src, commit, problem = self.source()
+        if problem:
+            return kept(stored, problem)
+        rule = PairedRule(self.thresholds, stored.alpha, stored.threshold)
+        try:
+            decision, unsupported = paired_decision(self._paired(src, commit), case, rule, self.settings)
+        except WorkerError as err:
+            return kept(stored, f"the paired measurement failed: {str(err).strip().splitlines()[-1]}")
+        if decision is None:
+            return kept(stored, f"a side cannot run it in paired mode: {unsupported}")
+        return adjudicated(stored, decision, commit)
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def adjudicate_rows(compared: list[tuple], adjudicator: Adjudicator) -> list[tuple]:
+    """``(extra_info, decision, measured)`` rows of stored mode, each "slower" adjudicated."""
+    rows = []
+    try:
+        for info, decision, measured in compared:
+            if decision.outcome == "slower":
+                shape = {**info["shape"], "backend": info["backend"], "pass_name": info["pass"]}
+                decision = adjudicator.adjudicate(BenchCase(**shape), decision)
+            rows.append((info, decision, measured))
+    finally:
+        adjudicator.close()
+    return rows

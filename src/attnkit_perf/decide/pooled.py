@@ -1,0 +1,281 @@
+"""Baselines pooled from several recordings, and the spread between them (``noise-stored.json``).
+
+    python -m attnkit_perf.decide.pooled A.json B.json [...] --out baselines/<gpu_key>/baseline.json
+
+A *recording* is the pytest-benchmark JSON of one perf-suite run on one machine (``pytest
+tests/perf --attnkit-record --benchmark-json=A.json``), best one per machine of the GPU model,
+at least one fresh process each. One recording cannot tell its machine's offset from the code's
+speed: compared against it, another machine reads its own offset as a change (an unchanged graph
+replay read x1.15 on two fresh H200s against a one-machine baseline, x0.998 in paired mode).
+Pooling writes two files:
+
+* the **pooled baseline** (``--out``): a baseline like any other (``schemas/baseline.schema.json``,
+  what ``pytest-benchmark compare`` reads), each benchmark's samples those of every recording,
+  each recording's first divided by its own calibration drift against the pooled calibration
+  (the per-kernel median of the recordings'), with the drift kind stored mode applies
+  (:func:`attnkit_perf.decide.drift.drift_kind`); ``machine_info["attnkit"]["pooled"]`` names
+  the pool (``id``, ``recordings``);
+* the **spread** (``noise-stored.json`` beside it, format ``attnkit-perf-stored-spread/1``,
+  ``schemas/noise-stored.schema.json``): per benchmark, each recording's median after that
+  correction as a log offset from their mean, and the standard deviation of those offsets; the
+  pool's id, every recording's provenance and calibration, and the timing protocol.
+
+Stored mode holds each benchmark to ``max(practical threshold, k x sigma)`` (the rule of A/A
+noise, :func:`attnkit_perf.decide.gate.benchmark_threshold`), where ``sigma`` is
+:func:`sigma_bound`: the one-sided 90% chi-square upper bound on the spread's sigma
+(:func:`attnkit_perf.decide.noise.sd_upper_bound`, n - 1 degrees of freedom), times
+``sqrt(1 + 1/n)`` because this run is one more machine compared with the mean of ``n``. Few
+recordings buy a loose bound (x9.7 the sd from 2, x2.5 from 4, x1.9 from 6): record on as many
+machines as the fleet has. A spread file of another pool (the baseline re-recorded since) is
+set aside with a loud note, like a missing one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from attnkit_perf.decide.baseline import recorded_gpu_key, recorded_timing_protocol, save_baseline
+from attnkit_perf.decide.drift import drift_for, drift_kind, run_calibration
+from attnkit_perf.decide.formats import FormatError, read_json, validate
+from attnkit_perf.decide.noise import SD_CONFIDENCE, sd_upper_bound
+
+FORMAT = "attnkit-perf-stored-spread/1"
+SPREAD_FILE = "noise-stored.json"
+POOL_COMMAND = "python -m attnkit_perf.decide.pooled RECORDING.json RECORDING.json ... --out BASELINE"
+#: Software that must match between pooled recordings (the driver may differ between machines:
+#: that is part of what the spread measures).
+SAME_SOFTWARE = ("torch", "cuda", "triton", "cudnn")
+
+
+def sigma_bound(log_sd: float, recordings: int) -> float:
+    """The log-ratio sigma stored mode allows a benchmark (module docstring)."""
+    return sd_upper_bound(log_sd, recordings) * math.sqrt(1.0 + 1.0 / recordings)
+
+
+def _provenance(run: dict) -> dict:
+    return (run.get("machine_info") or {}).get("attnkit") or {}
+
+
+def check_recordings(runs: list[dict], labels: list[str]) -> None:
+    """Raise :class:`FormatError` unless ``runs`` are >= 2 valid recordings of one GPU model,
+    timing protocol, code and software, none of them already a pool."""
+    if len(runs) < 2:
+        raise FormatError(f"pooling needs >= 2 recordings, got {len(runs)}")
+    for run, label in zip(runs, labels, strict=True):
+        validate("baseline", run, f"recording {label}")
+        if _provenance(run).get("pooled"):
+            raise FormatError(
+                f"recording {label} is already a pooled baseline: pool the recordings themselves"
+            )
+    fields = {
+        "GPU model": [recorded_gpu_key(r) for r in runs],
+        "timing protocol": [recorded_timing_protocol(r) for r in runs],
+        # The code measured: a change's effect taken for spread would raise thresholds by it.
+        "source digest": [_provenance(r).get("source") for r in runs],
+        **{key: [_provenance(r).get(key) for r in runs] for key in SAME_SOFTWARE},
+    }
+    for what, values in fields.items():
+        if len(set(values)) > 1:
+            listed = ", ".join(f"{label}: {value}" for label, value in zip(labels, values, strict=True))
+            raise FormatError(f"recordings differ in {what} ({listed}): pool recordings of one setup only")
+
+
+def _median(values) -> float | None:
+    values = [float(v) for v in values or ()]
+    median = statistics.median(values) if values else math.nan
+    return median if math.isfinite(median) and median > 0 else None
+
+
+def _stats(samples: list[float]) -> dict:
+    """pytest-benchmark's statistics of the pooled samples (what ``compare`` shows)."""
+    from pytest_benchmark.stats import Stats
+
+    stats = Stats()
+    for sample in samples:
+        stats.update(sample)
+    return {**stats.as_dict(), "iterations": 1, "data": samples}
+
+
+def merge(runs: list[dict], labels: list[str]) -> tuple[dict, dict]:
+    """``(pooled baseline, spread document)`` of the recordings ``runs`` (module docstring)."""
+    check_recordings(runs, labels)
+    calibrations = [run_calibration(r) for r in runs]
+    keys = sorted(set().union(*calibrations))
+    pooled_cal = {k: statistics.median([c[k] for c in calibrations if k in c]) for k in keys}
+    entries: dict[str, list[tuple[int, dict]]] = {}
+    for i, run in enumerate(runs):
+        for bench in run["benchmarks"]:
+            entries.setdefault(bench["fullname"], []).append((i, bench))
+    benchmarks, spread = [], {}
+    for fullname, found in entries.items():
+        samples, medians, kinds = [], [], []
+        for i, bench in found:
+            info = bench["extra_info"]
+            data = [float(s) for s in bench["stats"]["data"]]
+            median = _median(data)
+            kind = drift_kind(bool(info.get("host_bound")), median, pooled_cal, calibrations[i])
+            # The drift of the recording's machine against the pool's calibration, divided out as
+            # stored mode divides this run's: every recording then speaks for the pooled machine.
+            drift = drift_for(pooled_cal, calibrations[i], kind)
+            samples += [s / drift for s in data]
+            kinds.append(kind)
+            if median is not None:
+                medians.append(median / drift)
+        first = found[0][1]
+        infos = [bench["extra_info"] for _, bench in found]
+        peaks = [x.get("peak_bytes") for x in infos if x.get("peak_bytes") is not None]
+        shares = [x.get("host_share") for x in infos if x.get("host_share") is not None]
+        info = {k: v for k, v in first["extra_info"].items() if k != "confirm"}
+        info.update(
+            calibration=pooled_cal,
+            recordings=len(found),
+            # The exemption of a host-bound "slower" needs the baseline host-bound: in every recording.
+            host_bound=all(x.get("host_bound") for x in infos)
+            if all("host_bound" in x for x in infos)
+            else None,
+            host_share=statistics.median(shares) if shares else None,
+            # A peak one recording reached is the code's own: a run reaching it has not grown.
+            peak_bytes=max(peaks) if peaks else None,
+        )
+        benchmarks.append({**first, "extra_info": info, "stats": _stats(samples)})
+        if len(medians) >= 2:
+            logs = [math.log(m) for m in medians]
+            centre = statistics.fmean(logs)
+            spread[info.get("name") or fullname] = {
+                "log_sd": statistics.stdev(logs),
+                "log_offsets": [x - centre for x in logs],
+                "medians_ms": [m * 1e3 for m in medians],
+                "kinds": kinds,
+            }
+    pool_id = _pool_id(benchmarks)
+    provenance = {**_provenance(runs[0]), "pooled": {"id": pool_id, "recordings": len(runs)}}
+    baseline = {
+        **runs[0],
+        "machine_info": {**runs[0]["machine_info"], "attnkit": provenance},
+        "datetime": max(str(r.get("datetime") or "") for r in runs) or runs[0].get("datetime"),
+        "benchmarks": benchmarks,
+    }
+    document = {
+        "format": FORMAT,
+        "gpu_key": recorded_gpu_key(runs[0]),
+        "timing": recorded_timing_protocol(runs[0]),
+        "pool": pool_id,
+        "confidence": SD_CONFIDENCE,
+        "provenance": provenance,
+        "calibration": pooled_cal,
+        "recordings": [
+            {
+                "label": label,
+                "datetime": run.get("datetime"),
+                "provenance": _provenance(run),
+                "calibration": cal,
+            }
+            for run, label, cal in zip(runs, labels, calibrations, strict=True)
+        ],
+        "benchmarks": spread,
+    }
+    validate("baseline", baseline, "the pooled baseline")
+    validate("noise-stored", document, "the spread being written")
+    return baseline, document
+
+
+def _pool_id(benchmarks: list[dict]) -> str:
+    """A digest of the pooled samples: the spread file names the baseline it belongs to."""
+    digest = hashlib.sha256()
+    for bench in sorted(benchmarks, key=lambda b: b["fullname"]):
+        digest.update(json.dumps([bench["fullname"], bench["stats"]["data"]]).encode())
+    return digest.hexdigest()[:16]
+
+
+def load_spread(path: Path | str, key: str, baseline: dict | None, timing_protocol: str | None):
+    """``({benchmark: sigma bound}, notes)`` from a spread file, validated. Refused (raises
+    :class:`FormatError`) for another GPU model or timing protocol; set aside with a WARNING
+    note when it belongs to another pool than ``baseline``."""
+    data = read_json(path, "stored spread")
+    validate("noise-stored", data, f"stored spread {path}")
+    if data["gpu_key"] != key:
+        raise FormatError(f"stored spread {path} is for {data['gpu_key']!r}; this run is {key!r}")
+    if timing_protocol is not None and data["timing"] != timing_protocol:
+        raise FormatError(
+            f"stored spread {path} was measured with the {data['timing']!r} timing protocol, this run "
+            f"times with {timing_protocol!r}: record and pool again ({POOL_COMMAND})"
+        )
+    pool = (_provenance(baseline or {}).get("pooled") or {}).get("id")
+    if pool != data["pool"]:
+        return {}, [
+            f"WARNING: stored spread {path} belongs to pool {data['pool']}, the baseline is "
+            f"{'pool ' + pool if pool else 'a single recording'}: not used, every benchmark held to "
+            f"the practical threshold (pool the recordings again: {POOL_COMMAND})"
+        ]
+    sigmas = {
+        name: sigma_bound(entry["log_sd"], len(entry["log_offsets"]))
+        for name, entry in data["benchmarks"].items()
+    }
+    notes = [
+        f"stored spread from {path}: {len(data['recordings'])} recordings pooled, "
+        f"{len(sigmas)} benchmarks with a spread"
+    ]
+    names = {
+        (b.get("extra_info") or {}).get("name") or b["fullname"]
+        for b in (baseline or {}).get("benchmarks", [])
+    }
+    lacking = sorted(names - set(sigmas))
+    if lacking:
+        notes.append(
+            f"WARNING: stored spread {path} has no spread for {len(lacking)} benchmarks of the "
+            "baseline (recorded once: held to the practical threshold): " + ", ".join(lacking)
+        )
+    return sigmas, notes
+
+
+def missing_note(path: Path | str) -> str:
+    return (
+        f"WARNING: no spread between recordings for this baseline ({path}): one machine's offset is "
+        "taken for the code's speed, every benchmark held to the practical threshold. Record on "
+        f"several machines of this model and pool them: {POOL_COMMAND}"
+    )
+
+
+def is_spread(path: Path | str) -> bool:
+    """Whether ``path`` holds a spread file (rather than an A/A noise file of stored mode)."""
+    return read_json(path, "stored noise").get("format") == FORMAT
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attnkit_perf.decide.pooled", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("recordings", nargs="+", help="pytest-benchmark JSON of perf-suite runs (>= 2)")
+    parser.add_argument(
+        "--out", required=True, help="pooled baseline to write (baselines/<gpu_key>/baseline.json)"
+    )
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    try:
+        runs = [read_json(p, "recording") for p in args.recordings]
+        baseline, spread = merge(runs, [Path(p).name for p in args.recordings])
+    except FormatError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    save_baseline(baseline, out)
+    spread_path = out.parent / SPREAD_FILE
+    spread_path.write_text(json.dumps(spread, indent=1) + "\n", encoding="utf8")
+    count = len(baseline["benchmarks"])
+    print(f"wrote {out} ({count} benchmarks, {len(runs)} recordings, pool {spread['pool']})")
+    widest = sorted(
+        ((e["log_sd"], n, len(e["log_offsets"])) for n, e in spread["benchmarks"].items()), reverse=True
+    )
+    print(f"wrote {spread_path}: {len(widest)} benchmarks with a spread; widest:")
+    for sd, name, n in widest[:5]:
+        print(f"  {name}: sd {sd:.4f} over {n} recordings, allowed sigma {sigma_bound(sd, n):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
