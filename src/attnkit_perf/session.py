@@ -171,15 +171,28 @@ class PerfSession:
             return None
         return shard_problem(workers, visible_gpus())
 
+    def host_timed(self, case: BenchCase) -> bool:
+        """Whether ``case`` gets the host metric here: the ``loop`` cases on a GPU, every case on
+        the CPU (where all time is host time)."""
+        return case.host_timed or self.device.type != "cuda"
+
     def run_paired(self, node, case: BenchCase) -> None:
-        """Measure ``case`` on both sides until :class:`PairedRule` settles it, confirm a
-        slowdown on fresh processes, and attach the verdict row to the test."""
-        rule = PairedRule(self.thresholds, self.alpha, self.threshold_for(case.name))
+        """Measure ``case`` on both sides until :class:`PairedRule` settles it (and its host
+        metric, where timed), confirm a slowdown on fresh processes, and attach the verdict row
+        to the test."""
+        rule = PairedRule(
+            self.thresholds,
+            self.alpha,
+            self.threshold_for(case.name),
+            host_threshold=self.policy.host_threshold_for(case.name),
+            confirmed=self.policy.confirmed,
+        )
         budget = self.opt["budget_s"]
         settings = PairedSettings(budget_s=budget) if budget else PairedSettings()
+        host = self.host_timed(case)
         paired = self.paired_session()
         start = time.perf_counter()
-        results = paired.measure(case.as_dict(), settings, lambda r: rule.decide(r).settled)
+        results = paired.measure(case.as_dict(), settings, lambda r: rule.decide(r).settled, host=host)
         # Where the gate's own time goes, per benchmark: "measure" is the first measurement, its
         # "prepare" included; a suspect adds "restart" (fresh workers) and "confirm".
         seconds = {"prepare": paired.last_prepare_s, "measure": time.perf_counter() - start}
@@ -188,14 +201,17 @@ class PerfSession:
         if decision is None and results["head"].unsupported:
             pytest.skip(f"neither side runs this case: {results['head'].unsupported}")
         if decision is None:
-            decision = rule.decide(results)
-            if rule.needs_confirmation(decision) and not self.opt["no_confirm"]:
+            first = rule.decide_all(results)
+            decision = rule.join(*first, results)
+            if rule.any_slower(*first) and not self.opt["no_confirm"]:
                 start = time.perf_counter()
                 paired.restart()
                 seconds["restart"] = time.perf_counter() - start
-                again = paired.measure(case.as_dict(), settings, lambda r: rule.decide(r, results).settled)
+                again = paired.measure(
+                    case.as_dict(), settings, lambda r: rule.decide(r, results).settled, host=host
+                )
                 seconds["confirm"] = time.perf_counter() - start - seconds["restart"]
-                decision = rule.confirm(decision, again, results)
+                decision = rule.join(*rule.confirm_all(first, again, results), again)
                 measurements.insert(0, again)
         decision.extra["seconds"] = {step: round(s, 3) for step, s in seconds.items()}
         base, head = measurements[0]["base"], measurements[0]["head"]
