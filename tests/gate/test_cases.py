@@ -70,9 +70,9 @@ def test_the_host_metric_covers_a_decode_step_gqa_and_a_window():
     decode = [c for c in host if c.seq_len == 1 and c.keys > 1]
     gqa = [c for c in host if c.kv_heads < c.q_heads and c.seq_len > 1]
     window = [c for c in host if c.window is not None]
-    for what, cases in (("decode", decode), ("GQA", gqa), ("window", window)):
-        backends = {c.backend for c in cases}
-        assert "triton" in backends and len(backends) >= 2, f"{what}: {sorted(c.name for c in cases)}"
+    for what, group in (("decode", decode), ("GQA", gqa), ("window", window)):
+        backends = {c.backend for c in group}
+        assert "triton" in backends and len(backends) >= 2, f"{what}: {sorted(c.name for c in group)}"
     names = [c.name for c in gpu_suite_cases()]
     assert len(names) == len(set(names)), "benchmark names are unique"
 
