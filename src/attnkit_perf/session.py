@@ -32,6 +32,7 @@ from attnkit_perf import options as options_
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.baseline import baseline_path, save_baseline
 from attnkit_perf.decide.formats import FormatError
+from attnkit_perf.decide.host import host_noise_name
 from attnkit_perf.decide.hostbound import host_bound_throughout, paired_share
 from attnkit_perf.decide.noise import coverage_notes
 from attnkit_perf.decide.paired import PairedRule
@@ -134,8 +135,16 @@ class PerfSession:
         self.policy.benchmark_count = len(names)
         if self._noise_source is not None:
             path, protocol = self._noise_source
+            # The host metric's noise is held under names of its own (host_noise_name).
+            hosted = {c.name for c in gpu_suite_cases() if c.host_timed} | {c.name for c in cpu_suite_cases()}
             grid = [c.name for c in gpu_suite_cases() + cpu_suite_cases()]
-            self.notes += coverage_notes(path, self.policy.noise, grid, names, protocol)
+            grid += [host_noise_name(n) for n in hosted]
+            timed = [
+                host_noise_name(n)
+                for n in names
+                if self.mode == "paired" and (n in hosted or self.device.type != "cuda")
+            ]
+            self.notes += coverage_notes(path, self.policy.noise, grid, [*names, *timed], protocol)
 
     @property
     def alpha(self) -> float:
