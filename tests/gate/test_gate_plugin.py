@@ -748,3 +748,17 @@ def test_a_confirmed_benchmark_is_host_bound_only_when_every_measurement_says_so
 
     assert host_bound_throughout(measurement(first), measurement(second)) is host_bound
     assert host_bound_throughout(measurement(second)) is (min(second) >= 0.5)
+
+
+def test_a_head_slowed_per_call_fails_on_its_host_time_confirmed_on_fresh_processes(tmp_path):
+    """The host metric through the plugin: a head whose every call sleeps 3 ms (10x the call) is
+    slower by its host time per call too, over every process pair and again on fresh ones."""
+    head = _copy_checkout(tmp_path / "head", sleep_s=0.003)
+    result, verdict = _run_paired(REPO, tmp_path, head=head)
+    output = result.stdout + result.stderr
+    row = verdict["benchmarks"][0]
+    host = row["host"]
+    assert row["outcome"] == "slower" and host["outcome"] == "slower", f"{row}\n{output[-3000:]}"
+    assert host["ratio"] > 2 and host["ci"][0] > 1.5, host
+    assert "restart" in row["evidence"]["seconds"], "a slowdown is measured again on fresh processes"
+    assert result.returncode == 1 and verdict["passed"] is False, output[-3000:]

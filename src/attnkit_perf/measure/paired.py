@@ -9,7 +9,9 @@ the order A-B for even ``i`` and B-A for odd (A-B-B-A...), so
 slow drifts cancel within the pairs and both sides are sampled in more than one process. A
 block is ``rounds`` rounds of the same flushed repetitions (the plan of the head's first
 worker, used by both sides), after one untimed round that brings clocks and caches back to
-where a running workload keeps them; its value is the median of its rounds.
+where a running workload keeps them; its value is the median of its rounds. For a host-timed
+case every worker then measures the host metric (:meth:`PairedSession._host`,
+:mod:`attnkit_perf.measure.host`): one value per process, the decision's unit.
 
 :meth:`PairedSession.measure` measures in steps of ``step_pairs`` until ``decide`` says the
 outcome is settled, or ``max_pairs`` / ``budget_s`` is reached. Only the head's code is under
