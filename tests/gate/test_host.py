@@ -316,3 +316,38 @@ def test_the_report_shows_the_host_metric_beside_the_gpu_time():
     text = "\n".join(host_lines(doc))
     assert "### Host time per call" in text and f"`{NAME}`" in text, text
     assert "10.00 µs" in text and "1.060×" in text and "0 B → 256.0 KiB" in text, text
+
+
+# --- on a GPU: kept memory and a graph case's peak -----------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the allocator's statistics are CUDA's")
+
+
+@needs_cuda
+def test_a_call_that_caches_its_output_keeps_memory_and_a_plain_call_does_not():
+    from attnkit_perf.measure.host import KEPT_CALLS, allocated, kept_bytes
+
+    device = torch.device("cuda")
+    x = torch.randn(256, 256, device=device)
+    cache = []
+
+    def leaky():
+        out = x * 2
+        cache.append(out)  # a leak: every call keeps its 256 KiB output
+        return out
+
+    plain = kept_bytes(lambda: x * 2, device, allocated(device))
+    leaked = kept_bytes(leaky, device, allocated(device))
+    assert plain == 0, f"a call that keeps nothing read {plain} B kept"
+    assert leaked == KEPT_CALLS * x.numel() * 4, f"{KEPT_CALLS} outputs of 256 KiB kept, read {leaked} B"
+
+
+@needs_cuda
+def test_a_graph_case_reads_the_peak_of_its_capture():
+    from attnkit_perf.measure.cases import BenchCase
+    from attnkit_perf.measure.host import build_measured
+
+    case = BenchCase("sdpa", "fwd", 1, 8, 8, 128, 64, True, mode="graph")
+    built = build_measured(case, torch.device("cuda"))
+    out_bytes = 1 * 8 * 128 * 64 * 2
+    assert built.graph_peak is not None and built.graph_peak >= out_bytes, (built.graph_peak, out_bytes)
