@@ -36,7 +36,15 @@ def thresholds(opt: dict, mode: str | None) -> gate.Thresholds:
         noise_k=opt["noise_k"],
         fail_on_inconclusive=opt["fail_on_inconclusive"],
         allow_dropped=opt["allow_dropped"],
+        host_slower=_or_default(opt.get("host_slower"), gate.Thresholds.host_slower),
+        kept_abs_bytes=int(
+            _or_default(opt.get("kept_abs_kib"), gate.Thresholds.kept_abs_bytes / 1024) * 1024
+        ),
     )
+
+
+def _or_default(value, default):
+    return default if value is None else value
 
 
 def check_usage(mode: str | None, device: torch.device, opt: dict) -> None:

@@ -42,6 +42,18 @@ _TUNABLE = (
     ("memory_rel", float, gate.Thresholds.memory_rel, "fail when peak memory grows by > this fraction"),
     ("memory_abs_mib", float, gate.Thresholds.memory_abs_bytes / gate.MIB, "...and by > this many MiB"),
     (
+        "host_slower",
+        float,
+        gate.Thresholds.host_slower,
+        "paired: practical threshold of the host time per call (A/A noise may raise it)",
+    ),
+    (
+        "kept_abs_kib",
+        float,
+        gate.Thresholds.kept_abs_bytes / 1024,
+        "fail when the memory a call keeps grows by > this many KiB (and memory_rel)",
+    ),
+    (
         "noise_k",
         float,
         None,

@@ -34,6 +34,7 @@ from attnkit_perf.adjudicate import Adjudicator, adjudicate_rows
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.baseline import baseline_path, save_baseline
 from attnkit_perf.decide.formats import FormatError
+from attnkit_perf.decide.host import host_noise_name
 from attnkit_perf.decide.hostbound import host_bound_throughout, paired_share
 from attnkit_perf.decide.noise import coverage_notes
 from attnkit_perf.decide.paired import PairedRule
@@ -136,8 +137,16 @@ class PerfSession:
         self.policy.benchmark_count = len(names)
         if self._noise_source is not None:
             path, protocol = self._noise_source
+            # The host metric's noise is held under names of its own (host_noise_name).
+            hosted = {c.name for c in gpu_suite_cases() if c.host_timed} | {c.name for c in cpu_suite_cases()}
             grid = [c.name for c in gpu_suite_cases() + cpu_suite_cases()]
-            self.notes += coverage_notes(path, self.policy.noise, grid, names, protocol)
+            grid += [host_noise_name(n) for n in hosted]
+            timed = [
+                host_noise_name(n)
+                for n in names
+                if self.mode == "paired" and (n in hosted or self.device.type != "cuda")
+            ]
+            self.notes += coverage_notes(path, self.policy.noise, grid, [*names, *timed], protocol)
 
     @property
     def alpha(self) -> float:
@@ -173,15 +182,28 @@ class PerfSession:
             return None
         return shard_problem(workers, visible_gpus())
 
+    def host_timed(self, case: BenchCase) -> bool:
+        """Whether ``case`` gets the host metric here: the ``loop`` cases on a GPU, every case on
+        the CPU (where all time is host time)."""
+        return case.host_timed or self.device.type != "cuda"
+
     def run_paired(self, node, case: BenchCase) -> None:
-        """Measure ``case`` on both sides until :class:`PairedRule` settles it, confirm a
-        slowdown on fresh processes, and attach the verdict row to the test."""
-        rule = PairedRule(self.thresholds, self.alpha, self.threshold_for(case.name))
+        """Measure ``case`` on both sides until :class:`PairedRule` settles it (and its host
+        metric, where timed), confirm a slowdown on fresh processes, and attach the verdict row
+        to the test."""
+        rule = PairedRule(
+            self.thresholds,
+            self.alpha,
+            self.threshold_for(case.name),
+            host_threshold=self.policy.host_threshold_for(case.name),
+            confirmed=self.policy.confirmed,
+        )
         budget = self.opt["budget_s"]
         settings = PairedSettings(budget_s=budget) if budget else PairedSettings()
+        host = self.host_timed(case)
         paired = self.paired_session()
         start = time.perf_counter()
-        results = paired.measure(case.as_dict(), settings, lambda r: rule.decide(r).settled)
+        results = paired.measure(case.as_dict(), settings, lambda r: rule.decide(r).settled, host=host)
         # Where the gate's own time goes, per benchmark: "measure" is the first measurement, its
         # "prepare" included; a suspect adds "restart" (fresh workers) and "confirm".
         seconds = {"prepare": paired.last_prepare_s, "measure": time.perf_counter() - start}
@@ -190,14 +212,17 @@ class PerfSession:
         if decision is None and results["head"].unsupported:
             pytest.skip(f"neither side runs this case: {results['head'].unsupported}")
         if decision is None:
-            decision = rule.decide(results)
-            if rule.needs_confirmation(decision) and not self.opt["no_confirm"]:
+            first = rule.decide_all(results)
+            decision = rule.join(*first, results)
+            if rule.any_slower(*first) and not self.opt["no_confirm"]:
                 start = time.perf_counter()
                 paired.restart()
                 seconds["restart"] = time.perf_counter() - start
-                again = paired.measure(case.as_dict(), settings, lambda r: rule.decide(r, results).settled)
+                again = paired.measure(
+                    case.as_dict(), settings, lambda r: rule.decide(r, results).settled, host=host
+                )
                 seconds["confirm"] = time.perf_counter() - start - seconds["restart"]
-                decision = rule.confirm(decision, again, results)
+                decision = rule.join(*rule.confirm_all(first, again, results), again)
                 measurements.insert(0, again)
         decision.extra["seconds"] = {step: round(s, 3) for step, s in seconds.items()}
         base, head = measurements[0]["base"], measurements[0]["head"]

@@ -52,15 +52,29 @@ def test_the_host_bound_shape_is_timed_as_a_loop_of_calls_with_no_flush():
     """The per-call cost guards: eager calls back to back, as a loop runs them. A flush before each
     call would give the host a head start as long as the flush and hide the cost they guard."""
     loops = [c for c in gpu_suite_cases() if c.mode == "loop"]
-    assert {(c.backend, c.pass_name) for c in loops} == {
-        (b, p) for b in ("triton", "sdpa", "sdpa-flash", "sdpa-cudnn") for p in ("fwd", "fwd+bwd")
-    }
-    assert all(c.seq_len == 128 and not c.flushed for c in loops)
+    paths = ("triton", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math")
+    small = [c for c in loops if c.seq_len == 128 and c.kv_heads == c.q_heads and c.window is None]
+    assert {(c.backend, c.pass_name) for c in small} == {(b, p) for b in paths for p in ("fwd", "fwd+bwd")}
+    assert all(not c.flushed and c.host_timed for c in loops)
     assert all(c.flushed for c in gpu_suite_cases() if c.mode != "loop")
     assert loops[0].name == "fwd[triton-bf16-B1-H8-N128-D64-causal-loop]"
     assert not any(c.seq_len == 128 and c.mode == "eager" for c in gpu_suite_cases()), (
         "an eager case on the host-bound shape times only its kernel: the flush hides its host cost"
     )
+
+
+def test_the_host_metric_covers_a_decode_step_gqa_and_a_window():
+    """Host work the N=128 forward does not run (head grouping, a window's band, one query
+    against a cache) has a host-timed case of its own, on Triton and an SDPA path."""
+    host = [c for c in gpu_suite_cases() if c.host_timed]
+    decode = [c for c in host if c.seq_len == 1 and c.keys > 1]
+    gqa = [c for c in host if c.kv_heads < c.q_heads and c.seq_len > 1]
+    window = [c for c in host if c.window is not None]
+    for what, group in (("decode", decode), ("GQA", gqa), ("window", window)):
+        backends = {c.backend for c in group}
+        assert "triton" in backends and len(backends) >= 2, f"{what}: {sorted(c.name for c in group)}"
+    names = [c.name for c in gpu_suite_cases()]
+    assert len(names) == len(set(names)), "benchmark names are unique"
 
 
 def test_a_compiled_case_compiles_fullgraph_before_the_first_timed_call(monkeypatch):

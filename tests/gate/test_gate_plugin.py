@@ -551,6 +551,7 @@ def _run_paired(
         # A shared 2-core runner moves single blocks by 10-45%: the practical threshold is set where
         # the 3 ms sleep (10x the call) is far beyond it and CPU contention is not.
         "--attnkit-slower=0.5",
+        "--attnkit-host-slower=0.5",
         f"--attnkit-verdict-json={verdict}",
         *extra,
     ]
@@ -579,6 +580,10 @@ def test_paired_mode_sees_the_head_faster_than_a_slowed_base(tmp_path):
     label = verdict["base"]["label"]
     assert verdict["mode"] == "paired" and f"checkout {base.resolve()}" in label, label
     assert row["evidence"]["pairs"] >= PairedSettings().min_pairs, row["evidence"]
+    # The CPU smoke grid's natural metric: host time per call, one value per worker process.
+    host = row["host"]
+    assert host["outcome"] == "faster" and host["ratio"] < 0.5, host
+    assert len(host["base_process_us"]) == host["processes"] == 4 and host["base_us"] > 3000, host
     sources = [verdict[side]["provenance"]["source"] for side in ("base", "head")]
     assert sources[0] != sources[1], f"the slowed base is other code: {sources}"
 
@@ -665,6 +670,9 @@ def test_paired_aa_run_does_not_fail(tmp_path):
     assert verdict["complete"] is True, "the session's end overwrites the progress file"
     seconds = row["evidence"]["seconds"]
     assert 0 < seconds["prepare"] < seconds["measure"], f"the gate's own time per step: {seconds}"
+    host = row["host"]
+    assert host["outcome"] in ("same", "inconclusive") and host["processes"] == 4, host
+    assert 0.5 < host["ratio"] < 2.0 and host["cpu_us"]["head"] > 0, host
     sources = [verdict[side]["provenance"]["source"] for side in ("base", "head")]
     assert sources[0] == sources[1], f"a copy of the same code must carry the same digest: {sources}"
 
@@ -740,3 +748,17 @@ def test_a_confirmed_benchmark_is_host_bound_only_when_every_measurement_says_so
 
     assert host_bound_throughout(measurement(first), measurement(second)) is host_bound
     assert host_bound_throughout(measurement(second)) is (min(second) >= 0.5)
+
+
+def test_a_head_slowed_per_call_fails_on_its_host_time_confirmed_on_fresh_processes(tmp_path):
+    """The host metric through the plugin: a head whose every call sleeps 3 ms (10x the call) is
+    slower by its host time per call too, over every process pair and again on fresh ones."""
+    head = _copy_checkout(tmp_path / "head", sleep_s=0.003)
+    result, verdict = _run_paired(REPO, tmp_path, head=head)
+    output = result.stdout + result.stderr
+    row = verdict["benchmarks"][0]
+    host = row["host"]
+    assert row["outcome"] == "slower" and host["outcome"] == "slower", f"{row}\n{output[-3000:]}"
+    assert host["ratio"] > 2 and host["ci"][0] > 1.5, host
+    assert "restart" in row["evidence"]["seconds"], "a slowdown is measured again on fresh processes"
+    assert result.returncode == 1 and verdict["passed"] is False, output[-3000:]

@@ -52,7 +52,7 @@ counts() {  # $1: verdict file
   python3 - "$1" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
-bad = [b for b in doc["benchmarks"] if b["outcome"] in ("slower", "more-memory", "inconclusive")]
+bad = [b for b in doc["benchmarks"] if b["outcome"] in ("slower", "more-memory", "kept-memory", "inconclusive")]
 print(f"   {doc['mode']} complete={doc.get('complete', True)} passed={doc['passed']} counts={doc['counts']}")
 spent = {}
 for b in doc["benchmarks"]:

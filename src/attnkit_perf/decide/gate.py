@@ -35,7 +35,9 @@ share of the run's false-alarm budget (:func:`per_benchmark_alpha`):
   never as "same".
 
 Memory is deterministic: **more-memory** when the peak grows by more than
-``max(memory_abs_bytes, memory_rel * base_peak)``.
+``max(memory_abs_bytes, memory_rel * base_peak)``; **kept-memory** when the memory a call
+keeps after it returns grows (:mod:`attnkit_perf.decide.host`, which also decides the host time
+per call of the host-bound benchmarks).
 
 Two outcomes say that a benchmark was not compared although it should have been, and fail:
 **error** (its measurement raised) and **dropped** (the base ran it, the head declined it or
@@ -62,10 +64,21 @@ from attnkit_perf.decide.stats import (
 #: worker processes in paired mode) and of the pairs' interval behind "slower" (two-sided).
 SAME_CONFIDENCE = 0.99
 
-OUTCOMES = ("error", "dropped", "slower", "more-memory", "inconclusive", "faster", "new", "missing", "same")
-FAILING = ("error", "dropped", "slower", "more-memory")
+OUTCOMES = (
+    "error",
+    "dropped",
+    "slower",
+    "more-memory",
+    "kept-memory",
+    "inconclusive",
+    "faster",
+    "new",
+    "missing",
+    "same",
+)
+FAILING = ("error", "dropped", "slower", "more-memory", "kept-memory")
 #: Outcomes of a benchmark measured on both sides: a run with none of them compared nothing.
-COMPARED = ("slower", "more-memory", "inconclusive", "faster", "same")
+COMPARED = ("slower", "more-memory", "kept-memory", "inconclusive", "faster", "same")
 MIB = 1024 * 1024
 
 
@@ -93,6 +106,13 @@ class Thresholds:
     #: least this (an A/A noise file may raise it), so they guard against gross per-call
     #: regressions only.
     host_bound_slower: float = 0.25
+    #: The host metric's practical threshold (host time per call, :mod:`attnkit_perf.decide.host`):
+    #: the smallest per-call host change worth failing; its A/A noise may raise it.
+    host_slower: float = 0.05
+    #: Memory a call keeps after it returns (:mod:`attnkit_perf.decide.host`) may grow by at most
+    #: ``max(kept_abs_bytes, memory_rel x the base's kept bytes)``: one output of the host-bound
+    #: shapes is 128 KiB, the allocator's smallest block 512 B.
+    kept_abs_bytes: int = 64 * 1024
 
     #: Stored-mode default: GPU-bound kernels of this grid differed by up to 6% between two fresh
     #: H100s measured the same day (docs/PERF_GATE.md), machines of one model more than runs of one.

@@ -10,6 +10,8 @@ machines, far more than GPU times, so:
   of it, to at least ``Thresholds.host_bound_slower`` (:func:`paired_limit`). Neither side alone
   may loosen the rule: a change that adds host work to a GPU-bound benchmark raises only the
   head's share, and must be judged by the GPU rule, which then sees the slowdown;
+  The host work itself is guarded by the host metric (host time per call, timed without
+  events and decided over processes, :mod:`attnkit_perf.decide.host`), which has no floor;
 * **stored mode** does not fail a host-bound "slower" across machines (:func:`stored_exempt`):
   only where the baseline *and* this run were host-bound, so a change that makes a benchmark
   host-bound cannot exempt itself.

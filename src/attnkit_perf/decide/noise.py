@@ -3,7 +3,8 @@
 ``python -m attnkit_perf.decide.noise VERDICT.json [VERDICT.json ...] --out FILE`` reads the
 verdicts of N runs of the gate on unchanged code (paired mode with the base equal to the head,
 or stored mode against the committed baseline) and writes, per benchmark, the ratios seen and
-the standard deviation of their logarithm (format ``attnkit-perf-noise/1``, schema
+the standard deviation of their logarithm (the host metric's ratio of a benchmark under
+:func:`attnkit_perf.decide.host.host_noise_name`; format ``attnkit-perf-noise/1``, schema
 ``schemas/noise.schema.json``). The gate then holds each benchmark to
 ``max(practical threshold, k x sigma)``, ``k`` from the benchmark's share of the false-alarm
 budget (:func:`attnkit_perf.decide.gate.benchmark_threshold`,
@@ -32,6 +33,7 @@ from scipy.stats import chi2
 
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.formats import FormatError, read_json, validate
+from attnkit_perf.decide.host import host_noise_name
 from attnkit_perf.decide.verdict import VerdictDocument
 
 FORMAT = "attnkit-perf-noise/1"
@@ -76,6 +78,10 @@ def build(docs: list[VerdictDocument]) -> dict:
         for row in doc.benchmarks:
             if row.ratio is not None and row.ratio > 0 and math.isfinite(row.ratio):
                 ratios.setdefault(row.name, []).append(row.ratio)
+            # The host metric's A/A ratio, a benchmark of its own (host_noise_name).
+            host = (row.host or {}).get("ratio")
+            if host is not None and host > 0 and math.isfinite(host):
+                ratios.setdefault(host_noise_name(row.name), []).append(host)
     benchmarks = {
         name: {"log_ratio_sd": float(np.std(np.log(values), ddof=1)), "ratios": values}
         for name, values in sorted(ratios.items())

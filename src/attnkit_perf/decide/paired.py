@@ -4,18 +4,26 @@ one side could not run.
 
 A measurement is ``{"base": side, "head": side}``, each side with ``blocks`` (seconds, pair
 ``i`` at index ``i``), ``workers`` (the worker process of each block), ``peak_bytes``,
-``host_share`` and ``unsupported`` (why the side could not run the case, or None): the
+``host_share``, ``unsupported`` (why the side could not run the case, or None),
+``kept_bytes`` and the host metric per worker process (``host_per_call``, ``host_cpu_per_call``,
+``host_dropped``): the
 :class:`attnkit_perf.measure.paired.SideResult` fields, read by name so that this package stays
 free of the measuring code.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from attnkit_perf.decide.gate import Decision, Thresholds, confirm_slowdown, decide_paired
+from attnkit_perf.decide.host import decide_host, host_summary, join_host, with_kept
 from attnkit_perf.decide.hostbound import host_bound_throughout, paired_limit
+
+
+def _median(values) -> float | None:
+    return statistics.median(values) if values else None
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,10 @@ class PairedRule:
     thresholds: Thresholds
     alpha: float
     threshold: float
+    #: The host metric's threshold (:func:`attnkit_perf.decide.policy.RunPolicy.host_threshold_for`)
+    #: and whether a slowdown is confirmed on fresh processes before it fails.
+    host_threshold: float | None = None
+    confirmed: bool = True
 
     def decide(self, results: Mapping, *earlier: Mapping) -> Decision:
         """The decision on ``results``; ``earlier`` measurements of the same benchmark (a
@@ -55,6 +67,46 @@ class PairedRule:
         first measurement's classification too: a slowdown seen under the GPU rule must not pass
         because the fresh processes read host-bound."""
         return confirm_slowdown(first, self.decide(again, earlier))
+
+    def decide_host(self, results: Mapping) -> Decision | None:
+        """The host metric's decision (:func:`attnkit_perf.decide.host.decide_host`) over the
+        worker processes' values, or None where it was not measured."""
+        base, head = results["base"], results["head"]
+        if not base.host_per_call and not head.host_per_call:
+            return None
+        threshold = self.thresholds.host_slower if self.host_threshold is None else self.host_threshold
+        return decide_host(base.host_per_call, head.host_per_call, threshold, self.alpha, self.confirmed)
+
+    def decide_all(self, results: Mapping, *earlier: Mapping) -> tuple[Decision, Decision | None]:
+        """``(GPU time's decision, host metric's or None)``."""
+        return self.decide(results, *earlier), self.decide_host(results)
+
+    def confirm_all(
+        self, first: tuple[Decision, Decision | None], again: Mapping, earlier: Mapping
+    ) -> tuple[Decision, Decision | None]:
+        """Both metrics of a suspect confirmed on fresh processes: each slower stands only when
+        the fresh processes show it too (:func:`confirm_slowdown`); a metric that was not slower
+        keeps its first decision."""
+        time, host = first
+        time = self.confirm(time, again, earlier) if time.outcome == "slower" else time
+        if host is not None and host.outcome == "slower":
+            host = confirm_slowdown(host, self.decide_host(again))
+        return time, host
+
+    @staticmethod
+    def any_slower(time: Decision, host: Decision | None) -> bool:
+        """Whether either metric needs confirmation on fresh processes."""
+        return PairedRule.needs_confirmation(time) or (host is not None and host.outcome == "slower")
+
+    def join(self, time: Decision, host: Decision | None, results: Mapping) -> Decision:
+        """The row's decision: the GPU time's, joined with the host metric's
+        (:func:`join_host`) and the kept-memory rule, from the measurement ``results``."""
+        base, head = results["base"], results["head"]
+        if host is not None:
+            cpu = {"base": _median(base.host_cpu_per_call), "head": _median(head.host_cpu_per_call)}
+            dropped = {"base": base.host_dropped, "head": head.host_dropped}
+            time = join_host(time, host, host_summary(host, cpu, dropped))
+        return with_kept(time, base.kept_bytes, head.kept_bytes, self.thresholds)
 
     def unsupported(self, results: Mapping) -> Decision | None:
         """The outcome of a case one side could not run, or None when both ran it. Both sides

@@ -4,9 +4,11 @@ benchmarks, and each benchmark's own threshold from its A/A noise
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from attnkit_perf.decide import gate
+from attnkit_perf.decide.host import host_noise_name
 
 
 @dataclass
@@ -33,16 +35,30 @@ class RunPolicy:
         return gate.noise_z(self.alpha, self.confirmed)
 
     def threshold_for(self, name: str) -> float:
-        return gate.benchmark_threshold(self.thresholds, self.noise.get(name), self.alpha, self.confirmed)
+        """A benchmark's threshold; a host-metric name (:func:`host_noise_name`) gets the host
+        metric's, whose practical floor is ``Thresholds.host_slower``."""
+        t = self.thresholds
+        if name.endswith(host_noise_name("")):
+            t = dataclasses.replace(t, slower=t.host_slower)
+        return gate.benchmark_threshold(t, self.noise.get(name), self.alpha, self.confirmed)
+
+    def host_threshold_for(self, name: str) -> float:
+        """The threshold of benchmark ``name``'s host metric."""
+        return self.threshold_for(host_noise_name(name))
+
+    def _practical(self, name: str) -> float:
+        host = name.endswith(host_noise_name(""))
+        return self.thresholds.host_slower if host else self.thresholds.slower
 
     def noise_notes(self) -> list[str]:
         """The benchmarks whose A/A noise keeps them from being guarded at the practical threshold."""
-        noisy = sorted(n for n in self.noise if self.threshold_for(n) > 2 * self.thresholds.slower)
+        noisy = sorted(n for n in self.noise if self.threshold_for(n) > 2 * self._practical(n))
         if not noisy:
             return []
         return [
-            f"too noisy to guard at {self.thresholds.slower:.1%} (their threshold, {self.noise_k:.2f} A/A "
-            f"standard deviations, is over twice it): " + ", ".join(noisy)
+            f"too noisy to guard at the practical threshold ({self.thresholds.slower:.1%}; host metrics "
+            f"'{host_noise_name('')}': {self.thresholds.host_slower:.1%}): their threshold, "
+            f"{self.noise_k:.2f} A/A standard deviations, is over twice it: " + ", ".join(noisy)
         ]
 
     @staticmethod
@@ -71,6 +87,8 @@ class RunPolicy:
             "per_benchmark_alpha": self.alpha,
             "memory_rel": t.memory_rel,
             "memory_abs_bytes": t.memory_abs_bytes,
+            "host_slower": t.host_slower,
+            "kept_abs_bytes": t.kept_abs_bytes,
             "noise_k": self.noise_k,
             "fail_on_inconclusive": t.fail_on_inconclusive,
             "allow_dropped": t.allow_dropped,

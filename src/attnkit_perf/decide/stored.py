@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from attnkit_perf.decide.drift import drift_for, drift_kind, latency_drift, run_calibration
 from attnkit_perf.decide.gate import Decision, Thresholds, decide_stored
+from attnkit_perf.decide.host import with_kept
 from attnkit_perf.decide.hostbound import stored_exempt
 from attnkit_perf.decide.paired import dropped
 
@@ -140,7 +141,9 @@ class StoredRule:
             decisions += [
                 self.decide(base_entry, c["samples_s"], info, base_cal, head_cal) for c in confirmations(info)
             ]
-        return stored_exempt(settle(decisions), base_entry.get("extra_info") or {}, info)
+        base_info = base_entry.get("extra_info") or {}
+        decision = stored_exempt(settle(decisions), base_info, info)
+        return with_kept(decision, base_info.get("kept_bytes"), info.get("kept_bytes"), self.thresholds)
 
     def compare(
         self, baseline: Mapping, run: Mapping, declined: Mapping[str, str], errored: Collection[str] = ()

@@ -4,7 +4,7 @@ Format ``attnkit-perf-verdict/2``, validated by ``schemas/verdict.schema.json`` 
 read. A document holds the mode (``paired`` or ``stored``), both sides' provenance, the
 thresholds, and one row per benchmark (:class:`BenchmarkVerdict`). ``passed`` is false iff a
 row fails (:data:`attnkit_perf.decide.gate.FAILING`: error, dropped unless allowed, slower,
-more-memory; inconclusive too when the run was told to fail on those), no benchmark was compared
+more-memory, kept-memory; inconclusive too when the run was told to fail on those), no benchmark was compared
 at all (a gate that guarded nothing has not passed), or the document is not ``complete``: paired
 mode rewrites the verdict file after each benchmark with ``complete: false``, so a run stopped
 before its end (a job's time limit) leaves the benchmarks it decided, and never a file that
@@ -48,10 +48,19 @@ class BenchmarkVerdict:
     head_peak_bytes: int | None = None
     tflops: float | None = None
     host_bound: bool | None = None
+    #: The host metric beside the GPU time (host time per call, per-process evidence), or None
+    #: where it was not measured: :func:`attnkit_perf.decide.host.host_summary`.
+    host: dict | None = None
+    #: Device memory the call keeps after it returns, per side:
+    #: ``{"base_bytes", "head_bytes", "limit_bytes"}`` (:func:`attnkit_perf.decide.host.with_kept`).
+    kept: dict | None = None
     evidence: dict = field(default_factory=dict)
 
     @classmethod
     def from_decision(cls, describe: dict, decision: Decision, **measured) -> BenchmarkVerdict:
+        extra = dict(decision.extra)
+        measured.setdefault("host", extra.pop("host", None))
+        measured.setdefault("kept", extra.pop("kept", None))
         return cls(
             **describe,
             outcome=decision.outcome,
@@ -61,7 +70,7 @@ class BenchmarkVerdict:
             p=decision.p,
             threshold=decision.threshold,
             alpha=decision.alpha,
-            evidence=dict(decision.extra),
+            evidence=extra,
             **measured,
         )
 

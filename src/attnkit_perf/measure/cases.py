@@ -80,6 +80,13 @@ class BenchCase:
         return self.mode != "loop"
 
     @property
+    def host_timed(self) -> bool:
+        """Whether the host metric (host time per call, :mod:`attnkit_perf.measure.host`) is
+        measured on a GPU: the ``loop`` cases, where the host's work sets a call's time. (On the
+        CPU every case is host time.)"""
+        return self.mode == "loop"
+
+    @property
     def shape_label(self) -> str:
         """Shape without the backend, e.g. ``bf16-B4-H16-N4096-D128-causal``; a window adds
         ``-W1024`` (left only, as with causal) or ``-W1024,16`` (both sides); a mode other than
@@ -284,7 +291,16 @@ FWD_BWD_SHAPE = GPU_SHAPES[1]
 #: of attnkit's Python layer and the launches. Timed in ``loop`` mode, they guard the per-call
 #: cost (a slower dispatch fails here first).
 HOST_SHAPES = ((1, 8, 8, 128, 64, True, "bf16"),)
-HOST_BACKENDS = ("triton", "sdpa", "sdpa-flash", "sdpa-cudnn")
+HOST_BACKENDS = ("triton", "sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math")
+#: More host-bound forwards, in ``loop`` mode, each with the paths that take it: a decode step
+#: (one query against a 4K cache), grouped-query attention and a sliding window, whose host
+#: work (head grouping, the window's band or mask) the N=128 cases do not run.
+#: (backends, (batch, q_heads, kv_heads, seq_len, head_dim, causal, dtype, kv_len, window))
+HOST_FORWARDS = (
+    (("triton", "sdpa-flash"), (1, 32, 8, 1, 128, True, "bf16", 4096, None)),
+    (("triton", "sdpa"), (1, 8, 2, 128, 64, True, "bf16", None, None)),
+    (("triton", "sdpa"), (1, 8, 8, 128, 64, True, "bf16", None, (32, 0))),
+)
 #: How users run attention besides eager calls, on the host-bound shape, as (backend, pass,
 #: mode): a training step under torch.compile (a graph break or a recompilation per call fails
 #: here) and forwards replayed from a CUDA graph (the kernels' own time, without the host). Only
@@ -334,6 +350,7 @@ def gpu_suite_cases() -> list[BenchCase]:
         for b in HOST_BACKENDS
     ]
     cases += [BenchCase(b, p, *shape, mode=m) for b, p, m in MODE_CASES for shape in HOST_SHAPES]
+    cases += [BenchCase(b, "fwd", *shape, mode="loop") for backends, shape in HOST_FORWARDS for b in backends]
     cases += _cases(INFERENCE_BACKENDS, DECODE_SHAPES, ("fwd",))
     cases += _cases(INFERENCE_BACKENDS, PREFILL_SHAPES, ("fwd", "bwd"))
     cases += _cases(WINDOW_BACKENDS, WINDOW_SHAPES, ("fwd", "bwd"))

@@ -12,7 +12,13 @@
                     ``perf_counter``
 ``tflops``          ``BenchCase.flops`` over the median round, in TFLOP/s
 ``kv_gbps``         ``BenchCase.kv_bytes`` over the median round, in GB/s (decode cases)
-``peak_bytes``      bytes allocated beyond the inputs at the call's peak (None on the CPU)
+``peak_bytes``      bytes allocated beyond the inputs at the call's peak (None on the CPU; a
+                    ``graph`` case: its peak while captured, a replay allocates nothing)
+``kept_bytes``      bytes still allocated after repeated calls with their outputs dropped
+                    (:func:`attnkit_perf.measure.host.kept_bytes`; None on the CPU)
+``host``            the host metric, for ``loop`` cases on a GPU and every case on the CPU:
+                    :func:`attnkit_perf.measure.host.host_per_call` (recorded, and compared in
+                    paired mode only: hosts differ far more between machines than GPUs)
 ``min_bytes``       ``BenchCase.min_bytes``: what the pass must allocate at the least
 ``host_share``      share of the measured time in which the GPU waited for the host (GPU only;
                     :func:`attnkit_perf.measure.timing.host_share`)
@@ -36,6 +42,7 @@ import torch
 from attnkit_perf.decide.hostbound import HOST_BOUND_SHARE
 from attnkit_perf.measure.calibration import measure_calibration
 from attnkit_perf.measure.cases import BenchCase, build_runner
+from attnkit_perf.measure.host import build_measured, host_per_call, kept_bytes
 from attnkit_perf.measure.timing import (
     L2Flusher,
     host_share,
@@ -107,7 +114,10 @@ class CaseMeasurer:
 
         Raises whatever the backend raises for an unsupported problem (the caller skips).
         """
-        runner = wrap(case, build_runner(case, self.device))
+        built = build_measured(case, self.device)
+        runner = wrap(case, built.runner)
+        # Read first: its calls are the runner's first (a cache they fill counts).
+        kept = kept_bytes(runner, self.device, built.before_calls)
         between = self.between_calls(case)
         plan = warm_up_and_plan(
             runner,
@@ -117,7 +127,7 @@ class CaseMeasurer:
             min_rounds=self.settings.min_rounds,
             max_rounds=self.settings.max_rounds,
         )
-        peak = peak_extra_bytes(runner, self.device)
+        peak = built.graph_peak if built.graph_peak is not None else peak_extra_bytes(runner, self.device)
         share = host_share(runner, self.device, plan.estimate_s, self.flusher, between)
         calibration = self.calibrate()
         benchmark.group = case.group
@@ -128,6 +138,7 @@ class CaseMeasurer:
             device=self.device.type,
             timer=_timer(self.device, case),
             peak_bytes=peak,
+            kept_bytes=kept,
             min_bytes=case.min_bytes,
             host_share=share,
             host_bound=None if share is None else share >= HOST_BOUND_SHARE,
@@ -135,6 +146,8 @@ class CaseMeasurer:
             rounds=plan.rounds,
             reps_per_round=plan.reps,
         )
+        if case.host_timed or self.device.type != "cuda":
+            benchmark.extra_info["host"] = host_per_call(runner, self.device)
         benchmark.extra_info["pass"] = case.pass_name
         one_round = make_round(runner, self.device, between, plan.reps)
         benchmark.pedantic(one_round, rounds=plan.rounds, warmup_rounds=1, iterations=1)

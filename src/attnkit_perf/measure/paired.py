@@ -9,7 +9,9 @@ the order A-B for even ``i`` and B-A for odd (A-B-B-A...), so
 slow drifts cancel within the pairs and both sides are sampled in more than one process. A
 block is ``rounds`` rounds of the same flushed repetitions (the plan of the head's first
 worker, used by both sides), after one untimed round that brings clocks and caches back to
-where a running workload keeps them; its value is the median of its rounds.
+where a running workload keeps them; its value is the median of its rounds. For a host-timed
+case every worker then measures the host metric (:meth:`PairedSession._host`,
+:mod:`attnkit_perf.measure.host`): one value per process, the decision's unit.
 
 :meth:`PairedSession.measure` measures in steps of ``step_pairs`` until ``decide`` says the
 outcome is settled, or ``max_pairs`` / ``budget_s`` is reached. Only the head's code is under
@@ -99,6 +101,10 @@ class PairedSettings:
     step_pairs: int = 8
     max_pairs: int = 48
     budget_s: float = 8.0
+    #: Host metric (:mod:`attnkit_perf.measure.host`): rounds over every worker, each a
+    #: measurement of ``host_batches`` batches per process, sides alternating first.
+    host_rounds: int = 2
+    host_batches: int = 15
 
 
 @dataclass
@@ -112,6 +118,13 @@ class SideResult:
     peak_bytes: int | None = None
     host_share: float | None = None
     unsupported: str | None = None
+    #: Memory the call keeps after it returns (the first worker's reading; None on the CPU).
+    kept_bytes: int | None = None
+    #: Host metric, one value per worker process (index = worker): median wall and thread CPU
+    #: seconds per call over its batches; ``host_dropped``: preempted batches dropped, summed.
+    host_per_call: list[float] = field(default_factory=list)
+    host_cpu_per_call: list[float] = field(default_factory=list)
+    host_dropped: int = 0
 
     @property
     def median_s(self) -> float | None:
@@ -294,6 +307,7 @@ class PairedSession:
             elif i == 0:
                 results[side].peak_bytes = answer["peak_bytes"]
                 results[side].host_share = answer["host_share"]
+                results[side].kept_bytes = answer.get("kept_bytes")
         head = answers[("head", 0)]
         return results, head.get("reps")
 
@@ -304,13 +318,37 @@ class PairedSession:
             raise WorkerError(f"{worker.label} failed to measure: {answer['error']}", side)
         return statistics.median(answer["samples"])
 
+    def _host(self, results: dict[str, SideResult], settings: PairedSettings) -> None:
+        """The host metric on every worker of both sides: worker ``i`` of each side back to
+        back, the side first alternating with ``i`` and the round, so that neither side always
+        follows the other; a process's value is the median over its rounds."""
+        answers = {side: [[] for _ in range(PROCESSES_PER_SIDE)] for side in self.sides}
+        for rnd in range(settings.host_rounds):
+            for i in range(PROCESSES_PER_SIDE):
+                order = ("base", "head") if (i + rnd) % 2 == 0 else ("head", "base")
+                for side in order:
+                    worker = self.workers[side][i]
+                    answer = worker.ask({"op": "host", "batches": settings.host_batches})
+                    if not answer["ok"]:
+                        raise WorkerError(f"{worker.label} failed to time the host: {answer['error']}", side)
+                    answers[side][i].append(answer)
+        for side, per_worker in answers.items():
+            result = results[side]
+            result.host_per_call = [statistics.median(a["per_call_s"] for a in got) for got in per_worker]
+            result.host_cpu_per_call = [
+                statistics.median(a["cpu_per_call_s"] for a in got) for got in per_worker
+            ]
+            result.host_dropped = sum(a["dropped"] for got in per_worker for a in got)
+
     def measure(
         self,
         case: dict,
         settings: PairedSettings,
         settled: Callable[[dict[str, SideResult]], bool],
+        host: bool = False,
     ) -> dict[str, SideResult]:
-        """Measure ``case`` on both sides until ``settled(results)`` or the effort runs out.
+        """Measure ``case`` on both sides until ``settled(results)`` or the effort runs out;
+        ``host``: then the host metric on every worker too.
 
         A side that rejects the case is returned with ``unsupported`` set and no blocks; so is
         the base when one of its workers fails (only the head's code is under test). A worker
@@ -318,7 +356,7 @@ class PairedSession:
         head's is raised.
         """
         try:
-            return self._measure(case, settings, settled)
+            return self._measure(case, settings, settled, host)
         except WorkerError as err:
             if any(w.proc.poll() is not None for workers in self.workers.values() for w in workers):
                 self.restart()
@@ -328,7 +366,7 @@ class PairedSession:
             results["base"].unsupported = f"a base worker failed ({str(err).strip().splitlines()[-1]})"
             return results
 
-    def _measure(self, case, settings, settled) -> dict[str, SideResult]:
+    def _measure(self, case, settings, settled, host) -> dict[str, SideResult]:
         start = time.perf_counter()
         results, reps = self._prepare(case)
         self.last_prepare_s = time.perf_counter() - start
@@ -348,6 +386,8 @@ class PairedSession:
                     break
                 if done >= settings.max_pairs or time.perf_counter() - start > settings.budget_s:
                     break
+            if host:
+                self._host(results, settings)
             return results
         finally:
             for workers in self.workers.values():

@@ -274,7 +274,7 @@ def median_time_s(
     return sorted(samples)[len(samples) // 2]
 
 
-def _settle_autograd(device: torch.device) -> None:
+def settle_autograd(device: torch.device) -> None:
     """Send a tiny backward through the autograd engine's thread for ``device``: that thread drops
     its reference to the previous graph task (and through it the gradients it handed back) at the
     end of the loop iteration that finished it, before it takes the next task."""
@@ -293,13 +293,13 @@ def peak_extra_bytes(fn: Callable[[], object], device: torch.device, calls: int 
     B1 H16 N4096 D128, fwd+bwd, 16 busy processes on the host): 11 of 30 back-to-back readings
     were 96 MiB (dq, dk and dv) below the 272.5 MiB peak; after a tiny backward through the same
     thread, 30 of 30 read the peak; the largest of three readings without it was still low once
-    in 10. So each reading follows :func:`_settle_autograd`, and the largest of them counts:
+    in 10. So each reading follows :func:`settle_autograd`, and the largest of them counts:
     nothing makes a reading too high once the call has run before."""
     if device.type != "cuda":
         return None
     peaks = []
     for _ in range(calls):
-        _settle_autograd(device)
+        settle_autograd(device)
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)

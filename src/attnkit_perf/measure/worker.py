@@ -12,10 +12,14 @@ request                                        answer
 ``{"op": "identify"}``                         ``{"ok", "attnkit_file", "provenance"}``
 ``{"op": "prepare", "case": {...}, "seed"}``   build the case's inputs, warm up, plan the rounds:
                                                ``{"ok", "reps", "estimate_s", "peak_bytes",
-                                               "host_share", "min_bytes", "flops"}``, or
+                                               "host_share", "kept_bytes", "min_bytes",
+                                               "flops"}``, or
                                                ``{"ok": false, "unsupported": why}``
 ``{"op": "measure", "rounds", "reps",``       ``{"ok", "samples"}`` (seconds per call, one a round;
 ``"warm_rounds"}``                             the first ``warm_rounds`` are run and dropped)
+``{"op": "host", "batches"}``                  the host metric (:func:`attnkit_perf.measure.host.
+                                               host_per_call`): ``{"ok", "per_call_s",
+                                               "cpu_per_call_s", "batches", "dropped"}``
 ``{"op": "release"}``                          drops the case and frees its memory
 =============================================  ======================================================
 
@@ -44,7 +48,8 @@ def _serve(out) -> None:
         if hasattr(errors, name)
     )
     from attnkit_perf.machine import provenance
-    from attnkit_perf.measure.cases import BenchCase, build_runner
+    from attnkit_perf.measure.cases import BenchCase
+    from attnkit_perf.measure.host import build_measured, host_per_call, kept_bytes
     from attnkit_perf.measure.timing import (
         L2Flusher,
         host_share,
@@ -91,8 +96,11 @@ def _serve(out) -> None:
                     names = getattr(attnkit, "backend_names", None)
                     if names is not None and case.backend not in names():
                         raise errors.UnsupportedProblemError(f"backend {case.backend!r} is not registered")
-                    runner = build_runner(case, device, seed=request.get("seed", 0))
-                    runner()  # compiles or loads the kernels on any core
+                    built = build_measured(case, device, seed=request.get("seed", 0))
+                    runner = built.runner
+                    # The first of these calls compiles or loads the kernels, on any core.
+                    kept = kept_bytes(runner, device, built.before_calls)
+                    runner()
                 except declined as err:
                     answer({"ok": False, "unsupported": str(err)})
                     continue
@@ -106,8 +114,11 @@ def _serve(out) -> None:
                         "ok": True,
                         "reps": plan.reps,
                         "estimate_s": plan.estimate_s,
-                        "peak_bytes": peak_extra_bytes(runner, device),
+                        "peak_bytes": built.graph_peak
+                        if built.graph_peak is not None
+                        else peak_extra_bytes(runner, device),
                         "host_share": host_share(runner, device, plan.estimate_s, flusher, between),
+                        "kept_bytes": kept,
                         "min_bytes": case.min_bytes,
                         "flops": case.flops,
                     }
@@ -117,6 +128,8 @@ def _serve(out) -> None:
                 samples = measure_samples(runner, device, rounds, between, request["reps"])
                 samples = samples[request.get("warm_rounds", 0) :]
                 answer({"ok": True, "samples": samples})
+            elif op == "host":
+                answer({"ok": True, **host_per_call(runner, device, request["batches"])})
             elif op == "release":
                 runner = None
                 if device.type == "cuda":

@@ -39,19 +39,21 @@ from attnkit_perf.report.data import (
     load_benchmarks,
     measurements_from_verdict,
 )
+from attnkit_perf.report.formatting import (
+    VERDICT_LABELS,
+    format_bytes,
+    format_ms,
+    format_ratio,
+    format_tflops,
+)
+from attnkit_perf.report.formatting import (
+    table as _table,
+)
+from attnkit_perf.report.host import host_lines
 
 #: Where the published performance history lives, for the link to the base (docs/HISTORY.md).
 HISTORY_URL_ENV = "ATTNKIT_HISTORY_URL"
 
-VERDICT_LABELS = {
-    "slower": "🔴 slower",
-    "more-memory": "🟠 more memory",
-    "inconclusive": "🟡 inconclusive",
-    "faster": "🟢 faster",
-    "new": "🆕 new",
-    "missing": "⚪ missing",
-    "same": "same",
-}
 
 #: Provenance rows and the machine_info keys that may hold each (first found wins). The perf
 #: suite stores them under machine_info["attnkit"] (attnkit_perf.machine.provenance).
@@ -73,45 +75,6 @@ PLOT_FILES = {
     "memory.png": "Peak memory vs sequence length, per backend (log scale)",
     "speedup.png": "Triton speed-up over SDPA-flash and SDPA-cuDNN",
 }
-
-
-# ---- formatting -------------------------------------------------------------------------------
-
-
-def format_ms(ms: float | None) -> str:
-    if ms is None:
-        return "—"
-    return f"{ms * 1e3:.1f} µs" if ms < 0.1 else f"{ms:.3f} ms" if ms < 10 else f"{ms:.1f} ms"
-
-
-def format_bytes(n: int | None) -> str:
-    if n is None:
-        return "—"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
-def format_ratio(ratio: float | None) -> str:
-    return "—" if ratio is None else f"{ratio:.3f}×"
-
-
-def format_tflops(tflops: float | None) -> str:
-    if tflops is None:
-        return "—"
-    return f"{tflops:.1f}" if tflops >= 10 else f"{tflops:.3g}"
-
-
-def _cell(text: str) -> str:
-    """A Markdown table cell: pipes and newlines would break the row."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return lines
 
 
 # ---- provenance -------------------------------------------------------------------------------
@@ -289,6 +252,8 @@ def render_markdown(
             "`pytest tests/perf --attnkit-record` (docs/CI.md)._",
             "",
         ]
+    if verdict:
+        lines += host_lines(verdict)
     if plots_skipped:
         lines += [f"_Plots skipped: {plots_skipped}_", ""]
     elif plots:

@@ -1,0 +1,178 @@
+"""The host metric's decision (host time per call, paired mode) and the kept-memory rule (both
+modes), and how they join a benchmark's GPU-time decision into one row.
+
+**Host time per call.** Each side's worker processes measure it directly
+(:mod:`attnkit_perf.measure.host`), one value per process: the median of its batches. The
+process is the unit of replication: host time moves between processes (code and heap placement,
+which core's caches it warmed) far more than between batches of one process, so batches are
+never counted as independent evidence. Process ``i`` of the base and process ``i`` of the head
+measured interleaved, so their log ratio is one observation; over the ``G`` pairs of processes:
+
+* the ratio is ``exp(mean log ratio)``;
+* **slower**: the ratio is at least ``1 + t`` and a one-sided t-test over the ``G`` log ratios
+  (``G - 1`` degrees of freedom) rejects "no slowdown" at ``sqrt(alpha)`` when a slowdown must
+  show again on fresh processes before it fails (two independent measurements: ``alpha``), at
+  ``alpha`` otherwise;
+* **faster**: the mirror image;
+* **same**: the one-sided :data:`HOST_SAME_CONFIDENCE` upper bound of the t-interval lies below
+  ``1 + t``: a true change of exactly ``t`` is called same in at most 5% of measurements (one
+  look: the host metric is measured once per measurement);
+* **inconclusive** otherwise, or with fewer than two processes or a non-positive time.
+
+``t`` is :func:`attnkit_perf.decide.gate.benchmark_threshold` of the benchmark's host noise (the
+A/A noise file's entry :func:`host_noise_name`) with ``Thresholds.host_slower`` as the practical
+floor: no fixed host-bound floor.
+
+**Kept memory.** A deterministic reading (allocator bytes still held after a fixed number of
+calls whose outputs were dropped): **kept-memory** when the head keeps more than
+``max(kept_abs_bytes, memory_rel x the base's)`` beyond what the base keeps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats
+
+from attnkit_perf.decide.gate import Decision, Thresholds
+
+#: Confidence of the upper bound that must lie below the threshold for "same".
+HOST_SAME_CONFIDENCE = 0.95
+#: Outcomes a joined row keeps over the host metric's slower or inconclusive.
+_WORSE_THAN_SLOWER = ("error", "dropped")
+
+
+def host_noise_name(name: str) -> str:
+    """The name under which the A/A noise file holds benchmark ``name``'s host metric."""
+    return f"{name}@host"
+
+
+def _problem(base: Sequence[float], head: Sequence[float]) -> str | None:
+    if len(base) != len(head):
+        return f"{len(base)} base processes against {len(head)} head processes: not paired"
+    if len(base) < 2:
+        return f"{len(base)} process pairs, at least 2 needed"
+    values = np.asarray([*base, *head], dtype=float)
+    if not np.isfinite(values).all() or (values <= 0).any():
+        return "host times contain non-positive or non-finite values"
+    return None
+
+
+def decide_host(
+    base: Sequence[float],
+    head: Sequence[float],
+    threshold: float,
+    alpha: float,
+    confirmed: bool,
+) -> Decision:
+    """Decide the host time per call from per-process values: ``base[i]`` and ``head[i]``
+    (seconds per call) were measured by the ``i``-th processes of each side, interleaved."""
+    problem = _problem(base, head)
+    if problem:
+        return Decision("inconclusive", threshold=threshold, alpha=alpha, reason=problem)
+    logs = np.log(np.asarray(head, dtype=float)) - np.log(np.asarray(base, dtype=float))
+    groups = len(logs)
+    mean = float(logs.mean())
+    se = float(logs.std(ddof=1)) / math.sqrt(groups)
+    level = math.sqrt(alpha) if confirmed else alpha
+    if se > 0:
+        p_slower = float(stats.t.sf(mean / se, groups - 1))
+        p_faster = float(stats.t.cdf(mean / se, groups - 1))
+    else:  # every process pair read the same ratio: the sign of the mean is the evidence
+        p_slower, p_faster = float(mean <= 0), float(mean >= 0)
+    half = float(stats.t.ppf(HOST_SAME_CONFIDENCE, groups - 1)) * se
+    ratio, lower, upper = math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+    up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
+    text = (
+        f"host x{ratio:.4f}, {HOST_SAME_CONFIDENCE:.0%} bounds over {groups} processes "
+        f"[{lower:.4f}, {upper:.4f}]"
+    )
+    common = {"ratio": ratio, "ci": (lower, upper), "threshold": threshold, "alpha": alpha}
+    if ratio >= up and p_slower < level:
+        d = Decision("slower", p=p_slower, reason=f"{text}, p={p_slower:.1e} >= x{up:.3f}", **common)
+    elif ratio <= down and p_faster < level:
+        d = Decision("faster", p=p_faster, reason=f"{text}, p={p_faster:.1e}", **common)
+    elif upper < up:
+        d = Decision("same", p=p_slower, reason=f"{text}: below x{up:.3f}", **common)
+    else:
+        d = Decision("inconclusive", p=p_slower, reason=f"{text}: cannot tell at x{up:.3f}", **common)
+    d.extra.update(
+        processes=groups,
+        log_ratios=[round(float(x), 5) for x in logs],
+        base_us=[round(x * 1e6, 3) for x in base],
+        head_us=[round(x * 1e6, 3) for x in head],
+    )
+    return d
+
+
+def host_summary(host: Decision, cpu: dict | None = None, dropped: dict | None = None) -> dict:
+    """The verdict row's ``host`` block: the host metric's outcome and evidence beside the GPU
+    time's. ``cpu``: ``{"base", "head"}`` median thread CPU time per call (s), the cross-check;
+    ``dropped``: preempted batches dropped per side."""
+    extra = host.extra
+    median = {side: _median_or_none(extra.get(f"{side}_us")) for side in ("base", "head")}
+    return {
+        "outcome": host.outcome,
+        "reason": host.reason,
+        "base_us": median["base"],
+        "head_us": median["head"],
+        "ratio": host.ratio,
+        "ci": list(host.ci) if host.ci else None,
+        "p": host.p,
+        "threshold": host.threshold,
+        "processes": extra.get("processes"),
+        "base_process_us": extra.get("base_us"),
+        "head_process_us": extra.get("head_us"),
+        "cpu_us": None if cpu is None else {k: _us(v) for k, v in cpu.items()},
+        "dropped_batches": dropped,
+    }
+
+
+def _median_or_none(values) -> float | None:
+    return None if not values else round(float(np.median(values)), 3)
+
+
+def _us(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e6, 3)
+
+
+def join_host(time: Decision, host: Decision, summary: dict) -> Decision:
+    """The row's decision: the GPU time's, failed by a host slowdown, and never "same" while the
+    host metric cannot tell. The row's ratio stays the GPU time's; ``summary``
+    (:func:`host_summary`) goes to the row's ``host`` block."""
+    time.extra["host"] = summary
+    note = f"host time: {host.outcome} ({host.reason})"
+    if time.outcome in _WORSE_THAN_SLOWER or host.outcome in ("same", "faster", "new"):
+        time.reason = f"{time.reason}; {note}"
+    elif host.outcome == "slower" and time.outcome != "slower":
+        time.reason = f"{note}; GPU time: {time.outcome} ({time.reason})"
+        time.outcome = "slower"
+    elif host.outcome == "inconclusive" and time.outcome in ("same", "faster"):
+        time.reason = f"{note}; GPU time: {time.outcome} ({time.reason})"
+        time.outcome = "inconclusive"
+    else:
+        time.reason = f"{time.reason}; {note}"
+    return time
+
+
+def kept_limit(base_kept: int, t: Thresholds) -> float:
+    return max(t.kept_abs_bytes, t.memory_rel * max(base_kept, 0))
+
+
+def with_kept(d: Decision, base_kept: int | None, head_kept: int | None, t: Thresholds) -> Decision:
+    """``d`` with the kept-memory rule applied: the row's ``kept`` block, and the outcome
+    kept-memory where the head keeps more beyond the limit and nothing graver was found."""
+    if base_kept is None or head_kept is None:
+        return d
+    limit = kept_limit(base_kept, t)
+    grew = head_kept - base_kept > limit
+    d.extra["kept"] = {"base_bytes": base_kept, "head_bytes": head_kept, "limit_bytes": int(limit)}
+    if grew and d.outcome not in ("error", "dropped", "slower", "more-memory"):
+        d.reason = (
+            f"memory kept after the calls {base_kept} -> {head_kept} B (+{head_kept - base_kept} B > "
+            f"{int(limit)} B); time: {d.outcome} ({d.reason})"
+        )
+        d.outcome = "kept-memory"
+    return d

@@ -1,0 +1,53 @@
+"""The report's host section: host time per call beside the GPU time, and kept memory."""
+
+from __future__ import annotations
+
+from attnkit_perf.decide.verdict import VerdictDocument
+from attnkit_perf.report.formatting import VERDICT_LABELS, format_bytes, format_ratio, table
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} µs"
+
+
+def _kept_cell(kept: dict | None) -> str:
+    if not kept:
+        return "-"
+    base, head = kept["base_bytes"], kept["head_bytes"]
+    return format_bytes(head) if base == head else f"{format_bytes(base)} → {format_bytes(head)}"
+
+
+def host_lines(verdict: VerdictDocument) -> list[str]:
+    """The host metric beside the GPU time: host time per call measured without events, decided
+    over worker processes, and the memory each call keeps."""
+    rows = [c for c in verdict.benchmarks if c.host or c.kept]
+    if not any(c.host for c in rows):
+        return []
+    cells = []
+    for c in sorted(rows, key=lambda c: c.name):
+        host = c.host or {}
+        bounds = host.get("ci")
+        cells.append(
+            [
+                f"`{c.name}`",
+                _us(host.get("base_us")),
+                _us(host.get("head_us")),
+                format_ratio(host.get("ratio")),
+                "-" if not bounds else f"[{bounds[0]:.3f}, {bounds[1]:.3f}]",
+                "-" if host.get("threshold") is None else f"{host['threshold']:.1%}",
+                VERDICT_LABELS.get(host.get("outcome"), host.get("outcome") or "-"),
+                format_ratio(c.ratio),
+                _kept_cell(c.kept),
+            ]
+        )
+    header = ["benchmark", "host base", "host head", "host ratio", "bounds", "threshold", "host"]
+    return [
+        "### Host time per call",
+        "",
+        "Wall time per call over batches of back-to-back calls from an empty queue (no CUDA event "
+        "inside), one value per worker process; decided over the processes. Beside it, the GPU "
+        "time's ratio and the memory each call keeps after it returns.",
+        "",
+        *table([*header, "GPU ratio", "kept memory"], cells),
+        "",
+    ]
