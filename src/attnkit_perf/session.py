@@ -38,8 +38,9 @@ from attnkit_perf.decide.paired import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import StoredRule
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.grid import external_backends, grid_backends, grid_cases
 from attnkit_perf.machine import provenance, source_digest, version_differences
-from attnkit_perf.measure.cases import BenchCase, cpu_suite_cases, gpu_suite_cases
+from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.measure.measurer import CaseMeasurer, MeasureSettings
 from attnkit_perf.measure.paired import (
     ANSWER_TIMEOUT_S,
@@ -90,6 +91,10 @@ class PerfSession:
         self.baseline_root = root if root.is_absolute() else Path(config.rootpath, root)
         self.record = options["record"]
         self.base_ref = options["base"]
+        #: The git repository gated (None outside one: attnkit's own source is compared).
+        self.repository = options.get("repository")
+        #: The backends the grid times (None: the standard grid), :mod:`attnkit_perf.grid`.
+        self.backends = grid_backends(config, self.repository)
         self.mode = options_.mode(config, options)
         self.thresholds = options_.thresholds(options, self.mode)
         self.policy = RunPolicy(
@@ -134,8 +139,26 @@ class PerfSession:
         self.policy.benchmark_count = len(names)
         if self._noise_source is not None:
             path, protocol = self._noise_source
-            grid = [c.name for c in gpu_suite_cases() + cpu_suite_cases()]
+            grid = [c.name for c in self.grid(gpu=True) + self.grid(gpu=False)]
             self.notes += coverage_notes(path, self.policy.noise, grid, names, protocol)
+
+    def grid(self, gpu: bool) -> list[BenchCase]:
+        """The cases this run's backends have on the GPU grid (``gpu``) or the CPU smoke grid."""
+        return grid_cases(self.backends, gpu)
+
+    @property
+    def external(self) -> bool:
+        """Whether the code compared is a repository other than attnkit's (its backends)."""
+        return self.repository is not None and not self.repository.own
+
+    def code_digest(self, side: str) -> str:
+        """The digest of the code a side runs: attnkit's, or the repository's import roots."""
+        if side == "base":
+            roots = [Path(p) for p in self.opt["base_src"]]
+            return "+".join(source_digest(r / "attnkit" if not self.external else r) for r in roots)
+        if not self.external:
+            return self.provenance()["source"]
+        return "+".join(source_digest(r) for r in self.repository.paths())
 
     @property
     def alpha(self) -> float:
@@ -152,14 +175,18 @@ class PerfSession:
             import attnkit_perf
 
             base_src, base_commit = self.opt["base_src"], self.opt["base_commit"]
-            head_src = Path(attnkit.__file__).resolve().parent.parent
+            if self.external:  # the repository's code, over the installed attnkit on both sides
+                head_src, checked = self.repository.paths(), external_backends(self.backends)
+            else:
+                head_src, checked = [Path(attnkit.__file__).resolve().parent.parent], None
             self._paired = PairedSession(
-                Path(base_src),
+                [Path(p) for p in base_src],
                 head_src,
                 Path(attnkit_perf.__file__).parent,
                 {"base": base_commit},
                 shard=self.opt.get("shard"),
                 answer_timeout_s=self.opt.get("worker_timeout_s") or ANSWER_TIMEOUT_S,
+                checked_backends=checked,
             )
         return self._paired
 
@@ -331,10 +358,13 @@ class PerfSession:
             self.finish_stored({"benchmarks": []})
         if self.mode == "paired":
             # The same machine and software; the base's own commit and code.
-            base_code = source_digest(Path(self.opt["base_src"]) / "attnkit")
             base = {
                 "label": f"base {self.base_ref} ({self.opt['base_commit']})",
-                "provenance": {**self.provenance(), "commit": self.opt["base_commit"], "source": base_code},
+                "provenance": {
+                    **self.provenance(),
+                    "commit": self.opt["base_commit"],
+                    "source": self.code_digest("base"),
+                },
             }
             versions = {}
         else:
@@ -354,7 +384,10 @@ class PerfSession:
         return VerdictDocument(
             mode=self.mode,
             base=base,
-            head={"label": "this checkout", "provenance": self.provenance()},
+            head={
+                "label": "this checkout",
+                "provenance": {**self.provenance(), "source": self.code_digest("head")},
+            },
             thresholds=self.policy.as_dict(),
             benchmarks=list(self.rows),
             version_differences=versions,
