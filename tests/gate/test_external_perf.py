@@ -260,3 +260,33 @@ def test_a_base_whose_entry_points_fail_does_not_have_the_backends(tmp_path):
         "base", _Worker(), {"error": "BackendEntryPointError: importing it failed"}
     )
     assert absent == {BACKEND: "its backends do not load there (BackendEntryPointError: importing it failed)"}
+
+
+def test_the_repository_records_its_baseline_and_compares_with_it(plugin_repo, tmp_path):
+    """Stored mode in another repository: the baseline lives under its rootdir, the usage error
+    names the command that records it, and a run compares with what it recorded."""
+    repo = plugin_repo["repo"]
+    _git(repo, "checkout", "-q", plugin_repo["fast"])
+    select = ("-k", SELECT, f"--attnkit-backend={BACKEND}")
+    result, output = _gate(plugin_repo, tmp_path, *select, "--benchmark-compare")
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, output[-3000:]
+    assert f"pytest --pyargs attnkit.perf --attnkit-backend {BACKEND} --attnkit-record" in output, output
+
+    result, output = _gate(plugin_repo, tmp_path, *select, "--attnkit-record")
+    baselines = list((repo / "baselines").glob("*/baseline.json"))
+    assert result.returncode == 0 and len(baselines) == 1, f"{baselines}\n{output[-3000:]}"
+    recorded = json.loads(baselines[0].read_text())
+    assert [b["extra_info"]["name"] for b in recorded["benchmarks"]] == [MINE], recorded["benchmarks"]
+
+    verdict = tmp_path / "verdict.json"
+    result, output = _gate(
+        plugin_repo,
+        tmp_path,
+        *select,
+        "--benchmark-compare",
+        "--attnkit-slower=0.5",
+        f"--attnkit-verdict-json={verdict}",
+    )
+    rows = _rows(json.loads(verdict.read_text()))
+    assert list(rows) == [MINE] and rows[MINE]["outcome"] in ("same", "inconclusive", "faster"), rows
+    assert result.returncode == 0, output[-3000:]
