@@ -113,10 +113,8 @@ def _options(config: pytest.Config) -> dict:
             value = kind(config.getini(f"attnkit_{name}"))
         options[name] = value
     try:
-        import attnkit
-
         options["repository"] = repository = find_repository(
-            Path(config.rootpath), Path(config.invocation_params.dir), attnkit.__file__
+            Path(config.rootpath), Path(config.invocation_params.dir)
         )
     except RepositoryError as err:
         raise pytest.UsageError(f"attnkit perf gate: {err}") from err

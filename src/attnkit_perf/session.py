@@ -49,6 +49,7 @@ from attnkit_perf.measure.paired import (
     shard_problem,
     visible_gpus,
 )
+from attnkit_perf.measure.repo import checkout_of
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
 
 #: ``user_properties`` keys of a benchmark's verdict row and of the row of one that raised.
@@ -175,8 +176,11 @@ class PerfSession:
             import attnkit_perf
 
             base_src, base_commit = self.opt["base_src"], self.opt["base_commit"]
+            checkouts = None
             if self.external:  # the repository's code, over the installed attnkit on both sides
                 head_src, checked = self.repository.paths(), external_backends(self.backends)
+                first = self.repository.roots[0]
+                checkouts = {"base": checkout_of(base_src[0], first), "head": self.repository.top}
             else:
                 head_src, checked = [Path(attnkit.__file__).resolve().parent.parent], None
             self._paired = PairedSession(
@@ -187,6 +191,7 @@ class PerfSession:
                 shard=self.opt.get("shard"),
                 answer_timeout_s=self.opt.get("worker_timeout_s") or ANSWER_TIMEOUT_S,
                 checked_backends=checked,
+                checkouts=checkouts,
             )
         return self._paired
 

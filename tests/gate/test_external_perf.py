@@ -124,7 +124,7 @@ def _gate(plugin_repo: dict, tmp_path: Path, *args: str) -> tuple[subprocess.Com
     env.pop("PYTEST_XDIST_WORKER", None)
     command = [sys.executable, "-m", "pytest", "--pyargs", "attnkit.perf", "-p", "attnkit_pytest",
                "-p", "no:cacheprovider", "-q", "--attnkit-allow-cpu", *args]  # fmt: skip
-    result = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=400)
+    result = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     return result, result.stdout + result.stderr
 
 
@@ -290,3 +290,58 @@ def test_the_repository_records_its_baseline_and_compares_with_it(plugin_repo, t
     rows = _rows(json.loads(verdict.read_text()))
     assert list(rows) == [MINE] and rows[MINE]["outcome"] in ("same", "inconclusive", "faster"), rows
     assert result.returncode == 0, output[-3000:]
+
+
+# --- which backends a run times -----------------------------------------------------------
+
+
+def _config(*names: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(getoption=lambda option, default=None: list(names))
+
+
+def test_without_a_name_another_repository_times_the_backends_its_roots_hold(tmp_path):
+    from attnkit_perf.grid import grid_backends, grid_cases
+    from attnkit_perf.measure.repo import Repository
+
+    (tmp_path / "src" / "zzkernel").mkdir(parents=True)
+    (tmp_path / "src" / "zzkernel" / "__init__.py").write_text("")
+
+    def fn(q, k, v, *, causal, scale, window):
+        return q
+
+    fn.__module__ = "zzkernel.kernel"
+    attnkit.register_backend("zz", fn, forward_only=True)
+    try:
+        external = Repository(tmp_path, ("src",), own=False)
+        assert grid_backends(_config(), external) == ["zz"]
+        assert grid_backends(_config("zz", "naive"), external) == ["zz", "naive"]
+        assert grid_backends(_config(), Repository(tmp_path, ("src",), own=True)) is None
+        assert grid_backends(_config(), None) is None
+        assert {c.pass_name for c in grid_cases(["zz"], gpu=True)} == {"fwd"}, "forward-only: forwards"
+        with pytest.raises(pytest.UsageError, match=r"no backend of .* is registered \(registered from"):
+            grid_backends(_config(), Repository(tmp_path, ("lib",), own=False))
+    finally:
+        attnkit.unregister_backend("zz")
+    with pytest.raises(pytest.UsageError, match="--attnkit-backend: 'zz' is not registered"):
+        grid_backends(_config("zz"), None)
+
+
+def test_the_import_roots_come_from_pyproject_or_the_layout(tmp_path):
+    from attnkit_perf.measure.repo import RepositoryError, import_roots
+
+    assert import_roots(tmp_path) == (".",)
+    (tmp_path / "src").mkdir()
+    assert import_roots(tmp_path) == ("src",)
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "pyproject.toml").write_text('[tool.attnkit]\nsrc = ["lib", "src"]\n')
+    assert import_roots(tmp_path) == ("lib", "src")
+    for bad, message in (
+        ('src = "src"', "expected a non-empty list of folders"),
+        ('src = ["../elsewhere"]', "must be a folder inside the repository"),
+        ('src = ["nope"]', "names 'nope', which is not a folder of"),
+    ):
+        (tmp_path / "pyproject.toml").write_text(f"[tool.attnkit]\n{bad}\n")
+        with pytest.raises(RepositoryError, match=message):
+            import_roots(tmp_path)

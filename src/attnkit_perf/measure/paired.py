@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnkit.cache import cache_root
-from attnkit_perf.measure.repo import is_under, module_origin
+from attnkit_perf.measure.repo import RepositoryError, backends_absent
 
 #: Worker processes per side. Each process carries an offset of its own (allocation addresses,
 #: code placement): on the H100, backward kernels moved by a few percent between processes, and
@@ -192,6 +192,7 @@ class PairedSession:
         shard: int | None = None,
         answer_timeout_s: float = ANSWER_TIMEOUT_S,
         checked_backends: tuple[str, ...] | None = None,
+        checkouts: dict[str, Path] | None = None,
     ) -> None:
         """``base_src``, ``head_src``: each side's import root(s), first on its workers' path.
         ``shard``: this pytest process's index among xdist workers (None without xdist). Shard
@@ -202,7 +203,11 @@ class PairedSession:
         from its first root). Otherwise both sides run the installed attnkit and these backends
         are the code compared: each side must import their modules from its own roots; a
         backend whose module the base's roots do not hold at all is one the base does not have
-        (its cases are new)."""
+        (its cases are new).
+
+        ``checkouts``: each side's checkout folder, its workers' working folder (``python -m``
+        puts it first on their path, where it must hold none of the side's packages: a src
+        layout's); default: the parent of its first root."""
         self.sides = {
             side: [Path(p) for p in (src if isinstance(src, (list, tuple)) else [src])]
             for side, src in (("base", base_src), ("head", head_src))
@@ -210,6 +215,9 @@ class PairedSession:
         self.shard = shard
         self.answer_timeout_s = answer_timeout_s
         self.checked_backends = checked_backends
+        self.checkouts = {
+            side: (checkouts or {}).get(side) or roots[0].parent for side, roots in self.sides.items()
+        }
         #: Per side, the checked backends it does not have (-> why): their cases are not prepared there.
         self.absent: dict[str, dict[str, str]] = {side: {} for side in self.sides}
         self._scratch = Path(tempfile.mkdtemp(prefix="attnkit-paired-"))
@@ -248,10 +256,9 @@ class PairedSession:
                 env["CUDA_VISIBLE_DEVICES"] = gpu
             if commits.get(side):
                 env["ATTNKIT_COMMIT"] = commits[side]
-            # The first root as the working folder: ``python -m`` puts it first on sys.path, where
-            # the side's own code is anyway.
             self.workers[side] = [
-                _Worker(side, i, env, roots[0], self.answer_timeout_s) for i in range(PROCESSES_PER_SIDE)
+                _Worker(side, i, env, self.checkouts[side], self.answer_timeout_s)
+                for i in range(PROCESSES_PER_SIDE)
             ]
         request = {"op": "identify"}
         if self.checked_backends is not None:
@@ -274,34 +281,10 @@ class PairedSession:
     def _check_backends(self, side: str, worker: _Worker, found: dict) -> dict[str, str]:
         """The checked backends side ``side`` does not have (-> why), after checking that it
         imported each one it has from its own roots (a :class:`WorkerError` otherwise)."""
-        roots = [r.resolve() for r in self.sides[side]]
-        if "error" in found:
-            if side == "head":
-                raise WorkerError(f"{worker.label} could not load the backends: {found['error']}", side)
-            why = f"its backends do not load there ({found['error'].strip().splitlines()[-1]})"
-            return dict.fromkeys(self.checked_backends, why)
-        absent = {}
-        for name, where in found["found"].items():
-            module, file = where.get("module"), where.get("file")
-            if file is not None and is_under(file, roots):
-                continue
-            held = module_origin(module, roots) if module else None
-            if held is None and side == "base":
-                absent[name] = f"its module {module} is not in the base's import roots"
-                continue
-            why = (
-                f"another copy shadows the side's source ({held} holds it): an earlier sys.path entry "
-                "or import hook wins over PYTHONPATH; install the package editable (pip install -e .)"
-                if held is not None
-                else "the module is not in the repository's import roots: check [tool.attnkit] src in "
-                "its pyproject.toml, or name this repository's backends with --attnkit-backend"
-            )
-            raise WorkerError(
-                f"{worker.label} imported backend {name!r} (module {module}) from {file}, not from "
-                f"this side's import roots {', '.join(map(str, roots))}: {why}",
-                side,
-            )
-        return absent
+        try:
+            return backends_absent(side, self.sides[side], found, self.checked_backends)
+        except RepositoryError as err:
+            raise WorkerError(f"{worker.label} {err}", side) from None
 
     def _stop_workers(self) -> None:
         for workers in self.workers.values():

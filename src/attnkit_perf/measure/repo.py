@@ -8,7 +8,7 @@ packages are imported from, relative to the repository's top, read from its ``py
     src = ["src"]        # default: ["src"] when the repository has a src/ folder, else ["."]
 
 A worker of either side puts that side's roots first on its ``PYTHONPATH``. In attnkit's own
-repository (attnkit is imported from one of its roots) the comparison is of attnkit itself;
+repository (one of its roots holds the attnkit package) the comparison is of attnkit itself;
 in any other repository both sides run the installed attnkit and the comparison is of the
 repository's own code, e.g. a package registering a backend through an entry point.
 """
@@ -96,16 +96,16 @@ def import_roots(top: Path) -> tuple[str, ...]:
     return tuple(dict.fromkeys(roots))
 
 
-def find_repository(rootpath: Path, invocation_dir: Path, library_file: str) -> Repository | None:
+def find_repository(rootpath: Path, invocation_dir: Path) -> Repository | None:
     """The git repository of pytest's rootdir (else of the current folder), with its import
-    roots; ``library_file``: attnkit's ``__file__``, to tell attnkit's own repository. None
-    outside any git checkout: the run then compares attnkit's own source, as imported."""
+    roots; None outside any git checkout (the run then compares attnkit's own source, as
+    imported). It is attnkit's own when one of its roots holds the attnkit package (the code
+    compared is then attnkit, wherever this process imports it from: a copy of the checkout)."""
     top = git_top(rootpath) or git_top(invocation_dir)
     if top is None:
         return None
     roots = import_roots(top)
-    library = Path(library_file).resolve().parent
-    own = any(library.parent == path for path in Repository(top, roots, False).paths())
+    own = any((path / "attnkit" / "__init__.py").is_file() for path in Repository(top, roots, False).paths())
     return Repository(top, roots, own)
 
 
@@ -121,6 +121,46 @@ def module_origin(module: str, paths: list[Path]) -> Path | None:
     return Path(spec.origin).resolve() if spec.origin else None
 
 
+def checkout_of(folder: Path | str, root: str) -> Path:
+    """The checkout folder that holds import root ``root`` (relative) at ``folder``."""
+    depth = len(PurePosixPath(root).parts)  # "." has none
+    return Path(folder).parents[depth - 1] if depth else Path(folder)
+
+
 def is_under(path: Path | str, folders: list[Path]) -> bool:
     resolved = Path(path).resolve()
     return any(resolved.is_relative_to(folder) for folder in folders)
+
+
+def backends_absent(side: str, roots: list[Path], found: dict, checked: tuple[str, ...]) -> dict[str, str]:
+    """Which of the ``checked`` backends a side of paired mode does not have (-> why), from what
+    its worker ``found`` (``{"found": {name: {"module", "file"}}}`` or ``{"error": why}``);
+    :class:`RepositoryError` when it imported one it has from outside its ``roots``."""
+    roots = [Path(r).resolve() for r in roots]
+    if "error" in found:
+        if side == "head":
+            raise RepositoryError(f"could not load the backends: {found['error']}")
+        return dict.fromkeys(
+            checked, f"its backends do not load there ({found['error'].strip().splitlines()[-1]})"
+        )
+    absent = {}
+    for name, where in found["found"].items():
+        module, file = where.get("module"), where.get("file")
+        if file is not None and is_under(file, roots):
+            continue
+        held = module_origin(module, roots) if module else None
+        if held is None and side == "base":
+            absent[name] = f"its module {module} is not in the base's import roots"
+            continue
+        why = (
+            f"another copy shadows the side's source ({held} holds it): an earlier sys.path entry "
+            "or import hook wins over PYTHONPATH; install the package editable (pip install -e .)"
+            if held is not None
+            else "the module is not in the repository's import roots: check [tool.attnkit] src in "
+            "its pyproject.toml, or name this repository's backends with --attnkit-backend"
+        )
+        raise RepositoryError(
+            f"imported backend {name!r} (module {module}) from {file}, not from this side's import "
+            f"roots {', '.join(map(str, roots))}: {why}"
+        )
+    return absent
