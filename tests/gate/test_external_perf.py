@@ -180,9 +180,12 @@ def test_a_base_without_the_backends_package_makes_its_benchmarks_new(plugin_rep
     """The kernel is new in this commit: the base's workers do not have its package (the
     install's copy, the head's, does not stand in for it), so its cases are new, not failed."""
     _git(plugin_repo["repo"], "checkout", "-q", plugin_repo["fast"])
-    code, verdict, output = _paired(plugin_repo, tmp_path, plugin_repo["other"], BACKEND)
-    row = _rows(verdict)[MINE]
+    # attnkit's naive path beside it: a run that compared nothing at all would fail.
+    code, verdict, output = _paired(plugin_repo, tmp_path, plugin_repo["other"], BACKEND, "naive")
+    rows = _rows(verdict)
+    row = rows[MINE]
     assert row["outcome"] == "new", f"{row}\n{output[-3000:]}"
+    assert rows[NAIVE]["outcome"] in ("same", "inconclusive"), f"{rows[NAIVE]}\n{output[-3000:]}"
     assert "its module perfkernel.kernel is not in the base's import roots" in row["reason"], row["reason"]
     assert code == 0 and verdict["passed"] is True, f"exit {code}\n{output[-3000:]}"
 
