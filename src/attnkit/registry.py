@@ -35,6 +35,11 @@ class Backend:
     calls it once per call signature and keeps the result (``run`` is what torch.compile
     traces). The prepared run may describe itself for the compiled fast path
     (:mod:`attnkit.prepared`: one SDPA call, or a forward of fixed kernel launches).
+
+    ``forward_only``: the backend computes no gradients (training passes are not timed).
+    ``module``: the module that defines its function (``fn``, else ``run``), e.g. a plugin's
+    kernel module: the perf gate checks that each side of a comparison imported it from that
+    side's source.
     """
 
     name: str
@@ -43,6 +48,8 @@ class Backend:
     device_support: DeviceCheck = _always
     problem_support: ProblemCheck = _always
     prepare: Prepare | None = None
+    forward_only: bool = False
+    module: str | None = None
 
     def prepared_run(self, problem: AttentionProblem) -> PreparedRun:
         """The eager run for ``problem``: ``prepare(problem)``, or ``run`` without one."""
@@ -115,12 +122,22 @@ def register_backend(
         raise TypeError(
             f"register_backend({name!r}): description must be a str, got {type(description).__name__}"
         )
+    module = getattr(fn if fn is not None else run, "__module__", None)
     if run is None:
         run = _KeywordRun(name, fn)
     if forward_only:
         run = _ForwardOnly(name, run)
         prepare = None if prepare is None else _forward_only_prepare(name, prepare)
-    backend = Backend(name, description, run, device_support or _always, supports or _always, prepare)
+    backend = Backend(
+        name,
+        description,
+        run,
+        device_support or _always,
+        supports or _always,
+        prepare,
+        forward_only=forward_only,
+        module=module,
+    )
     if name in _REGISTRY:
         _forget_plans()  # a replaced backend's memoised runs must not outlive it
     _REGISTRY[name] = backend

@@ -64,13 +64,22 @@ def check_usage(mode: str | None, device: torch.device, opt: dict) -> None:
         raise _usage("--attnkit-record and --attnkit-base exclude each other")
 
 
+def record_command(config: pytest.Config) -> str:
+    """The command that records the baseline of this run's grid: the installed tests' (with the
+    backends named) when they were collected with --pyargs, else this repository's."""
+    if not config.getoption("pyargs", default=False):
+        return RECORD_COMMAND
+    named = [f"--attnkit-backend {name}" for name in config.getoption("attnkit_backend", default=None) or []]
+    return " ".join(["pytest --pyargs attnkit.perf", *named, "--attnkit-record"])
+
+
 def stored_baseline(config: pytest.Config, root: Path, key: str, opt: dict) -> tuple[dict, Path]:
     """The baseline stored mode compares with, validated, and its path."""
     compare = config.getoption("benchmark_compare")
     if compare is True:
         path = baseline_path(root, key)
         if not path.exists():
-            raise _usage(missing_message(root, key))
+            raise _usage(missing_message(root, key, record_command(config)))
     else:
         path = Path(str(compare))
         if not path.is_file():
@@ -81,7 +90,7 @@ def stored_baseline(config: pytest.Config, root: Path, key: str, opt: dict) -> t
     try:
         baseline = load_baseline(path, key, opt["allow_other_gpu"], timing_protocol=TIMING_PROTOCOL)
     except FormatError as err:
-        raise _usage(f"{err}; re-record it with: {RECORD_COMMAND}") from err
+        raise _usage(f"{err}; re-record it with: {record_command(config)}") from err
     # pytest-benchmark's own --benchmark-compare-fail then reads the same file.
     config.option.benchmark_compare = str(path.resolve())
     return baseline, path

@@ -1,8 +1,9 @@
 """pytest plugin of the perf gate: options and hooks only (the logic is in
-:mod:`attnkit_perf.session`). Loaded with ``-p attnkit_perf.plugin`` (pyproject's addopts does
-it for this repository).
+:mod:`attnkit_perf.session`). Loaded with ``-p attnkit_perf.plugin``, by this repository's
+tests/conftest.py, and by attnkit's plugin (``attnkit_pytest``) for ``pytest --pyargs attnkit.perf``.
 
     pytest tests/perf --attnkit-base=origin/main            # paired: base vs this checkout, same GPU
+    pytest --pyargs attnkit.perf --attnkit-backend NAME --attnkit-base=origin/main  # in any repo
     pytest tests/perf --attnkit-base=origin/main -n 2       # ... sharded over 2 GPUs
     pytest tests/perf --benchmark-compare                   # stored: against baselines/<gpu_key>/
     pytest tests/perf --attnkit-record                      # record this GPU model's baseline
@@ -21,8 +22,9 @@ import pytest
 
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.verdict import BenchmarkVerdict, format_table, summary_line
-from attnkit_perf.measure.checkout import BaseError, materialise_base
+from attnkit_perf.measure.checkout import BaseError, materialise_base, materialise_roots
 from attnkit_perf.measure.paired import ANSWER_TIMEOUT_S
+from attnkit_perf.measure.repo import RepositoryError, find_repository
 from attnkit_perf.session import ERROR_PROPERTY, VERDICT_PROPERTY, PerfSession
 
 SESSION = pytest.StashKey[PerfSession]()
@@ -122,6 +124,12 @@ def _options(config: pytest.Config) -> dict:
         if value is None and config.getini(f"attnkit_{name}") not in (None, ""):
             value = kind(config.getini(f"attnkit_{name}"))
         options[name] = value
+    try:
+        options["repository"] = repository = find_repository(
+            Path(config.rootpath), Path(config.invocation_params.dir)
+        )
+    except RepositoryError as err:
+        raise pytest.UsageError(f"attnkit perf gate: {err}") from err
     worker_input = getattr(config, "workerinput", None)
     options["shard"] = None
     if worker_input is not None and "attnkit_base_src" in worker_input:
@@ -131,10 +139,14 @@ def _options(config: pytest.Config) -> dict:
     elif options["base"]:
         scratch = Path(tempfile.mkdtemp(prefix="attnkit-base-"))
         try:
-            src, commit = materialise_base(options["base"], Path(config.rootpath), scratch)
+            if repository is None or repository.own:  # attnkit itself is compared
+                src, commit = materialise_base(options["base"], Path(config.rootpath), scratch)
+                roots = [src]
+            else:
+                roots, commit = materialise_roots(options["base"], repository.top, scratch, repository.roots)
         except BaseError as err:
             raise pytest.UsageError(f"attnkit perf gate: {err}") from err
-        options["base_src"], options["base_commit"] = str(src), commit
+        options["base_src"], options["base_commit"] = [str(r) for r in roots], commit
     return options
 
 

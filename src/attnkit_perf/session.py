@@ -41,8 +41,9 @@ from attnkit_perf.decide.paired import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import StoredRule
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.grid import external_backends, grid_backends, grid_cases
 from attnkit_perf.machine import provenance, source_digest, version_differences
-from attnkit_perf.measure.cases import BenchCase, cpu_suite_cases, gpu_suite_cases
+from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.measure.measurer import CaseMeasurer, MeasureSettings
 from attnkit_perf.measure.paired import (
     ANSWER_TIMEOUT_S,
@@ -51,6 +52,7 @@ from attnkit_perf.measure.paired import (
     shard_problem,
     visible_gpus,
 )
+from attnkit_perf.measure.repo import checkout_of
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
 
 #: ``user_properties`` keys of a benchmark's verdict row and of the row of one that raised.
@@ -93,6 +95,10 @@ class PerfSession:
         self.baseline_root = root if root.is_absolute() else Path(config.rootpath, root)
         self.record = options["record"]
         self.base_ref = options["base"]
+        #: The git repository gated (None outside one: attnkit's own source is compared).
+        self.repository = options.get("repository")
+        #: The backends the grid times (None: the standard grid), :mod:`attnkit_perf.grid`.
+        self.backends = grid_backends(config, self.repository)
         self.mode = options_.mode(config, options)
         self.thresholds = options_.thresholds(options, self.mode)
         self.policy = RunPolicy(
@@ -138,8 +144,9 @@ class PerfSession:
         if self._noise_source is not None:
             path, protocol = self._noise_source
             # The host metric's noise is held under names of its own (host_noise_name).
-            hosted = {c.name for c in gpu_suite_cases() if c.host_timed} | {c.name for c in cpu_suite_cases()}
-            grid = [c.name for c in gpu_suite_cases() + cpu_suite_cases()]
+            gpu_grid, cpu_grid = self.grid(gpu=True), self.grid(gpu=False)
+            hosted = {c.name for c in gpu_grid if c.host_timed} | {c.name for c in cpu_grid}
+            grid = [c.name for c in gpu_grid + cpu_grid]
             grid += [host_noise_name(n) for n in hosted]
             timed = [
                 host_noise_name(n)
@@ -147,6 +154,24 @@ class PerfSession:
                 if self.mode == "paired" and (n in hosted or self.device.type != "cuda")
             ]
             self.notes += coverage_notes(path, self.policy.noise, grid, [*names, *timed], protocol)
+
+    def grid(self, gpu: bool) -> list[BenchCase]:
+        """The cases this run's backends have on the GPU grid (``gpu``) or the CPU smoke grid."""
+        return grid_cases(self.backends, gpu)
+
+    @property
+    def external(self) -> bool:
+        """Whether the code compared is a repository other than attnkit's (its backends)."""
+        return self.repository is not None and not self.repository.own
+
+    def code_digest(self, side: str) -> str:
+        """The digest of the code a side runs: attnkit's, or the repository's import roots."""
+        if side == "base":
+            roots = [Path(p) for p in self.opt["base_src"]]
+            return "+".join(source_digest(r / "attnkit" if not self.external else r) for r in roots)
+        if not self.external:
+            return self.provenance()["source"]
+        return "+".join(source_digest(r) for r in self.repository.paths())
 
     @property
     def alpha(self) -> float:
@@ -163,14 +188,22 @@ class PerfSession:
             import attnkit_perf
 
             base_src, base_commit = self.opt["base_src"], self.opt["base_commit"]
-            head_src = Path(attnkit.__file__).resolve().parent.parent
+            checkouts = None
+            if self.external:  # the repository's code, over the installed attnkit on both sides
+                head_src, checked = self.repository.paths(), external_backends(self.backends)
+                first = self.repository.roots[0]
+                checkouts = {"base": checkout_of(base_src[0], first), "head": self.repository.top}
+            else:
+                head_src, checked = [Path(attnkit.__file__).resolve().parent.parent], None
             self._paired = PairedSession(
-                Path(base_src),
+                [Path(p) for p in base_src],
                 head_src,
                 Path(attnkit_perf.__file__).parent,
                 {"base": base_commit},
                 shard=self.opt.get("shard"),
                 answer_timeout_s=self.opt.get("worker_timeout_s") or ANSWER_TIMEOUT_S,
+                checked_backends=checked,
+                checkouts=checkouts,
             )
         return self._paired
 
@@ -366,10 +399,13 @@ class PerfSession:
             self.finish_stored({"benchmarks": []})
         if self.mode == "paired":
             # The same machine and software; the base's own commit and code.
-            base_code = source_digest(Path(self.opt["base_src"]) / "attnkit")
             base = {
                 "label": f"base {self.base_ref} ({self.opt['base_commit']})",
-                "provenance": {**self.provenance(), "commit": self.opt["base_commit"], "source": base_code},
+                "provenance": {
+                    **self.provenance(),
+                    "commit": self.opt["base_commit"],
+                    "source": self.code_digest("base"),
+                },
             }
             versions = {}
         else:
@@ -389,7 +425,10 @@ class PerfSession:
         return VerdictDocument(
             mode=self.mode,
             base=base,
-            head={"label": "this checkout", "provenance": self.provenance()},
+            head={
+                "label": "this checkout",
+                "provenance": {**self.provenance(), "source": self.code_digest("head")},
+            },
             thresholds=self.policy.as_dict(),
             benchmarks=list(self.rows),
             version_differences=versions,

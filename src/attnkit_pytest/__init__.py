@@ -8,6 +8,10 @@ else CUDA when present, else the CPU). Problems a backend declines are listed at
 run under "attnkit: declined problems". The plugin changes nothing in a run that uses none of
 this.
 
+``pytest --pyargs attnkit.perf`` (the installed perf gate) also needs the gate's plugin
+(``attnkit_perf.plugin``, which needs the ``perf`` extras): this plugin loads it when that
+package is named, early enough for pytest to know its options (``--attnkit-base``, ...).
+
 It lives outside the ``attnkit`` package and imports it only inside its hooks: pytest imports
 entry-point plugins before any conftest, and importing ``attnkit`` builds the Triton kernels,
 which read ``TRITON_INTERPRET`` once, then. A conftest that sets the variable (this repository's
@@ -34,6 +38,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAME",
         help="test this registered attention backend (repeatable; default: every registered one)",
     )
+
+
+#: The installed perf grid: naming it with --pyargs loads the perf gate's plugin.
+PERF_PACKAGE = "attnkit.perf"
+PERF_PLUGIN = "attnkit_perf.plugin"
+
+
+def names_perf_package(arg: str) -> bool:
+    """Whether a --pyargs argument names :data:`PERF_PACKAGE` or a module or test of it."""
+    return arg.split("::")[0] == PERF_PACKAGE or arg.startswith(PERF_PACKAGE + ".")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args) -> None:
+    # The last point before pytest parses the whole command line: a plugin registered now still
+    # adds its options (pytest_addoption is historic).
+    known = early_config.known_args_namespace
+    if getattr(known, "pyargs", False) and any(names_perf_package(str(a)) for a in known.file_or_dir):
+        early_config.pluginmanager.import_plugin(PERF_PLUGIN)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -170,3 +170,48 @@ def test_a_case_is_the_problem_attnkit_validates(case):
     assert case.kv_bytes == k.nbytes + v.nbytes, (
         f"kv_bytes {case.kv_bytes}, K and V hold {k.nbytes + v.nbytes}"
     )
+
+
+def test_a_backend_of_the_grid_keeps_its_cases_and_their_names():
+    """The stored baselines key on the names: naming a backend of the grid selects its cases."""
+    from attnkit_perf.measure.cases import backend_cases, cpu_suite_cases
+
+    assert backend_cases("triton", gpu=True) == [c for c in gpu_suite_cases() if c.backend == "triton"]
+    assert backend_cases("naive", gpu=False) == [c for c in cpu_suite_cases() if c.backend == "naive"]
+
+
+def test_another_backend_is_timed_on_the_grids_standard_shapes():
+    from attnkit_perf.measure.cases import backend_cases
+
+    cases = backend_cases("mine", gpu=True)
+    names = {c.name for c in cases}
+    for name in (
+        "fwd[mine-bf16-B4-H16-N4096-D128-causal]",
+        "bwd[mine-bf16-B4-H16kv4-N4096-D128-causal]",
+        "fwd+bwd[mine-bf16-B4-H16-N4096-D128-causal]",
+        "fwd[mine-bf16-B1-H8-N128-D64-causal-loop]",
+        "fwd[mine-bf16-B8-H32kv8-N1-M32768-D128-causal]",
+        "bwd[mine-bf16-B1-H16-N16384-D128-causal-W1024]",
+    ):
+        assert name in names, f"{name} not in {sorted(names)}"
+    triton_forwards = {
+        c.shape_label for c in gpu_suite_cases() if c.backend == "triton" and c.pass_name == "fwd"
+    }
+    mine_forwards = {c.shape_label for c in cases if c.pass_name == "fwd"}
+    assert mine_forwards == {s for s in triton_forwards if not s.endswith("-graph")}, (
+        f"the shapes differ from triton's: {sorted(mine_forwards ^ triton_forwards)}"
+    )
+    assert len(names) == len(cases), "a case is listed twice"
+    cpu = backend_cases("mine", gpu=False)
+    assert [c.name for c in cpu] == [
+        f"{p}[mine-fp32-B1-H2-N128-D32{mask}]" for p in ("fwd", "bwd") for mask in ("-causal", "")
+    ], [c.name for c in cpu]
+
+
+def test_a_forward_only_backend_has_its_forwards_only():
+    from attnkit_perf.measure.cases import backend_cases
+
+    for gpu in (True, False):
+        everything = backend_cases("mine", gpu=gpu)
+        forwards = backend_cases("mine", gpu=gpu, forward_only=True)
+        assert forwards == [c for c in everything if c.pass_name == "fwd"] and forwards, forwards

@@ -1,5 +1,6 @@
-"""One-way imports: the library never imports the gate, the tools or the tests; the gate never
-imports the tools or the tests; the gate's decisions (attnkit_perf.decide) import neither torch
+"""One-way imports: the library never imports the gate, the tools or the tests (save the installed
+perf tests, attnkit.perf: a leaf that nothing in the library imports); the gate never imports
+the tools or the tests; the gate's decisions (attnkit_perf.decide) import neither torch
 nor the measuring code nor the orchestrator; no test module imports another. Checked on
 the source with ast, so an import inside a function body counts as much as one at the top."""
 
@@ -43,15 +44,23 @@ def _file_imports(path: Path) -> list[tuple[int, str]]:
     return imports(path.read_text(encoding="utf8"), package)
 
 
+#: The perf gate's tests installed with attnkit (``pytest --pyargs attnkit.perf``): test code on
+#: top of the gate, inside the library's package only so that it installs and runs by that name.
+PERF_TESTS = SRC / "attnkit" / "perf"
+
+
 @pytest.mark.parametrize(
     ("package", "forbidden"),
     [
         ("attnkit", ("attnkit_perf", "attnkit_tools", "tests")),
         ("attnkit_perf", ("attnkit_tools", "tests")),
+        ("attnkit/perf", ("attnkit_tools", "tests")),
     ],
 )
 def test_imports_point_one_way(package, forbidden):
     files = _python_files(SRC / package)
+    if package == "attnkit":  # its perf tests sit above the gate: checked on their own
+        files = [p for p in files if not p.is_relative_to(PERF_TESTS)]
     assert files, f"no source files under {SRC / package}"
     bad = [
         f"{path.relative_to(REPO)}:{line} imports {module}"
@@ -87,9 +96,24 @@ def test_the_history_package_needs_no_torch_and_no_gate_internals():
     )
 
 
+def test_the_installed_perf_tests_are_a_leaf():
+    """attnkit.perf imports the gate; so nothing in the library imports it (``import attnkit``
+    never imports the gate), nor does the gate (no cycle between the floors)."""
+    assert (PERF_TESTS / "__init__.py").is_file(), f"{PERF_TESTS} is not a package"
+    bad = [
+        f"{path.relative_to(REPO)}:{line} imports {module}"
+        for package in ("attnkit", "attnkit_perf", "attnkit_pytest")
+        for path in _python_files(SRC / package)
+        if not path.is_relative_to(PERF_TESTS)
+        for line, module in _file_imports(path)
+        if module == "attnkit.perf" or module.startswith("attnkit.perf.")
+    ]
+    assert not bad, "attnkit.perf is a leaf: only tests import it:\n" + "\n".join(bad)
+
+
 #: The parts of attnkit that are test code shipped with the package: only they may import the
 #: test frameworks, so that ``import attnkit`` needs neither pytest nor hypothesis.
-TEST_PARTS = ("testing", "suite")
+TEST_PARTS = ("testing", "suite", "perf")
 
 
 def test_the_library_imports_no_test_framework():

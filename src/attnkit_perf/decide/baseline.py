@@ -29,10 +29,10 @@ def baseline_path(root: Path | str, key: str) -> Path:
     return Path(root) / key / BASELINE_FILE
 
 
-def missing_message(root: Path | str, key: str) -> str:
+def missing_message(root: Path | str, key: str, command: str = RECORD_COMMAND) -> str:
     return (
         f"no perf baseline for GPU {key!r} (looked for {baseline_path(root, key)}). Record one on "
-        f"this GPU model with: {RECORD_COMMAND}; or compare with a base commit on this GPU: "
+        f"this GPU model with: {command}; or compare with a base commit on this GPU: "
         "--attnkit-base=REF"
     )
 

@@ -362,3 +362,34 @@ def gpu_suite_cases() -> list[BenchCase]:
 def cpu_suite_cases() -> list[BenchCase]:
     """The CPU smoke grid (host-timed; never compared with a GPU baseline)."""
     return _cases(CPU_BACKENDS, CPU_SHAPES, ("fwd", "bwd"))
+
+
+def backend_cases(backend: str, gpu: bool, forward_only: bool = False) -> list[BenchCase]:
+    """The cases of one backend on the GPU grid (``gpu``) or the CPU smoke grid.
+
+    A backend of the standard grid keeps its cases there, and so its benchmark names (the stored
+    baselines key on them). Any other registered backend (a plugin's kernel) is timed on the
+    grid's standard shapes: on the GPU the training shapes forward and backward, the training
+    step, the host-bound shape as a loop of calls, decode, prefill and the sliding window (the
+    shapes it declines are skipped with its ``supports`` reason); on the CPU the smoke shapes.
+    A ``forward_only`` backend has its forwards only.
+    """
+    standard = [c for c in (gpu_suite_cases() if gpu else cpu_suite_cases()) if c.backend == backend]
+    if not standard and not gpu:
+        standard = _cases((backend,), CPU_SHAPES, ("fwd", "bwd"))
+    elif not standard:
+        one = (backend,)
+        standard = _cases(one, GPU_SHAPES, ("fwd", "bwd")) + _cases(one, (FWD_BWD_SHAPE,), ("fwd+bwd",))
+        standard += [BenchCase(backend, p, *s, mode="loop") for p in ("fwd", "fwd+bwd") for s in HOST_SHAPES]
+        standard += _cases(one, DECODE_SHAPES, ("fwd",))
+        standard += _cases(one, PREFILL_SHAPES + WINDOW_SHAPES, ("fwd", "bwd"))
+    return [c for c in standard if c.pass_name == "fwd" or not forward_only]
+
+
+def suite_cases(
+    backends: list[str] | None, gpu: bool, forward_only: frozenset[str] = frozenset()
+) -> list[BenchCase]:
+    """The perf suite's cases of ``backends`` (None: the standard grid) on the GPU or the CPU."""
+    if backends is None:
+        return gpu_suite_cases() if gpu else cpu_suite_cases()
+    return [c for name in backends for c in backend_cases(name, gpu, name in forward_only)]

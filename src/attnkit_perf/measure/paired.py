@@ -1,4 +1,4 @@
-"""Paired mode's measuring side: the base's and the head's attnkit timed on one GPU in one job.
+"""Paired mode's measuring side: the base's and the head's code timed on one GPU in one job.
 
 Each side runs in :data:`PROCESSES_PER_SIDE` worker processes of its own
 (:mod:`attnkit_perf.measure.worker`), with its own ``TRITON_CACHE_DIR``. For one benchmark,
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnkit.cache import cache_root
+from attnkit_perf.measure.repo import RepositoryError, backends_absent
 
 #: Worker processes per side. Each process carries an offset of its own (allocation addresses,
 #: code placement): on the H100, backward kernels moved by a few percent between processes, and
@@ -197,19 +198,41 @@ class PairedSession:
 
     def __init__(
         self,
-        base_src: Path,
-        head_src: Path,
+        base_src: Path | list[Path],
+        head_src: Path | list[Path],
         perf_dir: Path,
         commits: dict[str, str | None],
         shard: int | None = None,
         answer_timeout_s: float = ANSWER_TIMEOUT_S,
+        checked_backends: tuple[str, ...] | None = None,
+        checkouts: dict[str, Path] | None = None,
     ) -> None:
-        """``shard``: this pytest process's index among xdist workers (None without xdist). Shard
+        """``base_src``, ``head_src``: each side's import root(s), first on its workers' path.
+        ``shard``: this pytest process's index among xdist workers (None without xdist). Shard
         ``i`` measures on the ``i``-th visible GPU, its workers pinned to the ``i``-th core from
-        the end, so shards share neither."""
-        self.sides = {"base": Path(base_src), "head": Path(head_src)}
+        the end, so shards share neither.
+
+        ``checked_backends``: None when attnkit itself is compared (each side must import attnkit
+        from its first root). Otherwise both sides run the installed attnkit and these backends
+        are the code compared: each side must import their modules from its own roots; a
+        backend whose module the base's roots do not hold at all is one the base does not have
+        (its cases are new).
+
+        ``checkouts``: each side's checkout folder, its workers' working folder (``python -m``
+        puts it first on their path, where it must hold none of the side's packages: a src
+        layout's); default: the parent of its first root."""
+        self.sides = {
+            side: [Path(p) for p in (src if isinstance(src, (list, tuple)) else [src])]
+            for side, src in (("base", base_src), ("head", head_src))
+        }
         self.shard = shard
         self.answer_timeout_s = answer_timeout_s
+        self.checked_backends = checked_backends
+        self.checkouts = {
+            side: (checkouts or {}).get(side) or roots[0].parent for side, roots in self.sides.items()
+        }
+        #: Per side, the checked backends it does not have (-> why): their cases are not prepared there.
+        self.absent: dict[str, dict[str, str]] = {side: {} for side in self.sides}
         self._scratch = Path(tempfile.mkdtemp(prefix="attnkit-paired-"))
         # A folder holding only this attnkit_perf, first on each worker's path: both sides are
         # measured by the same protocol whatever the base's own perf code is.
@@ -231,12 +254,12 @@ class PairedSession:
         # An explicit ATTNKIT_TEST_DEVICE names the GPU itself: the shards are not placed then.
         gpus = visible_gpus() if self.shard is not None and not os.environ.get("ATTNKIT_TEST_DEVICE") else []
         core, gpu = placement(self.shard, cores, gpus)
-        for side, src in self.sides.items():
+        for side, roots in self.sides.items():
             env = dict(os.environ)
             # Then the caller's own path (site folders): a package resolves to its first folder, so
-            # the side's attnkit wins even if the caller's path names another.
+            # the side's code wins even if the caller's path (or an editable install) names another.
             inherited = [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
-            env["PYTHONPATH"] = os.pathsep.join([str(link_dir), str(src), *inherited])
+            env["PYTHONPATH"] = os.pathsep.join([str(link_dir), *map(str, roots), *inherited])
             # Each side compiles into a cache of its own; kept between runs (Triton keys entries by
             # source and options), so a runner compiles a side's kernels once.
             env["TRITON_CACHE_DIR"] = str(cache_root() / f"triton-{side}")
@@ -247,18 +270,34 @@ class PairedSession:
             if commits.get(side):
                 env["ATTNKIT_COMMIT"] = commits[side]
             self.workers[side] = [
-                _Worker(side, i, env, src.parent, self.answer_timeout_s) for i in range(PROCESSES_PER_SIDE)
+                _Worker(side, i, env, self.checkouts[side], self.answer_timeout_s)
+                for i in range(PROCESSES_PER_SIDE)
             ]
-        for side, src in self.sides.items():
+        request = {"op": "identify"}
+        if self.checked_backends is not None:
+            request["backends"] = list(self.checked_backends)
+        for side, roots in self.sides.items():
             for worker in self.workers[side]:
-                ident = worker.ask({"op": "identify"})
-                where = Path(ident["attnkit_file"]).resolve()
-                if not where.is_relative_to(src.resolve()):
-                    raise WorkerError(
-                        f"{worker.label} imported attnkit from {where}, not from {src}: an installed "
-                        "attnkit shadows the side's source (uninstall it, or run from a checkout)"
-                    )
+                ident = worker.ask(request)
+                if self.checked_backends is None:
+                    where = Path(ident["attnkit_file"]).resolve()
+                    if not where.is_relative_to(roots[0].resolve()):
+                        raise WorkerError(
+                            f"{worker.label} imported attnkit from {where}, not from {roots[0]}: an "
+                            "installed attnkit shadows the side's source (uninstall it, or run from a "
+                            "checkout)"
+                        )
+                else:
+                    self.absent[side] = self._check_backends(side, worker, ident.get("backends") or {})
                 self.identity[side] = ident["provenance"]
+
+    def _check_backends(self, side: str, worker: _Worker, found: dict) -> dict[str, str]:
+        """The checked backends side ``side`` does not have (-> why), after checking that it
+        imported each one it has from its own roots (a :class:`WorkerError` otherwise)."""
+        try:
+            return backends_absent(side, self.sides[side], found, self.checked_backends)
+        except RepositoryError as err:
+            raise WorkerError(f"{worker.label} {err}", side) from None
 
     def _stop_workers(self) -> None:
         for workers in self.workers.values():
@@ -367,6 +406,10 @@ class PairedSession:
             return results
 
     def _measure(self, case, settings, settled, host) -> dict[str, SideResult]:
+        absent = {side: self.absent[side].get(case["backend"]) for side in self.sides}
+        if any(absent.values()):  # nothing to build on a side that does not have the backend
+            self.last_prepare_s = 0.0
+            return {side: SideResult(unsupported=why) for side, why in absent.items()}
         start = time.perf_counter()
         results, reps = self._prepare(case)
         self.last_prepare_s = time.perf_counter() - start

@@ -9,7 +9,9 @@ own ``sys.stdout`` goes to stderr, so a library's prints cannot corrupt the prot
 =============================================  ======================================================
 request                                        answer
 =============================================  ======================================================
-``{"op": "identify"}``                         ``{"ok", "attnkit_file", "provenance"}``
+``{"op": "identify", "backends"}``             ``{"ok", "attnkit_file", "provenance", "backends"}``:
+                                               ``backends`` (when named) says where each
+                                               one's module was imported from
 ``{"op": "prepare", "case": {...}, "seed"}``   build the case's inputs, warm up, plan the rounds:
                                                ``{"ok", "reps", "estimate_s", "peak_bytes",
                                                "host_share", "kept_bytes", "min_bytes",
@@ -87,7 +89,10 @@ def _serve(out) -> None:
         op = request.get("op")
         try:
             if op == "identify":
-                answer({"ok": True, "attnkit_file": attnkit.__file__, "provenance": provenance(device)})
+                ident = {"ok": True, "attnkit_file": attnkit.__file__, "provenance": provenance(device)}
+                if "backends" in request:
+                    ident["backends"] = _backend_files(request["backends"])
+                answer(ident)
             elif op == "prepare":
                 case = BenchCase(**request["case"])
                 runner, between = None, flusher if case.flushed else keep_cache
@@ -139,6 +144,24 @@ def _serve(out) -> None:
                 answer({"ok": False, "error": f"unknown request {op!r}"})
         except Exception:  # the orchestrator reports it against the benchmark; keep serving
             answer({"ok": False, "error": traceback.format_exc(limit=8)})
+
+
+def _backend_files(names: list[str]) -> dict:
+    """``{"found": {name: {"module", "file"}}}`` for each of ``names`` this side registers (its
+    entry points loaded as any lookup loads them), or ``{"error": why}`` when they fail to load."""
+    from attnkit.registry import backend_names, get_backend
+
+    try:
+        known = backend_names()
+    except Exception as err:  # a broken entry point (BackendEntryPointError) or its import
+        return {"error": f"{type(err).__name__}: {err}"}
+    found = {}
+    for name in names:
+        if name in known:
+            module = get_backend(name).module
+            loaded = sys.modules.get(module) if module else None
+            found[name] = {"module": module, "file": getattr(loaded, "__file__", None)}
+    return {"found": found}
 
 
 def main() -> None:
