@@ -370,8 +370,9 @@ def backend_cases(backend: str, gpu: bool, forward_only: bool = False) -> list[B
     A backend of the standard grid keeps its cases there, and so its benchmark names (the stored
     baselines key on them). Any other registered backend (a plugin's kernel) is timed on the
     grid's standard shapes: on the GPU the training shapes forward and backward, the training
-    step, the host-bound shape as a loop of calls, decode, prefill and the sliding window (the
-    shapes it declines are skipped with its ``supports`` reason); on the CPU the smoke shapes.
+    step, the host-bound shapes as loops of calls (a decode step, GQA and a window among them),
+    decode, prefill and the sliding window (the shapes it declines are skipped with its
+    ``supports`` reason); on the CPU the smoke shapes.
     A ``forward_only`` backend has its forwards only.
     """
     standard = [c for c in (gpu_suite_cases() if gpu else cpu_suite_cases()) if c.backend == backend]
@@ -381,6 +382,7 @@ def backend_cases(backend: str, gpu: bool, forward_only: bool = False) -> list[B
         one = (backend,)
         standard = _cases(one, GPU_SHAPES, ("fwd", "bwd")) + _cases(one, (FWD_BWD_SHAPE,), ("fwd+bwd",))
         standard += [BenchCase(backend, p, *s, mode="loop") for p in ("fwd", "fwd+bwd") for s in HOST_SHAPES]
+        standard += [BenchCase(backend, "fwd", *shape, mode="loop") for _, shape in HOST_FORWARDS]
         standard += _cases(one, DECODE_SHAPES, ("fwd",))
         standard += _cases(one, PREFILL_SHAPES + WINDOW_SHAPES, ("fwd", "bwd"))
     return [c for c in standard if c.pass_name == "fwd" or not forward_only]
