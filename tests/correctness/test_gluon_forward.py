@@ -59,7 +59,7 @@ def test_compiles_for_sm90_to_what_it_is_meant_to_be(d, causal, persistent, tmp_
 
     from attnkit.gluon.hopper_forward import _attn_fwd_kernel
 
-    cfg = dataclasses.replace(get_config(d), persistent=persistent)
+    cfg = dataclasses.replace(get_config(d, causal), persistent=persistent)
     layouts = [
         gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16) for rows in (cfg.block_m, cfg.block_n)
     ]
@@ -188,7 +188,7 @@ def test_matches_the_oracle_with_the_triton_backward(b, h, n, m, d, causal, magn
     k, v = (make_tensor(shape_kv, dtype=dtype, device=DEVICE, generator=gen) for _ in range(2))
     grad_out = make_tensor(shape_q, dtype=dtype, device=DEVICE, generator=gen)
     scale = 1.0 / math.sqrt(d)
-    impl = _GluonForwardTritonBackward(dataclasses.replace(get_config(d), **VARIANTS[variant]))
+    impl = _GluonForwardTritonBackward(dataclasses.replace(get_config(d, causal), **VARIANTS[variant]))
 
     def run(q_, k_, v_):
         return flash_attention(impl, q_, k_, v_, check_inputs(q_, k_, v_, causal, scale))

@@ -192,6 +192,45 @@ def _softmax_step(qk, m_i, l_i, qk_scale):
 
 
 @gluon.jit
+def _overlapped_step(
+    q_buf, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, s_init, p_op, acc, m_i, l_i,
+    it, j, c, rows, free_end, kv_len, causal_offset, qk_scale, col_s: gl.constexpr, row_o: gl.constexpr,
+    p_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    PINGPONG: gl.constexpr, WG: gl.constexpr, MASKED: gl.constexpr,
+):  # fmt: skip
+    """Key block j (>= 1) of the overlapped loop: issue its Q K^T and block j - 1's P V, then
+    its softmax while P V runs. Returns the carried (p_op, acc, m_i, l_i). ``MASKED`` False
+    compiles the block without any mask arithmetic (a block every row sees whole)."""
+    dtype: gl.constexpr = p_op.dtype
+    g = it + j
+    stage = g % STAGES
+    prev = (g - 1) % STAGES
+    mbarrier.wait(k_ready.index(stage), (g // STAGES) & 1)
+    mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
+    if PINGPONG:
+        # Take the tensor cores in turn with the other warpgroup (FlashAttention-3's
+        # ping-pong): its softmax then runs while our products do. Both groups take
+        # the same number of turns; a fresh barrier passes a parity-1 wait, so
+        # warpgroup 0 goes first.
+        mbarrier.wait(turn.index(WG), (c + j + WG) & 1)
+    qk = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+    # wgmma groups retire in issue order: one left pending retires Q K^T, not P V.
+    qk = warpgroup_mma_wait(1, deps=(qk,))
+    mbarrier.arrive(k_empty.index(stage), count=1)
+    if MASKED:
+        qk = _mask(qk, j, rows, free_end, kv_len, causal_offset, col_s, BLOCK_N, CAUSAL)
+    p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(prev), count=1)
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    return p_op, acc, m_i, l_i
+
+
+@gluon.jit
 def _consumer(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
@@ -265,32 +304,21 @@ def _consume_tile(
             qk = _mask(qk, 0, rows, free_end, kv_len, causal_offset, col_s, BLOCK_N, CAUSAL)
             p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-        for j in range(1, n_blocks):
-            g = it + j
-            stage = g % STAGES
-            prev = (g - 1) % STAGES
-            mbarrier.wait(k_ready.index(stage), (g // STAGES) & 1)
-            mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
-            if PINGPONG:
-                # Take the tensor cores in turn with the other warpgroup (FlashAttention-3's
-                # ping-pong): its softmax then runs while our products do. Both groups take
-                # the same number of turns; a fresh barrier passes a parity-1 wait, so
-                # warpgroup 0 goes first.
-                mbarrier.wait(turn.index(WG), (c + j + WG) & 1)
-            qk = warpgroup_mma(
-                q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True
-            )
-            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(turn.index(1 - WG), count=1)
-            qk = warpgroup_mma_wait(1, deps=(qk,))
-            mbarrier.arrive(k_empty.index(stage), count=1)
-            qk = _mask(qk, j, rows, free_end, kv_len, causal_offset, col_s, BLOCK_N, CAUSAL)
-            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(v_empty.index(prev), count=1)
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        # Blocks before ``free_end`` are seen whole by every row: their loop builds no mask.
+        # The blocks crossing the diagonal (or the keys' ragged end) follow with it.
+        n_free = gl.maximum(gl.minimum(free_end // BLOCK_N, n_blocks), 1)
+        for j in range(1, n_free):
+            p_op, acc, m_i, l_i = _overlapped_step(
+                q_buf, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, s_init, p_op, acc, m_i, l_i,
+                it, j, c, rows, free_end, kv_len, causal_offset, qk_scale, col_s, row_o, p_layout,
+                BLOCK_N, STAGES, CAUSAL, PINGPONG, WG, False,
+            )  # fmt: skip
+        for j in range(n_free, n_blocks):
+            p_op, acc, m_i, l_i = _overlapped_step(
+                q_buf, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, s_init, p_op, acc, m_i, l_i,
+                it, j, c, rows, free_end, kv_len, causal_offset, qk_scale, col_s, row_o, p_layout,
+                BLOCK_N, STAGES, CAUSAL, PINGPONG, WG, True,
+            )  # fmt: skip
         if n_blocks > 0:
             acc = _pv(p_op, v_smem, v_ready, v_empty, acc, it + n_blocks - 1, STAGES)
     else:

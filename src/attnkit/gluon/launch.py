@@ -87,7 +87,7 @@ def forward(
         v: (B, H, M, D), same dtype and device, contiguous.
         causal: bottom-right causal mask (row i sees key j iff j <= i + M - N).
         scale: softmax scale, > 0; default 1 / sqrt(D).
-        config: overrides the head dim's entry of :data:`~attnkit.gluon.config.CONFIGS`
+        config: overrides the (head dim, causal) entry of :data:`~attnkit.gluon.config.CONFIGS`
             (for tuning and A/B runs).
 
     Returns:
@@ -102,7 +102,7 @@ def forward(
     _check(q, k, v, causal, scale)
     b, h, n, d = q.shape
     m = k.shape[2]
-    cfg = get_config(d) if config is None else config
+    cfg = get_config(d, causal) if config is None else config
     o = torch.empty_like(q)
     lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)
 
