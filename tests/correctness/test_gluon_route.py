@@ -37,6 +37,24 @@ def test_the_kernel_takes_what_its_launcher_takes(d, n, m, causal, dtype):
     assert gluon_route.gluon_problem_support(problem) is None, problem.describe()
 
 
+@pytest.mark.parametrize(("d", "causal"), [(64, False), (64, True), (128, False), (128, True)])
+def test_routed_cells_and_the_size_floor(d, causal):
+    """Large problems of a routed cell go to the Gluon kernel; small ones (host-bound) and the
+    cells where the plain kernel is faster do not."""
+    large = _problem(b=4, h=2048 // d, n=4096, m=4096, d=d, causal=causal)
+    assert gluon_route.gluon_preferred(large) is ((d, causal) in gluon_route.ROUTED_CELLS)
+    scores = large.batch * large.q_heads * large.q_len * large.kv_len
+    assert scores >= gluon_route.GLUON_MIN_SCORES
+    small = _problem(b=1, h=8, n=128, m=128, d=d, causal=causal)
+    assert not gluon_route.gluon_preferred(small), small.describe()
+
+
+def test_the_large_d128_cells_are_routed():
+    # The cells the Gluon kernel exists for: if this fails, the table lost them.
+    for causal in (False, True):
+        assert gluon_route.gluon_preferred(_problem(b=4, h=16, n=8192, m=8192, d=128, causal=causal))
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
@@ -114,7 +132,13 @@ needs_hopper = pytest.mark.skipif(_GPU_REASON is not None, reason=f"Gluon Hopper
 
 @pytest.fixture
 def gluon_calls(monkeypatch):
-    """Counts the forwards that run on the Gluon kernel; fresh setups before and after."""
+    """Counts the forwards that run on the Gluon kernel; every supported problem routed to it
+    (all cells, no size floor: small and ragged shapes then check the wiring); fresh setups
+    before and after."""
+    monkeypatch.setattr(gluon_route, "GLUON_MIN_SCORES", 0)
+    monkeypatch.setattr(
+        gluon_route, "ROUTED_CELLS", frozenset((d, c) for d in (64, 128) for c in (False, True))
+    )
     calls = []
     real = gluon_route.gluon_forward
 

@@ -5,6 +5,8 @@ supports; everything else keeps the plain kernels. The decision has three parts:
 
 * :func:`gluon_problem_support`: the problem (shapes, dtype, masking) is one the kernel takes;
   pure, no device query, so it is tested on any machine;
+* :func:`gluon_preferred`: the problem is in a cell where the Gluon kernel measured faster than
+  the plain one (:data:`ROUTED_CELLS`), and large enough (:data:`GLUON_MIN_SCORES`);
 * :func:`gluon_switch`: ``$ATTNKIT_GLUON`` is not ``0`` and the kernel can run here (sm_90,
   triton's Gluon API, not the interpreter); read when a problem's setup is built, i.e. once per
   problem signature in a process;
@@ -35,6 +37,17 @@ GLUON_DTYPES = (torch.float16, torch.bfloat16)
 #: TMA row coordinates into (B * H * rows, D) are int32.
 _MAX_ROWS = 2**31 - 1
 
+#: (head dim, causal) cells whose forward runs on the Gluon kernel: those where it measured
+#: faster than the plain Triton forward on an H100 (bf16, B=4, H*D=2048, N=4096 and 8192,
+#: ``do_bench`` medians of both in one run). D=64 causal is not among them: there the plain
+#: kernel measured faster than every Gluon variant tried.
+ROUTED_CELLS = frozenset({(64, False), (128, False), (128, True)})
+
+#: Problems with fewer (query, key) score pairs than this (B * H * N * M) keep the plain
+#: forward: they run in tens of microseconds, where building the Gluon kernel's three TMA
+#: descriptors in Python costs more host time than the plain path's bound (or native) launch.
+GLUON_MIN_SCORES = 2**24
+
 
 def gluon_problem_support(problem: AttentionProblem) -> str | None:
     """None if the Gluon forward takes ``problem`` (whatever the device), else why not."""
@@ -55,6 +68,13 @@ def gluon_problem_support(problem: AttentionProblem) -> str | None:
     if p.batch * p.q_heads * max(p.q_len, p.kv_len) > _MAX_ROWS:
         return "B * H * rows exceeds the int32 TMA coordinates"
     return None
+
+
+def gluon_preferred(problem: AttentionProblem) -> bool:
+    """Whether the Gluon kernel is the faster forward for ``problem`` (one it supports)."""
+    p = problem
+    scores = p.batch * p.q_heads * p.q_len * p.kv_len
+    return (p.head_dim, p.causal) in ROUTED_CELLS and scores >= GLUON_MIN_SCORES
 
 
 def gluon_switch(device: torch.device) -> str | None:
@@ -80,7 +100,11 @@ def _device_reason(device: torch.device) -> str | None:
 def use_gluon(problem: AttentionProblem) -> bool:
     """Whether ``problem``'s forward runs on the Gluon kernel (for layouts that pass
     :func:`gluon_layout_ok`)."""
-    return gluon_problem_support(problem) is None and gluon_switch(problem.device) is None
+    return (
+        gluon_problem_support(problem) is None
+        and gluon_preferred(problem)
+        and gluon_switch(problem.device) is None
+    )
 
 
 def gluon_layout_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

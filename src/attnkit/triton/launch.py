@@ -318,9 +318,9 @@ _SETUPS: dict[tuple, LaunchSetup] = {}
 
 def launch_setup(problem: AttentionProblem, config: AttentionConfig | None = None) -> LaunchSetup:
     """:meth:`LaunchSetup.build`, memoised on the problem and the config. The config-table
-    override (``$ATTNKIT_TRITON_CONFIG``) and the Gluon switch (``$ATTNKIT_GLUON``) are read
-    when a problem's setup is built, not on every call (reading the environment cost ~1.5 us
-    a call); :func:`forget_setups` makes a changed value take effect."""
+    override (``$ATTNKIT_TRITON_CONFIG``) is read when a problem's setup is built, not on
+    every call (reading the environment cost ~1.5 us a call); :func:`forget_setups` makes
+    a changed value take effect."""
     key = (problem, config)
     setup = _SETUPS.get(key)
     if setup is None:
