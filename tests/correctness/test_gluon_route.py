@@ -43,6 +43,11 @@ def test_routed_cells_and_the_size_floor(d, causal):
     cells where the plain kernel is faster do not."""
     large = _problem(b=4, h=2048 // d, n=4096, m=4096, d=d, causal=causal)
     assert gluon_route.gluon_preferred(large) is ((d, causal) in gluon_route.ROUTED_CELLS)
+    if gluon_route.ROUTED_CELLS.get((d, causal), 1) > 1:  # a cell routed from some N on
+        shorter = _problem(
+            b=64, h=2048 // d, n=gluon_route.ROUTED_CELLS[d, causal] - 1, m=4096, d=d, causal=causal
+        )
+        assert not gluon_route.gluon_preferred(shorter), f"N below the cell's floor: {shorter.describe()}"
     scores = large.batch * large.q_heads * large.q_len * large.kv_len
     assert scores >= gluon_route.GLUON_MIN_SCORES
     small = _problem(b=1, h=8, n=128, m=128, d=d, causal=causal)
@@ -136,9 +141,7 @@ def gluon_calls(monkeypatch):
     (all cells, no size floor: small and ragged shapes then check the wiring); fresh setups
     before and after."""
     monkeypatch.setattr(gluon_route, "GLUON_MIN_SCORES", 0)
-    monkeypatch.setattr(
-        gluon_route, "ROUTED_CELLS", frozenset((d, c) for d in (64, 128) for c in (False, True))
-    )
+    monkeypatch.setattr(gluon_route, "ROUTED_CELLS", {(d, c): 1 for d in (64, 128) for c in (False, True)})
     calls = []
     real = gluon_route.gluon_forward
 

@@ -6,7 +6,8 @@ supports; everything else keeps the plain kernels. The decision has three parts:
 * :func:`gluon_problem_support`: the problem (shapes, dtype, masking) is one the kernel takes;
   pure, no device query, so it is tested on any machine;
 * :func:`gluon_preferred`: the problem is in a cell where the Gluon kernel measured faster than
-  the plain one (:data:`ROUTED_CELLS`), and large enough (:data:`GLUON_MIN_SCORES`);
+  the plain one (:data:`ROUTED_CELLS`, by head dim, causal and N), and large enough
+  (:data:`GLUON_MIN_SCORES`);
 * :func:`gluon_switch`: ``$ATTNKIT_GLUON`` is not ``0`` and the kernel can run here (sm_90,
   triton's Gluon API, not the interpreter); read when a problem's setup is built, i.e. once per
   problem signature in a process;
@@ -37,11 +38,12 @@ GLUON_DTYPES = (torch.float16, torch.bfloat16)
 #: TMA row coordinates into (B * H * rows, D) are int32.
 _MAX_ROWS = 2**31 - 1
 
-#: (head dim, causal) cells whose forward runs on the Gluon kernel: those where it measured
-#: faster than the plain Triton forward on an H100 (bf16, B=4, H*D=2048, N=4096 and 8192,
-#: ``do_bench`` medians of both in one run). D=64 causal is not among them: there the plain
-#: kernel measured faster than every Gluon variant tried.
-ROUTED_CELLS = frozenset({(64, False), (128, False), (128, True)})
+#: (head dim, causal) -> the smallest N (queries) whose forward runs on the Gluon kernel: the
+#: cells and lengths where it measured faster than the plain Triton forward on an H100 (bf16,
+#: B*H*D = 4*2048, N = 1024, 4096 and 8192, ``do_bench`` medians of both in one run). D=64 is
+#: routed from N = 4096 (at N = 1024 the plain kernel was faster); D=64 causal not at all
+#: (the plain kernel was faster than every Gluon variant tried).
+ROUTED_CELLS: dict[tuple[int, bool], int] = {(64, False): 4096, (128, False): 1, (128, True): 1}
 
 #: Problems with fewer (query, key) score pairs than this (B * H * N * M) keep the plain
 #: forward: they run in tens of microseconds, where building the Gluon kernel's three TMA
@@ -74,7 +76,8 @@ def gluon_preferred(problem: AttentionProblem) -> bool:
     """Whether the Gluon kernel is the faster forward for ``problem`` (one it supports)."""
     p = problem
     scores = p.batch * p.q_heads * p.q_len * p.kv_len
-    return (p.head_dim, p.causal) in ROUTED_CELLS and scores >= GLUON_MIN_SCORES
+    min_q_len = ROUTED_CELLS.get((p.head_dim, p.causal))
+    return min_q_len is not None and p.q_len >= min_q_len and scores >= GLUON_MIN_SCORES
 
 
 def gluon_switch(device: torch.device) -> str | None:
