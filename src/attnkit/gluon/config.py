@@ -43,6 +43,9 @@ class HopperForwardConfig:
     consumer_regs: int
     producer_regs: int
     maxnreg: int
+    #: Consumer warpgroups, each ``block_m`` rows of the tile: 2, or 3 without ``pingpong``
+    #: (16 warps: ``maxnreg`` 128, e.g. 160 registers a consumer thread and 32 the producer's).
+    consumers: int = 2
 
 
 def _config(block_m=64, block_n=128, stages=2, pingpong=False, persistent=False) -> HopperForwardConfig:
