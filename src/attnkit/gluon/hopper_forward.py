@@ -245,39 +245,15 @@ def _consumer(
         c = 0  # tensor-core turns taken so far (PINGPONG): the turn barrier's phase
         for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             it, c = _consume_tile(
-                args,
-                tile,
-                it,
-                t,
-                c,
-                HEAD_DIM,
-                BLOCK_M,
-                BLOCK_N,
-                STAGES,
-                CAUSAL,
-                OVERLAP,
-                PINGPONG,
-                CONSUMERS,
-                WG,
-            )
+                args, tile, it, t, c, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG,
+                CONSUMERS, WG,
+            )  # fmt: skip
             t += 1  # noqa: SIM113 -- Gluon loops have no enumerate
     else:
         _consume_tile(
-            args,
-            gl.program_id(0),
-            0,
-            0,
-            0,
-            HEAD_DIM,
-            BLOCK_M,
-            BLOCK_N,
-            STAGES,
-            CAUSAL,
-            OVERLAP,
-            PINGPONG,
-            CONSUMERS,
-            WG,
-        )
+            args, gl.program_id(0), 0, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG,
+            CONSUMERS, WG,
+        )  # fmt: skip
 
 
 @gluon.jit
@@ -449,129 +425,32 @@ def _attn_fwd_kernel(
         q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
         turn, out_ptr, lse_ptr, q_len, kv_len, causal_offset, n_bh, n_mblocks, n_tiles, qk_scale,
     )  # fmt: skip
+    # The partitions' constexprs after ``args``; the last one is the partition's warpgroup.
     if CONSUMERS == 3:
         gl.warp_specialize(
             [
-                (
-                    _consumer0,
-                    (
-                        args,
-                        HEAD_DIM,
-                        BLOCK_M,
-                        BLOCK_N,
-                        STAGES,
-                        CAUSAL,
-                        OVERLAP,
-                        PINGPONG,
-                        PERSISTENT,
-                        CONSUMERS,
-                        0,
-                    ),
-                ),
-                (
-                    _consumer1,
-                    (
-                        args,
-                        HEAD_DIM,
-                        BLOCK_M,
-                        BLOCK_N,
-                        STAGES,
-                        CAUSAL,
-                        OVERLAP,
-                        PINGPONG,
-                        PERSISTENT,
-                        CONSUMERS,
-                        1,
-                    ),
-                ),
-                (
-                    _consumer2,
-                    (
-                        args,
-                        HEAD_DIM,
-                        BLOCK_M,
-                        BLOCK_N,
-                        STAGES,
-                        CAUSAL,
-                        OVERLAP,
-                        PINGPONG,
-                        PERSISTENT,
-                        CONSUMERS,
-                        2,
-                    ),
-                ),
-                (
-                    _producer,
-                    (
-                        args,
-                        HEAD_DIM,
-                        BLOCK_M,
-                        BLOCK_N,
-                        STAGES,
-                        CAUSAL,
-                        OVERLAP,
-                        PINGPONG,
-                        PERSISTENT,
-                        CONSUMERS,
-                        3,
-                    ),
-                ),
+                (_consumer0, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                             3, 0)),
+                (_consumer1, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                             3, 1)),
+                (_consumer2, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                             3, 2)),
+                (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                            3, 3)),
             ],
             [4, 4, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
-        )
+        )  # fmt: skip
     else:
         gl.warp_specialize(
             [
-                (
-                    _consumer0,
-                    (
-                        args,
-                        HEAD_DIM,
-                        BLOCK_M,
-                        BLOCK_N,
-                        STAGES,
-                        CAUSAL,
-                        OVERLAP,
-                        PINGPONG,
-                        PERSISTENT,
-                        CONSUMERS,
-                        0,
-                    ),
-                ),
-                (
-                    _consumer1,
-                    (
-                        args,
-                        HEAD_DIM,
-                        BLOCK_M,
-                        BLOCK_N,
-                        STAGES,
-                        CAUSAL,
-                        OVERLAP,
-                        PINGPONG,
-                        PERSISTENT,
-                        CONSUMERS,
-                        1,
-                    ),
-                ),
-                (
-                    _producer,
-                    (
-                        args,
-                        HEAD_DIM,
-                        BLOCK_M,
-                        BLOCK_N,
-                        STAGES,
-                        CAUSAL,
-                        OVERLAP,
-                        PINGPONG,
-                        PERSISTENT,
-                        CONSUMERS,
-                        2,
-                    ),
-                ),
+                (_consumer0, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                             2, 0)),
+                (_consumer1, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                             2, 1)),
+                (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                            2, 2)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
-        )
+        )  # fmt: skip
