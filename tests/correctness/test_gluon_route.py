@@ -138,8 +138,8 @@ needs_hopper = pytest.mark.skipif(_GPU_REASON is not None, reason=f"Gluon Hopper
 @pytest.fixture
 def gluon_calls(monkeypatch):
     """Counts the forwards that run on the Gluon kernel; every supported problem routed to it
-    (all cells, no size floor: small and ragged shapes then check the wiring); fresh setups
-    before and after."""
+    (all cells, no size floor: small and ragged shapes then check the wiring); fresh setups and
+    plans before and after."""
     monkeypatch.setattr(gluon_route, "GLUON_MIN_SCORES", 0)
     monkeypatch.setattr(gluon_route, "ROUTED_CELLS", {(d, c): 1 for d in (64, 128) for c in (False, True)})
     calls = []
@@ -150,9 +150,12 @@ def gluon_calls(monkeypatch):
         return real(q, k, v, problem)
 
     monkeypatch.setattr("attnkit.triton.gluon_forward", counting)
+    # Setups and attention()'s prepared runs made by earlier tests hold the routing of then.
     forget_setups()
+    attnkit.api._forget_plans()
     yield calls
     forget_setups()
+    attnkit.api._forget_plans()
 
 
 @needs_hopper
