@@ -41,13 +41,14 @@ if gluon.forward is not None:
 
 
 @pytest.mark.skipif(_API_REASON is not None, reason=f"Gluon API: {_API_REASON}")
-@pytest.mark.parametrize("persistent", [False, True], ids=["grid", "persistent"])
+@pytest.mark.parametrize("variant", ["grid", "persistent", "3wg"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_compiles_for_sm90_to_what_it_is_meant_to_be(d, causal, persistent, tmp_path):
+def test_compiles_for_sm90_to_what_it_is_meant_to_be(d, causal, variant, tmp_path):
     """Without a GPU: the kernel lowers for sm_90 to TMA copies, wgmma, mbarriers and register
-    reallocation. Spills are reported, not failed on: ptxas reports some for the persistent
-    D=128 causal kernel (the config table keeps it off)."""
+    reallocation (the shipped config with the persistent grid off and on, and three consumer
+    warpgroups), without register spills, except the persistent D=128 causal kernel, for which
+    ptxas reports some (the config table keeps it off)."""
     import re
     import subprocess
     from pathlib import Path
@@ -59,7 +60,8 @@ def test_compiles_for_sm90_to_what_it_is_meant_to_be(d, causal, persistent, tmp_
 
     from attnkit.gluon.hopper_forward import _attn_fwd_kernel
 
-    cfg = dataclasses.replace(get_config(d), persistent=persistent)
+    changes = VARIANTS["3wg"] if variant == "3wg" else {"persistent": variant == "persistent"}
+    cfg = dataclasses.replace(get_config(d, causal), **changes)
     layouts = [
         gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16) for rows in (cfg.block_m, cfg.block_n)
     ]
@@ -74,7 +76,7 @@ def test_compiles_for_sm90_to_what_it_is_meant_to_be(d, causal, persistent, tmp_
     signature |= {"causal_offset": "i32", "n_bh": "i32", "qk_scale": "fp32"}
     constants = dict(
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
-        OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, PERSISTENT=cfg.persistent,
+        OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, PERSISTENT=cfg.persistent, CONSUMERS=cfg.consumers,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )  # fmt: skip
     signature |= dict.fromkeys(constants, "constexpr")
@@ -104,8 +106,8 @@ def test_compiles_for_sm90_to_what_it_is_meant_to_be(d, causal, persistent, tmp_
     )
     assert info.returncode == 0, f"ptxas failed: {info.stderr[-2000:]}"
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", info.stderr)]
-    if not (persistent and causal and d == 128):
-        assert spills == [0], f"ptxas spills {spills} bytes (D={d} causal={causal} persistent={persistent})"
+    if not (variant == "persistent" and causal and d == 128):
+        assert spills == [0], f"ptxas spills {spills} bytes (D={d} causal={causal} {variant}: {cfg})"
 
 
 def _qkv(b=1, h=2, n=128, m=128, d=64, dtype=torch.bfloat16, device=DEVICE):
@@ -161,7 +163,22 @@ class _GluonForwardTritonBackward:
 
 
 #: The shipped configs, and the options a config may switch on (each runs other code).
-VARIANTS = {"shipped": {}, "pingpong": {"pingpong": True}, "persistent": {"persistent": True}}
+VARIANTS = {
+    "shipped": {},
+    "pingpong": {"pingpong": True},
+    "persistent": {"persistent": True},
+    # Three consumer warpgroups (a 192-row tile): 16 warps, 3 x 160 + 32 registers.
+    "3wg": {
+        "consumers": 3,
+        "block_n": 64,
+        "stages": 4,
+        "pingpong": False,
+        "persistent": False,
+        "consumer_regs": 160,
+        "producer_regs": 32,
+        "maxnreg": 128,
+    },
+}
 
 
 @needs_hopper
@@ -188,7 +205,7 @@ def test_matches_the_oracle_with_the_triton_backward(b, h, n, m, d, causal, magn
     k, v = (make_tensor(shape_kv, dtype=dtype, device=DEVICE, generator=gen) for _ in range(2))
     grad_out = make_tensor(shape_q, dtype=dtype, device=DEVICE, generator=gen)
     scale = 1.0 / math.sqrt(d)
-    impl = _GluonForwardTritonBackward(dataclasses.replace(get_config(d), **VARIANTS[variant]))
+    impl = _GluonForwardTritonBackward(dataclasses.replace(get_config(d, causal), **VARIANTS[variant]))
 
     def run(q_, k_, v_):
         return flash_attention(impl, q_, k_, v_, check_inputs(q_, k_, v_, causal, scale))

@@ -319,3 +319,23 @@ def test_the_fast_path_is_one_package_entered_through_the_prepared_run():
         if found - FASTPATH_IMPORTERS.get(where, set()):
             outward.append(f"{where} imports {sorted(found - FASTPATH_IMPORTERS.get(where, set()))}")
     assert not outward, "attnkit reaches into the fast path:\n" + "\n".join(outward)
+
+
+def test_only_the_gluon_package_imports_the_experimental_triton_api():
+    """``triton.experimental`` (Gluon) changes between triton releases: one package owns it, is
+    imported so that it never fails (:mod:`attnkit.gluon`), and the rest of the library reaches
+    it only through that package's availability check."""
+    gluon = SRC / "attnkit" / "gluon"
+    files = [p for p in _python_files(SRC) if not p.is_relative_to(gluon)]
+    bad = [
+        f"{path.relative_to(REPO)}:{line} imports {module}"
+        for path in files
+        for line, module in _file_imports(path)
+        if module == "triton.experimental" or module.startswith("triton.experimental.")
+    ]
+    assert not bad, "only attnkit.gluon may import triton.experimental:\n" + "\n".join(bad)
+    assert any(
+        module.startswith("triton.experimental")
+        for path in _python_files(gluon)
+        for _, module in _file_imports(path)
+    ), "attnkit.gluon no longer imports triton.experimental: the rule above checks nothing"

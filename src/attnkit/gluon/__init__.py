@@ -2,7 +2,8 @@
 
 Optional: needs ``triton.experimental.gluon`` (triton 3.6) and an sm_90 GPU. Importing this
 package never fails; :func:`available` says whether :func:`forward` can run here and
-:func:`unavailable_reason` why not. Not yet a registered attnkit backend.
+:func:`unavailable_reason` why not. The Triton path (backend ``"triton"``) runs its forward on
+this kernel where it can (:mod:`attnkit.triton.gluon_route`).
 
 Modules: ``hopper_forward`` (the kernel and its partitions), ``config`` (tiles and register
 budgets by head dim), ``launch`` (input checks, descriptors, grid: :func:`forward`).

@@ -1,22 +1,22 @@
 """Warp-specialized FlashAttention forward for Hopper (sm_90), written in Gluon.
 
-A work item ("tile") is the output rows [m0, m0 + 2 * BLOCK_M) of one (batch, head) and their
-log-sum-exp. A program (CTA) takes the tiles ``pid, pid + programs, ...``: one tile each when
+A work item ("tile") is the output rows [m0, m0 + CONSUMERS * BLOCK_M) of one (batch, head)
+and their log-sum-exp. A program (CTA) takes the tiles ``pid, pid + programs, ...``: one tile each when
 the grid has a program per tile, or a persistent grid of one program per SM that keeps its
 barriers, ring and register budget across tiles. Causal tiles run heaviest first (the row
 blocks that see the most keys, every head's), which shortens the tail. Each program runs
 three partitions (:func:`gluon.language.warp_specialize`):
 
-* a producer (1 warp, few registers) issuing TMA copies: a tile's two Q tiles (each once its
-  consumer has released the previous tile's), then the K and V tiles of every key block into
+* a producer (1 warp, few registers) issuing TMA copies: a tile's Q tiles, one per consumer
+  (each once its consumer has released the previous tile's), then the K and V tiles of every key block into
   a ring of ``STAGES`` shared-memory slots. Each slot has a
   "ready" mbarrier (the copy engine completes it when the bytes land) and an "empty" one
-  (both consumers arrive on it when their wgmma no longer reads the slot). K and V have
+  (every consumer arrives on it when its wgmma no longer reads the slot). K and V have
   separate barriers so that Q K^T can start while V is still in flight.
-* two consumer warpgroups (the default partition and a 4-warp worker, the same code), each
-  owning BLOCK_M query rows. They stream the same key blocks from the ring, compute
+* ``CONSUMERS`` (2 or 3) consumer warpgroups (the default partition and 4-warp workers, the
+  same code), each owning BLOCK_M query rows. They stream the same key blocks from the ring, compute
   S = Q K^T and O += P V with ``warpgroup_mma`` (Q, K, V read from shared memory, P from
-  registers), and keep the online softmax in registers. Two independent warpgroups let the
+  registers), and keep the online softmax in registers. Independent warpgroups let the
   warp schedulers overlap one group's softmax with the other's matrix products.
 
 Options (constexprs, set from :mod:`.config`): OVERLAP issues block j's Q K^T before block
@@ -58,21 +58,21 @@ LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def _tile(tile, n_bh, n_mblocks, q_len, kv_len, causal_offset, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _tile(tile, n_bh, n_mblocks, q_len, kv_len, causal_offset, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr,
           CAUSAL: gl.constexpr):  # fmt: skip
     """(bh, m0, free_end, n_blocks) of work item ``tile``: its (batch x head) index and first
     row, the key index up to which every row of the tile sees whole blocks, and the number of
     key blocks it streams."""
     if CAUSAL:
         # Row blocks that see the most keys first, for every head, then the next lighter ones.
-        m0 = (n_mblocks - 1 - tile // n_bh) * (2 * BLOCK_M)
+        m0 = (n_mblocks - 1 - tile // n_bh) * TILE_M
         bh = tile % n_bh
-        kv_end = gl.minimum(kv_len, gl.maximum(m0 + 2 * BLOCK_M + causal_offset, 0))
+        kv_end = gl.minimum(kv_len, gl.maximum(m0 + TILE_M + causal_offset, 0))
         # Row m0 sees keys j <= m0 + causal_offset, and every later row sees at least those.
         free_end = gl.minimum(kv_len, gl.maximum(m0 + causal_offset + 1, 0))
     else:
         # A head's row blocks back to back: they share its K and V in L2.
-        m0 = (tile % n_mblocks) * (2 * BLOCK_M)
+        m0 = (tile % n_mblocks) * TILE_M
         bh = tile // n_mblocks
         kv_end = kv_len
         free_end = kv_len
@@ -84,7 +84,7 @@ def _tile(tile, n_bh, n_mblocks, q_len, kv_len, causal_offset, BLOCK_M: gl.const
 def _producer(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-    WG: gl.constexpr,
+    CONSUMERS: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """TMA loads: per tile, the consumers' two Q tiles, then K and V of every key block into
     the ring."""
@@ -93,26 +93,26 @@ def _producer(
         it = 0  # key blocks loaded so far: the ring position and its phase
         t = 0  # tiles so far: the Q buffers' phase
         for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            it = _produce_tile(args, tile, it, t, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)
+            it = _produce_tile(args, tile, it, t, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS)
             t += 1  # noqa: SIM113 -- Gluon loops have no enumerate
     else:
-        _produce_tile(args, gl.program_id(0), 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)
+        _produce_tile(args, gl.program_id(0), 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS)
 
 
 @gluon.jit
 def _produce_tile(
     args, tile, it, t, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr,
 ):  # fmt: skip
     """One tile's loads; ``it`` key blocks and ``t`` tiles came before. Returns the new ``it``."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      _turn, _out_ptr, _lse_ptr, q_len, kv_len, causal_offset, n_bh, n_mblocks, _n_tiles,
      _qk_scale) = args  # fmt: skip
     bh, m0, _free_end, n_blocks = _tile(
-        tile, n_bh, n_mblocks, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL
+        tile, n_bh, n_mblocks, q_len, kv_len, causal_offset, BLOCK_M * CONSUMERS, BLOCK_N, CAUSAL
     )
     q_row = bh * q_len + m0
-    for wg in gl.static_range(2):
+    for wg in gl.static_range(CONSUMERS):
         # A fresh mbarrier counts as having completed the phase before phase 0: waiting
         # on parity 1 passes at once, so the first fills do not wait.
         mbarrier.wait(q_empty.index(wg), (t & 1) ^ 1)
@@ -192,10 +192,49 @@ def _softmax_step(qk, m_i, l_i, qk_scale):
 
 
 @gluon.jit
+def _overlapped_step(
+    q_buf, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, s_init, p_op, acc, m_i, l_i,
+    it, j, c, rows, free_end, kv_len, causal_offset, qk_scale, col_s: gl.constexpr, row_o: gl.constexpr,
+    p_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+    PINGPONG: gl.constexpr, WG: gl.constexpr, MASKED: gl.constexpr,
+):  # fmt: skip
+    """Key block j (>= 1) of the overlapped loop: issue its Q K^T and block j - 1's P V, then
+    its softmax while P V runs. Returns the carried (p_op, acc, m_i, l_i). ``MASKED`` False
+    compiles the block without any mask arithmetic (a block every row sees whole)."""
+    dtype: gl.constexpr = p_op.dtype
+    g = it + j
+    stage = g % STAGES
+    prev = (g - 1) % STAGES
+    mbarrier.wait(k_ready.index(stage), (g // STAGES) & 1)
+    mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
+    if PINGPONG:
+        # Take the tensor cores in turn with the other warpgroup (FlashAttention-3's
+        # ping-pong): its softmax then runs while our products do. Both groups take
+        # the same number of turns; a fresh barrier passes a parity-1 wait, so
+        # warpgroup 0 goes first.
+        mbarrier.wait(turn.index(WG), (c + j + WG) & 1)
+    qk = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG), count=1)
+    # wgmma groups retire in issue order: one left pending retires Q K^T, not P V.
+    qk = warpgroup_mma_wait(1, deps=(qk,))
+    mbarrier.arrive(k_empty.index(stage), count=1)
+    if MASKED:
+        qk = _mask(qk, j, rows, free_end, kv_len, causal_offset, col_s, BLOCK_N, CAUSAL)
+    p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    mbarrier.arrive(v_empty.index(prev), count=1)
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    return p_op, acc, m_i, l_i
+
+
+@gluon.jit
 def _consumer(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-    WG: gl.constexpr,
+    CONSUMERS: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: per tile, rows [m0 + WG * BLOCK_M, + BLOCK_M), online softmax over the
     ring, then O and the log-sum-exp stored."""
@@ -206,20 +245,22 @@ def _consumer(
         c = 0  # tensor-core turns taken so far (PINGPONG): the turn barrier's phase
         for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             it, c = _consume_tile(
-                args, tile, it, t, c, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, WG
-            )
+                args, tile, it, t, c, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG,
+                CONSUMERS, WG,
+            )  # fmt: skip
             t += 1  # noqa: SIM113 -- Gluon loops have no enumerate
     else:
         _consume_tile(
-            args, gl.program_id(0), 0, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, WG
-        )
+            args, gl.program_id(0), 0, 0, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG,
+            CONSUMERS, WG,
+        )  # fmt: skip
 
 
 @gluon.jit
 def _consume_tile(
     args, tile, it, t, c, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-    WG: gl.constexpr,
+    CONSUMERS: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """One tile of one warpgroup; ``it`` key blocks, ``t`` tiles and ``c`` tensor-core turns
     came before. Returns the new (``it``, ``c``)."""
@@ -246,7 +287,7 @@ def _consume_tile(
     q_buf = q_smem.index(WG)
 
     bh, m0, free_end, n_blocks = _tile(
-        tile, n_bh, n_mblocks, q_len, kv_len, causal_offset, BLOCK_M, BLOCK_N, CAUSAL
+        tile, n_bh, n_mblocks, q_len, kv_len, causal_offset, BLOCK_M * CONSUMERS, BLOCK_N, CAUSAL
     )
     row0 = m0 + WG * BLOCK_M
     rows = row0 + gl.arange(0, BLOCK_M, layout=row_s)
@@ -265,32 +306,21 @@ def _consume_tile(
             qk = _mask(qk, 0, rows, free_end, kv_len, causal_offset, col_s, BLOCK_N, CAUSAL)
             p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-        for j in range(1, n_blocks):
-            g = it + j
-            stage = g % STAGES
-            prev = (g - 1) % STAGES
-            mbarrier.wait(k_ready.index(stage), (g // STAGES) & 1)
-            mbarrier.wait(v_ready.index(prev), ((g - 1) // STAGES) & 1)
-            if PINGPONG:
-                # Take the tensor cores in turn with the other warpgroup (FlashAttention-3's
-                # ping-pong): its softmax then runs while our products do. Both groups take
-                # the same number of turns; a fresh barrier passes a parity-1 wait, so
-                # warpgroup 0 goes first.
-                mbarrier.wait(turn.index(WG), (c + j + WG) & 1)
-            qk = warpgroup_mma(
-                q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True
-            )
-            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(turn.index(1 - WG), count=1)
-            qk = warpgroup_mma_wait(1, deps=(qk,))
-            mbarrier.arrive(k_empty.index(stage), count=1)
-            qk = _mask(qk, j, rows, free_end, kv_len, causal_offset, col_s, BLOCK_N, CAUSAL)
-            p, alpha, m_i, l_i = _softmax_step(qk, m_i, l_i, qk_scale)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(v_empty.index(prev), count=1)
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        # Blocks before ``free_end`` are seen whole by every row: their loop builds no mask.
+        # The blocks crossing the diagonal (or the keys' ragged end) follow with it.
+        n_free = gl.maximum(gl.minimum(free_end // BLOCK_N, n_blocks), 1)
+        for j in range(1, n_free):
+            p_op, acc, m_i, l_i = _overlapped_step(
+                q_buf, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, s_init, p_op, acc, m_i, l_i,
+                it, j, c, rows, free_end, kv_len, causal_offset, qk_scale, col_s, row_o, p_layout,
+                BLOCK_N, STAGES, CAUSAL, PINGPONG, WG, False,
+            )  # fmt: skip
+        for j in range(n_free, n_blocks):
+            p_op, acc, m_i, l_i = _overlapped_step(
+                q_buf, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, s_init, p_op, acc, m_i, l_i,
+                it, j, c, rows, free_end, kv_len, causal_offset, qk_scale, col_s, row_o, p_layout,
+                BLOCK_N, STAGES, CAUSAL, PINGPONG, WG, True,
+            )  # fmt: skip
         if n_blocks > 0:
             acc = _pv(p_op, v_smem, v_ready, v_empty, acc, it + n_blocks - 1, STAGES)
     else:
@@ -324,18 +354,27 @@ def _consume_tile(
 def _consumer0(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-    WG: gl.constexpr,
+    CONSUMERS: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
-    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT, 0)
+    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT, CONSUMERS, 0)
 
 
 @gluon.jit
 def _consumer1(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-    WG: gl.constexpr,
+    CONSUMERS: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
-    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT, 1)
+    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT, CONSUMERS, 1)
+
+
+@gluon.jit
+def _consumer2(
+    args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
+    CONSUMERS: gl.constexpr, WG: gl.constexpr,
+):  # fmt: skip
+    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT, CONSUMERS, 2)
 
 
 #: Sizes stay runtime values: a size of 1 would otherwise compile a kernel of its own.
@@ -347,56 +386,71 @@ def _attn_fwd_kernel(
     q_desc, k_desc, v_desc, out_ptr, lse_ptr, q_len, kv_len, causal_offset, n_bh, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):  # fmt: skip
-    """Grid: any number of programs up to the tile count cdiv(N, 2 * BLOCK_M) * B * H (one
+    """Grid: any number of programs up to the tile count cdiv(N, CONSUMERS * BLOCK_M) * B * H (one
     program per tile, or one per SM for a persistent grid). q_desc: (B * H * N, D) with
     (BLOCK_M, D) blocks; k_desc, v_desc: (B * H * M, D) with (BLOCK_N, D) blocks; out_ptr:
     (B, H, N, D) contiguous; lse_ptr: (B, H, N) float32 contiguous; ``n_bh = B * H``.
     ``qk_scale = scale * log2(e) > 0``; ``causal_offset = M - N`` (bottom-right diagonal), used
     with CAUSAL. Launched with num_warps=4 (the first consumer warpgroup); the partitions add
-    5 warps."""
-    n_mblocks = gl.cdiv(q_len, 2 * BLOCK_M)
+    5 warps (9 with three consumers). PINGPONG needs CONSUMERS = 2."""
+    n_mblocks = gl.cdiv(q_len, CONSUMERS * BLOCK_M)
     n_tiles = n_mblocks * n_bh
 
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_M, HEAD_DIM], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(CONSUMERS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(q_empty.index(i), count=1)
+    for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        # Released by both consumers.
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
+        # Released by every consumer.
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
     args = (
         q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
         turn, out_ptr, lse_ptr, q_len, kv_len, causal_offset, n_bh, n_mblocks, n_tiles, qk_scale,
     )  # fmt: skip
-    gl.warp_specialize(
-        [
-            (
-                _consumer0,
-                (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT, 0),
-            ),
-            (
-                _consumer1,
-                (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT, 1),
-            ),
-            (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT, 2)),
-        ],
-        [4, 1],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )
+    # The partitions' constexprs after ``args``; the last one is the partition's warpgroup.
+    if CONSUMERS == 3:
+        gl.warp_specialize(
+            [
+                (_consumer0, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                             3, 0)),
+                (_consumer1, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                             3, 1)),
+                (_consumer2, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                             3, 2)),
+                (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                            3, 3)),
+            ],
+            [4, 4, 1],
+            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
+    else:
+        gl.warp_specialize(
+            [
+                (_consumer0, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                             2, 0)),
+                (_consumer1, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                             2, 1)),
+                (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                            2, 2)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip

@@ -87,7 +87,7 @@ def forward(
         v: (B, H, M, D), same dtype and device, contiguous.
         causal: bottom-right causal mask (row i sees key j iff j <= i + M - N).
         scale: softmax scale, > 0; default 1 / sqrt(D).
-        config: overrides the head dim's entry of :data:`~attnkit.gluon.config.CONFIGS`
+        config: overrides the (head dim, causal) entry of :data:`~attnkit.gluon.config.CONFIGS`
             (for tuning and A/B runs).
 
     Returns:
@@ -102,7 +102,7 @@ def forward(
     _check(q, k, v, causal, scale)
     b, h, n, d = q.shape
     m = k.shape[2]
-    cfg = get_config(d) if config is None else config
+    cfg = get_config(d, causal) if config is None else config
     o = torch.empty_like(q)
     lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)
 
@@ -112,12 +112,16 @@ def forward(
     q_desc = TensorDescriptor.from_tensor(q.view(b * h * n, d), [cfg.block_m, d], q_layout)
     k_desc = TensorDescriptor.from_tensor(k.view(b * h * m, d), [cfg.block_n, d], kv_layout)
     v_desc = TensorDescriptor.from_tensor(v.view(b * h * m, d), [cfg.block_n, d], kv_layout)
-    tiles = triton.cdiv(n, 2 * cfg.block_m) * b * h
+    if cfg.consumers not in (2, 3) or (cfg.pingpong and cfg.consumers != 2):
+        raise ValueError(
+            f"config: {cfg.consumers} consumers (2, or 3 without pingpong), pingpong={cfg.pingpong}"
+        )
+    tiles = triton.cdiv(n, cfg.consumers * cfg.block_m) * b * h
     grid = (min(tiles, _sm_count(q.device)) if cfg.persistent else tiles,)
     _attn_fwd_kernel[grid](
         q_desc, k_desc, v_desc, o, lse, n, m, m - n, b * h, scale * math.log2(math.e),
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=causal,
-        OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, PERSISTENT=cfg.persistent,
+        OVERLAP=cfg.overlap, PINGPONG=cfg.pingpong, PERSISTENT=cfg.persistent, CONSUMERS=cfg.consumers,
         CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip

@@ -7,6 +7,8 @@ Layers, one module each:
 * ``fast_launch`` / ``runtime``: each kernel launched without Triton's per-call binding once a
   layout was seen, and the Triton internals that needs;
 * ``decode_kernels`` / ``decode``: the split-KV forward for few queries against many keys;
+* ``gluon_route``: which forwards run on the warp-specialized Gluon kernel for Hopper
+  (:mod:`attnkit.gluon`) instead of the plain one (``$ATTNKIT_GLUON=0``: none);
 * ``config``: per-GPU tile configs, read from ``configs/<gpu>.json`` (written by ``tune``);
 * this module: :class:`TritonImplementation` for the shared autograd function, the public
   :func:`triton_attention`, and the support checks the registry asks before dispatch.
@@ -37,6 +39,7 @@ from attnkit.triton.decode import (
     use_split_kv,
 )
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
+from attnkit.triton.gluon_route import gluon_forward, gluon_layout_ok
 from attnkit.triton.launch import attention_backward, attention_forward, launch_setup
 from attnkit.triton.padding import padded_attention, padded_problem
 
@@ -75,7 +78,11 @@ class TritonImplementation:
     def forward(self, q, k, v, problem):
         if self.config is None and self.tma is None and use_split_kv(problem):  # decode-shaped
             return decode_forward(q, k, v, problem)
-        return attention_forward(q, k, v, launch_setup(problem, self.config), self.tma)
+        setup = launch_setup(problem, self.config)
+        if setup.gluon and self.tma is None and gluon_layout_ok(q, k, v):
+            # The Gluon kernel's log-sum-exp is the plain forward's, for the same backward.
+            return gluon_forward(q, k, v, problem)
+        return attention_forward(q, k, v, setup, self.tma)
 
     def backward(self, grad_out, q, k, v, out, lse, problem):
         return attention_backward(grad_out, q, k, v, out, lse, launch_setup(problem, self.config), self.tma)
@@ -120,7 +127,9 @@ def prepare(problem: AttentionProblem) -> PreparedRun:
     else :meth:`~attnkit.triton.launch.LaunchSetup.forward_only` of the problem's setup,
     looked up here once. Those bound launches, per layout, are its ``native_forward``, except
     for a problem whose head dims are padded (:mod:`attnkit.triton.padding`): a native program
-    would launch on the caller's unpadded operands, so that run stays in Python."""
+    would launch on the caller's unpadded operands, so that run stays in Python; and except for
+    a problem whose forward runs on the Gluon kernel (:mod:`attnkit.triton.gluon_route`), which
+    stays in Python too."""
     padded = padded_problem(problem)
     kernel_problem = problem if padded is None else padded
     if use_split_kv(kernel_problem):
@@ -135,11 +144,22 @@ def prepare(problem: AttentionProblem) -> PreparedRun:
     else:
         setup = launch_setup(kernel_problem)
         forward_only, native_forward = setup.forward_only, setup.native_forward_only
+        if setup.gluon:
+            # No native program: the Gluon launch is not a bound Triton launch.
+            forward_only, native_forward = partial(_gluon_forward_only, setup), None
     if padded is not None:
         run = partial(padded_attention, _DEFAULT_IMPLEMENTATION, padded=padded, forward_only=forward_only)
         return PreparedRun(run)
     run = partial(flash_attention, _DEFAULT_IMPLEMENTATION, forward_only=forward_only)
     return PreparedRun(run, native_forward=native_forward)
+
+
+def _gluon_forward_only(setup, q, k, v) -> torch.Tensor:
+    """The forward of a Gluon-routed problem without gradients: the Gluon kernel for layouts it
+    reads as they are, the plain kernels for the others."""
+    if gluon_layout_ok(q, k, v):
+        return gluon_forward(q, k, v, setup.problem)[0]
+    return setup.forward_only(q, k, v)
 
 
 def triton_device_support(device: torch.device) -> str | None:

@@ -27,6 +27,7 @@ from attnkit.triton.backward_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_
 from attnkit.triton.config import AttentionConfig, get_config, padded_dim
 from attnkit.triton.fast_launch import KernelLaunch
 from attnkit.triton.forward_kernels import _attn_fwd_kernel
+from attnkit.triton.gluon_route import use_gluon
 
 #: Host-side TMA descriptors arrived in triton 3.4; older versions keep the pointer path.
 _HAS_DESCRIPTORS = importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
@@ -75,6 +76,9 @@ class LaunchSetup:
     stride_limit: int = _INT32_LIMIT
     #: The device and dtype allow TMA descriptors (the layout is checked per call).
     tma_possible: bool = False
+    #: The forward runs on the warp-specialized Gluon kernel for layouts it reads as they are
+    #: (:mod:`attnkit.triton.gluon_route`); never with an explicit config (a tuner's run).
+    gluon: bool = False
     #: Keyword arguments (constexprs, warps, stages) of each launch, built once.
     kernel_kwargs: dict = field(default_factory=dict, compare=False)
     #: Each kernel with those arguments ("fwd", "preprocess", "dkdv", "dq"; "*_tma" with
@@ -90,6 +94,7 @@ class LaunchSetup:
     @classmethod
     def build(cls, problem: AttentionProblem, config: AttentionConfig | None = None) -> LaunchSetup:
         p = problem
+        gluon = config is None and use_gluon(p)
         if config is None:
             config = get_config(p.device, p.dtype, p.head_dim, p.value_dim, p.causal)
         head_pad, value_pad = padded_dim(p.head_dim), padded_dim(p.value_dim)
@@ -116,6 +121,7 @@ class LaunchSetup:
                 and _capability(p.device)[0] == 9
                 and p.batch * p.q_heads * p.q_len * p.kv_len >= TMA_MIN_SCORES
             ),
+            gluon=gluon,
         )
         for name in ("fwd", "dkdv", "dq"):
             cfg = getattr(config, name)
@@ -325,7 +331,8 @@ def launch_setup(problem: AttentionProblem, config: AttentionConfig | None = Non
 
 
 def forget_setups() -> None:
-    """Drop every memoised :class:`LaunchSetup` (after changing ``$ATTNKIT_TRITON_CONFIG``)."""
+    """Drop every memoised :class:`LaunchSetup` (after changing ``$ATTNKIT_TRITON_CONFIG`` or
+    ``$ATTNKIT_GLUON``)."""
     _SETUPS.clear()
 
 
