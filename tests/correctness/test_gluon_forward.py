@@ -60,7 +60,7 @@ def test_compiles_for_sm90_to_what_it_is_meant_to_be(d, causal, variant, tmp_pat
 
     from attnkit.gluon.hopper_forward import _attn_fwd_kernel
 
-    changes = VARIANTS["3wg"] if variant == "3wg" else {"persistent": variant == "persistent"}
+    changes = VARIANTS[variant] if variant != "grid" else {"persistent": False}
     cfg = dataclasses.replace(get_config(d, causal), **changes)
     layouts = [
         gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16) for rows in (cfg.block_m, cfg.block_n)
@@ -163,10 +163,12 @@ class _GluonForwardTritonBackward:
 
 
 #: The shipped configs, and the options a config may switch on (each runs other code).
+#: Two consumer warpgroups on the 12-warp register budget (the persistent grid is built on it).
+TWO_WARPGROUPS = {"consumers": 2, "consumer_regs": 240, "producer_regs": 24, "maxnreg": 168}
 VARIANTS = {
     "shipped": {},
-    "pingpong": {"pingpong": True},
-    "persistent": {"persistent": True},
+    "pingpong": {**TWO_WARPGROUPS, "pingpong": True},
+    "persistent": {**TWO_WARPGROUPS, "persistent": True},
     # Three consumer warpgroups (a 192-row tile): 16 warps, 3 x 160 + 32 registers.
     "3wg": {
         "consumers": 3,

@@ -41,7 +41,8 @@ def test_the_kernel_takes_what_its_launcher_takes(d, n, m, causal, dtype):
 def test_routed_cells_and_the_size_floor(d, causal):
     """Large problems of a routed cell go to the Gluon kernel; small ones (host-bound) and the
     cells where the plain kernel is faster do not."""
-    large = _problem(b=4, h=2048 // d, n=4096, m=4096, d=d, causal=causal)
+    n = max(4096, gluon_route.ROUTED_CELLS.get((d, causal), 4096))
+    large = _problem(b=4, h=2048 // d, n=n, m=n, d=d, causal=causal)
     assert gluon_route.gluon_preferred(large) is ((d, causal) in gluon_route.ROUTED_CELLS)
     if gluon_route.ROUTED_CELLS.get((d, causal), 1) > 1:  # a cell routed from some N on
         shorter = _problem(

@@ -15,11 +15,12 @@ while block j - 1's P V is in flight, so three P/S tiles are live at once.
 Shared memory per CTA: 2 * block_m * D (Q) + 2 * stages * block_n * D (K, V) elements plus
 barriers and layout-conversion scratch; at most 227 KiB on an H100.
 
-Chosen by measurement on an H100 (bf16, B=4, H*D=2048, N=8192, ``do_bench`` medians), the
-fastest variant of each (head dim, causal) cell among those that compile for sm_90 without
-register spills (ptxas ``-v``). The persistent D=128 causal kernel spills (its consumers need
-more than the 240 registers a thread the budget allows) and is therefore not chosen, although
-it measured within 1% of the chosen ping-pong grid.
+Chosen by measurement on an H100 (bf16, B=4, H*D=2048, N = 4096, 8192 and 16384, ``do_bench``
+medians, cuDNN timed in the same rows): the variant of each (head dim, causal) cell fastest at
+all three lengths among those that compile for sm_90 without register spills (ptxas ``-v``).
+At D=64 three consumer warpgroups won in both cells (1.06-1.25x cuDNN without the mask); at
+D=128 causal the plain grid beat ping-pong and the persistent kernel, which spills (its
+consumers need more than the 240 registers a thread the budget allows).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class HopperForwardConfig:
 
 
 def _config(block_m=64, block_n=128, stages=2, pingpong=False, persistent=False) -> HopperForwardConfig:
-    """A config on the register budget every entry shares (12 warps, one CTA per SM)."""
+    """A config of two consumer warpgroups (12 warps, one CTA per SM)."""
     return HopperForwardConfig(
         block_m=block_m,
         block_n=block_n,
@@ -63,12 +64,30 @@ def _config(block_m=64, block_n=128, stages=2, pingpong=False, persistent=False)
     )
 
 
+def _three_warpgroups(stages: int) -> HopperForwardConfig:
+    """Three consumer warpgroups of 64 rows (192 a CTA, FlashAttention-3's D=64 shape): 16
+    warps, so 128 registers a thread on average, 3 x 160 for the consumers and 32 for the
+    producer."""
+    return HopperForwardConfig(
+        block_m=64,
+        block_n=128,
+        stages=stages,
+        overlap=True,
+        pingpong=False,
+        persistent=False,
+        consumer_regs=160,
+        producer_regs=32,
+        maxnreg=128,
+        consumers=3,
+    )
+
+
 #: By (head dim (Dv = D), causal).
 CONFIGS: dict[tuple[int, bool], HopperForwardConfig] = {
-    (64, False): _config(stages=4),
-    (64, True): _config(stages=3, persistent=True),
+    (64, False): _three_warpgroups(stages=3),
+    (64, True): _three_warpgroups(stages=3),
     (128, False): _config(pingpong=True, persistent=True),
-    (128, True): _config(pingpong=True),
+    (128, True): _config(),
 }
 
 SUPPORTED_HEAD_DIMS = tuple(sorted({d for d, _ in CONFIGS}))
