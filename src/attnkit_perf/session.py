@@ -44,6 +44,7 @@ from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.grid import external_backends, grid_backends, grid_cases
 from attnkit_perf.machine import provenance, source_digest, version_differences
 from attnkit_perf.measure.cases import BenchCase
+from attnkit_perf.measure.host_rounds import extend_host
 from attnkit_perf.measure.measurer import CaseMeasurer, MeasureSettings
 from attnkit_perf.measure.paired import (
     ANSWER_TIMEOUT_S,
@@ -224,27 +225,31 @@ class PerfSession:
         """Measure ``case`` on both sides until :class:`PairedRule` settles it (and its host
         metric, where timed), confirm a slowdown on fresh processes, and attach the verdict row
         to the test."""
+        budget = self.opt["budget_s"]
+        settings = PairedSettings(budget_s=budget) if budget else PairedSettings()
         rule = PairedRule(
             self.thresholds,
             self.alpha,
             self.threshold_for(case.name),
             host_threshold=self.policy.host_threshold_for(case.name),
             confirmed=self.policy.confirmed,
+            host_looks=settings.host_looks,
         )
-        budget = self.opt["budget_s"]
-        settings = PairedSettings(budget_s=budget) if budget else PairedSettings()
         host = self.host_timed(case)
         paired = self.paired_session()
         start = time.perf_counter()
         results = paired.measure(case.as_dict(), settings, lambda r: rule.decide(r).settled, host=host)
         # Where the gate's own time goes, per benchmark: "measure" is the first measurement, its
-        # "prepare" included; a suspect adds "restart" (fresh workers) and "confirm".
+        # "prepare" included; a suspect adds "restart" (fresh workers) and "confirm"; more
+        # processes for the host metric add "host_restart" and "host_more" (their "confirm_" too).
         seconds = {"prepare": paired.last_prepare_s, "measure": time.perf_counter() - start}
         measurements = [results]
         decision = rule.unsupported(results)
         if decision is None and results["head"].unsupported:
             pytest.skip(f"neither side runs this case: {results['head'].unsupported}")
         if decision is None:
+            if host:  # more processes while the host metric cannot tell
+                seconds.update(extend_host(paired, case.as_dict(), settings, results, rule.host_wants_more))
             first = rule.decide_all(results)
             decision = rule.join(*first, results)
             if rule.any_slower(*first) and not self.opt["no_confirm"]:
@@ -255,6 +260,9 @@ class PerfSession:
                     case.as_dict(), settings, lambda r: rule.decide(r, results).settled, host=host
                 )
                 seconds["confirm"] = time.perf_counter() - start - seconds["restart"]
+                if host:
+                    more = extend_host(paired, case.as_dict(), settings, again, rule.host_wants_more)
+                    seconds.update({f"confirm_{step}": s for step, s in more.items()})
                 decision = rule.join(*rule.confirm_all(first, again, results), again)
                 measurements.insert(0, again)
         decision.extra["seconds"] = {step: round(s, 3) for step, s in seconds.items()}

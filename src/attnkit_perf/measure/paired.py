@@ -10,7 +10,7 @@ slow drifts cancel within the pairs and both sides are sampled in more than one 
 block is ``rounds`` rounds of the same flushed repetitions (the plan of the head's first
 worker, used by both sides), after one untimed round that brings clocks and caches back to
 where a running workload keeps them; its value is the median of its rounds. For a host-timed
-case every worker then measures the host metric (:meth:`PairedSession._host`,
+case every worker then measures the host metric (:mod:`attnkit_perf.measure.host_rounds`,
 :mod:`attnkit_perf.measure.host`): one value per process, the decision's unit.
 
 :meth:`PairedSession.measure` measures in steps of ``step_pairs`` until ``decide`` says the
@@ -21,6 +21,7 @@ case leaves it new; dead or hung workers are replaced before the next benchmark.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnkit.cache import cache_root
+from attnkit_perf.measure.host_rounds import measure_host
 from attnkit_perf.measure.repo import RepositoryError, backends_absent
 
 #: Worker processes per side. Each process carries an offset of its own (allocation addresses,
@@ -106,6 +108,9 @@ class PairedSettings:
     #: measurement of ``host_batches`` batches per process, sides alternating first.
     host_rounds: int = 2
     host_batches: int = 15
+    #: Most sets of :data:`PROCESSES_PER_SIDE` processes whose host metric one measurement pools
+    #: (:func:`attnkit_perf.measure.host_rounds.extend_host`); the decision's ``looks``.
+    host_looks: int = 3
 
 
 @dataclass
@@ -130,6 +135,13 @@ class SideResult:
     @property
     def median_s(self) -> float | None:
         return statistics.median(self.blocks) if self.blocks else None
+
+    def pool_host(self, fresh: SideResult) -> None:
+        """Pool the host metric of ``fresh`` processes into this side's
+        (:func:`attnkit_perf.measure.host_rounds.extend_host`)."""
+        self.host_per_call += fresh.host_per_call
+        self.host_cpu_per_call += fresh.host_cpu_per_call
+        self.host_dropped += fresh.host_dropped
 
 
 #: Seconds a worker may take to answer one request (a prepare that compiles a side's kernels
@@ -184,13 +196,19 @@ class _Worker:
         self.send(request)
         return self.receive(request.get("op"))
 
+    def hang_up(self) -> None:
+        """Ask the worker to exit (its input ends) without waiting for it."""
+        if not self.proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):  # it is gone already
+                self.proc.stdin.close()
+
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        self.hang_up()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class PairedSession:
@@ -299,16 +317,24 @@ class PairedSession:
         except RepositoryError as err:
             raise WorkerError(f"{worker.label} {err}", side) from None
 
-    def _stop_workers(self) -> None:
-        for workers in self.workers.values():
-            for worker in workers:
-                worker.close()
+    def _stop_workers(self, kill: bool = False) -> None:
+        """Stop every worker: told first, then waited for, so their exits overlap. ``kill``: a
+        restart's, whose workers hold nothing to keep (every answer is in, the case released):
+        killed at once, since an interpreter's teardown with torch loaded took ~1 s per worker
+        on the CPU, most of a restart's cost after the imports."""
+        every = [worker for workers in self.workers.values() for worker in workers]
+        for worker in every:
+            if kill and worker.proc.poll() is None:
+                worker.proc.kill()
+            worker.hang_up()
+        for worker in every:
+            worker.close()
         self.workers = {}
 
     def restart(self) -> None:
         """Replace every worker by a fresh process: a second measurement then draws new
         process offsets instead of repeating the first one's."""
-        self._stop_workers()
+        self._stop_workers(kill=True)
         self._start_workers()
 
     def close(self) -> None:
@@ -357,28 +383,6 @@ class PairedSession:
             raise WorkerError(f"{worker.label} failed to measure: {answer['error']}", side)
         return statistics.median(answer["samples"])
 
-    def _host(self, results: dict[str, SideResult], settings: PairedSettings) -> None:
-        """The host metric on every worker of both sides: worker ``i`` of each side back to
-        back, the side first alternating with ``i`` and the round, so that neither side always
-        follows the other; a process's value is the median over its rounds."""
-        answers = {side: [[] for _ in range(PROCESSES_PER_SIDE)] for side in self.sides}
-        for rnd in range(settings.host_rounds):
-            for i in range(PROCESSES_PER_SIDE):
-                order = ("base", "head") if (i + rnd) % 2 == 0 else ("head", "base")
-                for side in order:
-                    worker = self.workers[side][i]
-                    answer = worker.ask({"op": "host", "batches": settings.host_batches})
-                    if not answer["ok"]:
-                        raise WorkerError(f"{worker.label} failed to time the host: {answer['error']}", side)
-                    answers[side][i].append(answer)
-        for side, per_worker in answers.items():
-            result = results[side]
-            result.host_per_call = [statistics.median(a["per_call_s"] for a in got) for got in per_worker]
-            result.host_cpu_per_call = [
-                statistics.median(a["cpu_per_call_s"] for a in got) for got in per_worker
-            ]
-            result.host_dropped = sum(a["dropped"] for got in per_worker for a in got)
-
     def measure(
         self,
         case: dict,
@@ -394,8 +398,16 @@ class PairedSession:
         that died is replaced, with all the others, before the next benchmark; a failure of the
         head's is raised.
         """
+        return self._guarded(lambda: self._measure(case, settings, settled, host))
+
+    def measure_host(self, case: dict, settings: PairedSettings) -> dict[str, SideResult]:
+        """The host metric alone on every worker (fresh ones, after :meth:`restart`): the case
+        prepared, no pairs of blocks; failures as in :meth:`measure`."""
+        return self._guarded(lambda: self._measure(case, settings, None, host=True))
+
+    def _guarded(self, measure: Callable[[], dict[str, SideResult]]) -> dict[str, SideResult]:
         try:
-            return self._measure(case, settings, settled, host)
+            return measure()
         except WorkerError as err:
             if any(w.proc.poll() is not None for workers in self.workers.values() for w in workers):
                 self.restart()
@@ -417,7 +429,7 @@ class PairedSession:
             if any(r.unsupported for r in results.values()):
                 return results
             start = time.perf_counter()
-            while True:
+            while settled is not None:  # None: the host metric alone
                 first = len(results["head"].blocks)
                 for pair in range(first, first + settings.step_pairs):
                     order = ("base", "head") if pair % 2 == 0 else ("head", "base")
@@ -430,7 +442,7 @@ class PairedSession:
                 if done >= settings.max_pairs or time.perf_counter() - start > settings.budget_s:
                     break
             if host:
-                self._host(results, settings)
+                measure_host(self, results, settings)
             return results
         finally:
             for workers in self.workers.values():
