@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from attnkit_perf.measure.processes import WorkerError
+
 if TYPE_CHECKING:
     from attnkit_perf.measure.paired import PairedSession, PairedSettings, SideResult
 
@@ -26,8 +28,6 @@ def measure_host(session: PairedSession, results: dict[str, SideResult], setting
     """The host metric on every worker of both sides, into ``results``: worker ``i`` of each
     side back to back, the side first alternating with ``i`` and the round, so that neither side
     always follows the other; a process's value is the median over its rounds."""
-    from attnkit_perf.measure.paired import WorkerError
-
     count = len(session.workers["head"])
     answers = {side: [[] for _ in range(count)] for side in session.sides}
     for rnd in range(settings.host_rounds):

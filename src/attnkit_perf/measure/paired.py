@@ -21,14 +21,9 @@ case leaves it new; dead or hung workers are replaced before the next benchmark.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import select
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,6 +32,13 @@ from pathlib import Path
 
 from attnkit.cache import cache_root
 from attnkit_perf.measure.host_rounds import measure_host
+from attnkit_perf.measure.processes import (
+    ANSWER_TIMEOUT_S,
+    WorkerError,
+    WorkerProcess,
+    placement,
+    visible_gpus,
+)
 from attnkit_perf.measure.repo import RepositoryError, backends_absent
 
 #: Worker processes per side. Each process carries an offset of its own (allocation addresses,
@@ -45,46 +47,6 @@ from attnkit_perf.measure.repo import RepositoryError, backends_absent
 #: over pairs spread across 4 processes halves that offset's variance (the gate's simulations
 #: of its decision rule put a 1% process offset at 1% first-stage alarms with 4, 3% with 2).
 PROCESSES_PER_SIDE = 4
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (ids or UUIDs)."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return [x.strip() for x in listed.split(",") if x.strip()]
-    import torch
-
-    return [str(i) for i in range(torch.cuda.device_count())]
-
-
-def shard_problem(shards: int, gpus: list[str]) -> str | None:
-    """Why ``shards`` xdist workers cannot each measure on a GPU of their own, or None. Two
-    shards on one GPU would time each other's kernels: refused, never measured."""
-    if shards > len(gpus):
-        return (
-            f"paired mode gives each xdist worker a GPU of its own: {shards} workers asked for "
-            f"(-n {shards}), {len(gpus)} GPU(s) visible ({','.join(gpus) or 'none'}); "
-            f"use -n {max(1, len(gpus))} or fewer"
-        )
-    return None
-
-
-def placement(shard: int | None, cores: list[int], gpus: list[str]) -> tuple[int | None, str | None]:
-    """The core that shard ``shard``'s worker processes are pinned to (None: leave them be, one
-    core only) and the GPU they see (None: the caller's own). Counting cores from the end keeps
-    the shards' workers off the cores where the pytest processes usually start."""
-    slot = shard or 0
-    core = cores[-1 - slot % len(cores)] if len(cores) > 1 else None
-    gpu = gpus[slot % len(gpus)] if shard is not None and gpus else None
-    return core, gpu
-
-
-class WorkerError(RuntimeError):
-    """A worker process failed in a way that is not about the benchmark; ``side`` says whose."""
-
-    def __init__(self, message: str, side: str | None = None) -> None:
-        super().__init__(message)
-        self.side = side
 
 
 @dataclass(frozen=True)
@@ -144,73 +106,6 @@ class SideResult:
         self.host_dropped += fresh.host_dropped
 
 
-#: Seconds a worker may take to answer one request (a prepare that compiles a side's kernels
-#: included) before it is taken for hung and killed: a deadlocked kernel must not hang the gate.
-ANSWER_TIMEOUT_S = 600.0
-#: A worker's first answer waits for its imports, which a loaded machine can slow to minutes.
-STARTUP_TIMEOUT_S = 600.0
-
-
-class _Worker:
-    def __init__(self, side: str, index: int, env: dict, cwd: Path, timeout_s: float) -> None:
-        self.side = side
-        self.label = f"{side}[{index}]"
-        self.timeout_s = timeout_s
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "attnkit_perf.measure.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None,  # a worker's warnings and crashes reach the log as they happen
-            text=True,
-            env=env,
-            cwd=cwd,
-        )
-
-    def send(self, request: dict) -> None:
-        try:
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            code = self.proc.wait()
-            op = request.get("op")
-            raise WorkerError(f"{self.label} worker exited (status {code}) before {op}", self.side) from None
-
-    def receive(self, op: str) -> dict:
-        # One request, one line: nothing waits in the pipe's Python buffer between answers, so
-        # select on the descriptor says whether the answer has begun to arrive.
-        timeout_s = max(self.timeout_s, STARTUP_TIMEOUT_S) if op == "identify" else self.timeout_s
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
-        if not ready:
-            self.proc.kill()
-            self.proc.wait()
-            raise WorkerError(
-                f"{self.label} worker did not answer {op} within {timeout_s:g} s and was killed", self.side
-            )
-        line = self.proc.stdout.readline()
-        if not line:
-            code = self.proc.wait()
-            raise WorkerError(f"{self.label} worker exited (status {code}) during {op}", self.side)
-        return json.loads(line)
-
-    def ask(self, request: dict) -> dict:
-        self.send(request)
-        return self.receive(request.get("op"))
-
-    def hang_up(self) -> None:
-        """Ask the worker to exit (its input ends) without waiting for it."""
-        if not self.proc.stdin.closed:
-            with contextlib.suppress(BrokenPipeError):  # it is gone already
-                self.proc.stdin.close()
-
-    def close(self) -> None:
-        self.hang_up()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 class PairedSession:
     """Worker processes of both sides, started once per pytest process and reused."""
 
@@ -259,7 +154,7 @@ class PairedSession:
         (link_dir / "attnkit_perf").symlink_to(Path(perf_dir).resolve(), target_is_directory=True)
         self._commits = commits
         self._link_dir = link_dir
-        self.workers: dict[str, list[_Worker]] = {}
+        self.workers: dict[str, list[WorkerProcess]] = {}
         self.identity: dict[str, dict] = {}
         #: Seconds the last :meth:`measure` spent preparing the case on every worker (building,
         #: compiling or loading kernels, warming up) before its first pair: the gate's own cost.
@@ -288,7 +183,7 @@ class PairedSession:
             if commits.get(side):
                 env["ATTNKIT_COMMIT"] = commits[side]
             self.workers[side] = [
-                _Worker(side, i, env, self.checkouts[side], self.answer_timeout_s)
+                WorkerProcess(side, i, env, self.checkouts[side], self.answer_timeout_s)
                 for i in range(PROCESSES_PER_SIDE)
             ]
         request = {"op": "identify"}
@@ -309,7 +204,7 @@ class PairedSession:
                     self.absent[side] = self._check_backends(side, worker, ident.get("backends") or {})
                 self.identity[side] = ident["provenance"]
 
-    def _check_backends(self, side: str, worker: _Worker, found: dict) -> dict[str, str]:
+    def _check_backends(self, side: str, worker: WorkerProcess, found: dict) -> dict[str, str]:
         """The checked backends side ``side`` does not have (-> why), after checking that it
         imported each one it has from its own roots (a :class:`WorkerError` otherwise)."""
         try:
