@@ -21,7 +21,8 @@ from attnkit_perf.decide.paired import PairedRule
 from attnkit_perf.machine import source_digest
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.measure.checkout import BaseError, materialise_base
-from attnkit_perf.measure.paired import ANSWER_TIMEOUT_S, PairedSession, PairedSettings, WorkerError
+from attnkit_perf.measure.paired import PairedSession, PairedSettings
+from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S, WorkerError
 
 
 def paired_decision(

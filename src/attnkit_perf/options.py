@@ -12,7 +12,8 @@ import torch
 from attnkit_perf.decide import gate, pooled
 from attnkit_perf.decide.baseline import RECORD_COMMAND, baseline_path, load_baseline, missing_message
 from attnkit_perf.decide.formats import FormatError, read_json
-from attnkit_perf.decide.noise import load_noise, noise_file, noise_protocol
+from attnkit_perf.decide.host import host_noise_name
+from attnkit_perf.decide.noise import coverage_notes, load_noise, noise_file, noise_protocol
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
 
 
@@ -119,3 +120,17 @@ def noise(
     except FormatError as err:
         raise _usage(str(err)) from err
     return sds, [f"A/A noise from {path}: {len(sds)} benchmarks"], (path, protocol)
+
+
+def noise_coverage(
+    source: tuple, noise: dict, gpu_grid: list, cpu_grid: list, names, mode, device
+) -> list[str]:
+    """The notes on how the A/A noise file ``source`` (``(path, timing protocol)``) covers the
+    grid's cases (:class:`attnkit_perf.measure.cases.BenchCase`) and this run's ``names``; the
+    host metric's noise is held under names of its own (:func:`host_noise_name`), for the cases
+    paired mode times it on (every case on the CPU)."""
+    path, protocol = source
+    hosted = {c.name for c in gpu_grid if c.host_timed} | {c.name for c in cpu_grid}
+    grid = [c.name for c in gpu_grid + cpu_grid] + [host_noise_name(n) for n in hosted]
+    timed = [host_noise_name(n) for n in names if mode == "paired" and (n in hosted or device.type != "cuda")]
+    return coverage_notes(path, noise, grid, [*names, *timed], protocol)

@@ -23,7 +23,7 @@ import pytest
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.verdict import BenchmarkVerdict, format_table, summary_line
 from attnkit_perf.measure.checkout import BaseError, materialise_base, materialise_roots
-from attnkit_perf.measure.paired import ANSWER_TIMEOUT_S
+from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S
 from attnkit_perf.measure.repo import RepositoryError, find_repository
 from attnkit_perf.session import ERROR_PROPERTY, VERDICT_PROPERTY, PerfSession
 

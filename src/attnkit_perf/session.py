@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -34,9 +33,7 @@ from attnkit_perf.adjudicate import Adjudicator, adjudicate_rows
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.baseline import baseline_path, save_baseline
 from attnkit_perf.decide.formats import FormatError
-from attnkit_perf.decide.host import host_noise_name
 from attnkit_perf.decide.hostbound import host_bound_throughout, paired_share
-from attnkit_perf.decide.noise import coverage_notes
 from attnkit_perf.decide.paired import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import StoredRule
@@ -45,15 +42,11 @@ from attnkit_perf.grid import external_backends, grid_backends, grid_cases
 from attnkit_perf.machine import provenance, source_digest, version_differences
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.measure.measurer import CaseMeasurer, MeasureSettings
-from attnkit_perf.measure.paired import (
-    ANSWER_TIMEOUT_S,
-    PairedSession,
-    PairedSettings,
-    shard_problem,
-    visible_gpus,
-)
+from attnkit_perf.measure.paired import PairedSession, PairedSettings
+from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S, shard_problem, visible_gpus
 from attnkit_perf.measure.repo import checkout_of
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
+from attnkit_perf.paired_run import measure_paired
 
 #: ``user_properties`` keys of a benchmark's verdict row and of the row of one that raised.
 VERDICT_PROPERTY = "attnkit_verdict"
@@ -142,18 +135,10 @@ class PerfSession:
         false-alarm budget, and the A/A noise file must describe them."""
         self.policy.benchmark_count = len(names)
         if self._noise_source is not None:
-            path, protocol = self._noise_source
-            # The host metric's noise is held under names of its own (host_noise_name).
             gpu_grid, cpu_grid = self.grid(gpu=True), self.grid(gpu=False)
-            hosted = {c.name for c in gpu_grid if c.host_timed} | {c.name for c in cpu_grid}
-            grid = [c.name for c in gpu_grid + cpu_grid]
-            grid += [host_noise_name(n) for n in hosted]
-            timed = [
-                host_noise_name(n)
-                for n in names
-                if self.mode == "paired" and (n in hosted or self.device.type != "cuda")
-            ]
-            self.notes += coverage_notes(path, self.policy.noise, grid, [*names, *timed], protocol)
+            self.notes += options_.noise_coverage(
+                self._noise_source, self.policy.noise, gpu_grid, cpu_grid, names, self.mode, self.device
+            )
 
     def grid(self, gpu: bool) -> list[BenchCase]:
         """The cases this run's backends have on the GPU grid (``gpu``) or the CPU smoke grid."""
@@ -224,39 +209,26 @@ class PerfSession:
         """Measure ``case`` on both sides until :class:`PairedRule` settles it (and its host
         metric, where timed), confirm a slowdown on fresh processes, and attach the verdict row
         to the test."""
+        budget = self.opt["budget_s"]
+        settings = PairedSettings(budget_s=budget) if budget else PairedSettings()
         rule = PairedRule(
             self.thresholds,
             self.alpha,
             self.threshold_for(case.name),
             host_threshold=self.policy.host_threshold_for(case.name),
             confirmed=self.policy.confirmed,
+            host_looks=settings.host_looks,
         )
-        budget = self.opt["budget_s"]
-        settings = PairedSettings(budget_s=budget) if budget else PairedSettings()
-        host = self.host_timed(case)
-        paired = self.paired_session()
-        start = time.perf_counter()
-        results = paired.measure(case.as_dict(), settings, lambda r: rule.decide(r).settled, host=host)
-        # Where the gate's own time goes, per benchmark: "measure" is the first measurement, its
-        # "prepare" included; a suspect adds "restart" (fresh workers) and "confirm".
-        seconds = {"prepare": paired.last_prepare_s, "measure": time.perf_counter() - start}
-        measurements = [results]
-        decision = rule.unsupported(results)
-        if decision is None and results["head"].unsupported:
-            pytest.skip(f"neither side runs this case: {results['head'].unsupported}")
+        decision, measurements, seconds = measure_paired(
+            self.paired_session(),
+            rule,
+            case.as_dict(),
+            settings,
+            host=self.host_timed(case),
+            confirm=not self.opt["no_confirm"],
+        )
         if decision is None:
-            first = rule.decide_all(results)
-            decision = rule.join(*first, results)
-            if rule.any_slower(*first) and not self.opt["no_confirm"]:
-                start = time.perf_counter()
-                paired.restart()
-                seconds["restart"] = time.perf_counter() - start
-                again = paired.measure(
-                    case.as_dict(), settings, lambda r: rule.decide(r, results).settled, host=host
-                )
-                seconds["confirm"] = time.perf_counter() - start - seconds["restart"]
-                decision = rule.join(*rule.confirm_all(first, again, results), again)
-                measurements.insert(0, again)
+            pytest.skip(f"neither side runs this case: {measurements[0]['head'].unsupported}")
         decision.extra["seconds"] = {step: round(s, 3) for step, s in seconds.items()}
         base, head = measurements[0]["base"], measurements[0]["head"]
         decision.extra["host_share"] = {

@@ -21,7 +21,8 @@ import pytest
 
 import attnkit
 from attnkit_perf.decide.formats import validate
-from attnkit_perf.measure.paired import PairedSession, WorkerError
+from attnkit_perf.measure.paired import PairedSession
+from attnkit_perf.measure.processes import WorkerError
 
 BACKEND = "perfkernel"
 #: The CPU smoke benchmarks a run selects: this backend's forward and attnkit's naive one.

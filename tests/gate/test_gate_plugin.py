@@ -671,7 +671,8 @@ def test_paired_aa_run_does_not_fail(tmp_path):
     seconds = row["evidence"]["seconds"]
     assert 0 < seconds["prepare"] < seconds["measure"], f"the gate's own time per step: {seconds}"
     host = row["host"]
-    assert host["outcome"] in ("same", "inconclusive") and host["processes"] == 4, host
+    # 4 processes per side, and 4 fresh ones per further look while the host metric cannot tell.
+    assert host["outcome"] in ("same", "inconclusive") and host["processes"] in (4, 8, 12), host
     assert 0.5 < host["ratio"] < 2.0 and host["cpu_us"]["head"] > 0, host
     sources = [verdict[side]["provenance"]["source"] for side in ("base", "head")]
     assert sources[0] == sources[1], f"a copy of the same code must carry the same digest: {sources}"

@@ -14,7 +14,7 @@ from scipy import stats
 
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.formats import FormatError
-from attnkit_perf.decide.hostbound import stored_exempt
+from attnkit_perf.decide.hostbound import STORED_HOST_BOUND, stored_exempt
 from attnkit_perf.decide.noise import SD_CONFIDENCE, coverage_notes, load_noise, sd_upper_bound
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import MAX_REMEASURES, StoredRule, settle
@@ -111,6 +111,24 @@ def test_stored_host_bound_exemption_needs_the_baseline_host_bound_too(
     assert (d.outcome == "inconclusive") is exempt, f"baseline {base_host_bound}, run {head_host_bound}: {d}"
     if exempt:
         assert d.reason.startswith("host-bound here and in the baseline"), d.reason
+
+
+@pytest.mark.parametrize(
+    ("outcome", "grew", "expected"),
+    [
+        ("same", False, "inconclusive"),  # a x1.6 "same" under an inflated threshold, before
+        ("faster", False, "inconclusive"),
+        ("slower", True, "more-memory"),  # the peak is still compared
+        ("more-memory", True, "more-memory"),
+    ],
+)
+def test_a_stored_host_bound_benchmarks_time_is_not_compared_its_memory_is(outcome, grew, expected):
+    d = _d(outcome, ratio=1.6)
+    if grew:
+        d.extra["memory_growth_bytes"] = 4 * gate.MIB
+    d = stored_exempt(d, {"host_bound": True}, {"host_bound": True})
+    assert d.outcome == expected and d.extra["time_compared"] is False, d
+    assert d.reason.startswith(STORED_HOST_BOUND) and f"time {outcome}" in d.reason, d.reason
 
 
 # --- a budget that cannot show "slower" -------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnkit_perf.measure.paired import placement, shard_problem
+from attnkit_perf.measure.processes import placement, shard_problem
 
 
 def test_without_xdist_the_workers_keep_the_callers_gpu_on_the_last_core():

@@ -10,14 +10,23 @@ measured interleaved, so their log ratio is one observation; over the ``G`` pair
 
 * the ratio is ``exp(mean log ratio)``;
 * **slower**: the ratio is at least ``1 + t`` and a one-sided t-test over the ``G`` log ratios
-  (``G - 1`` degrees of freedom) rejects "no slowdown" at ``sqrt(alpha)`` when a slowdown must
-  show again on fresh processes before it fails (two independent measurements: ``alpha``), at
-  ``alpha`` otherwise;
+  (``G - 1`` degrees of freedom) rejects "no slowdown" at ``sqrt(alpha) / looks`` when a
+  slowdown must show again on fresh processes before it fails (two independent measurements:
+  ``alpha``), at ``alpha / looks`` otherwise;
 * **faster**: the mirror image;
-* **same**: the one-sided :data:`HOST_SAME_CONFIDENCE` upper bound of the t-interval lies below
-  ``1 + t``: a true change of exactly ``t`` is called same in at most 5% of measurements (one
-  look: the host metric is measured once per measurement);
+* **same**: the one-sided ``1 - 5% / looks`` upper bound of the t-interval lies below
+  ``1 + t``: a true change of exactly ``t`` is called same in at most 5%
+  (:data:`HOST_SAME_CONFIDENCE`) of measurements over all their looks;
 * **inconclusive** otherwise, or with fewer than two processes or a non-positive time.
+
+**Looks.** Four processes per side settle a quiet host, not a noisy one: at a process sd of
+2-3% a +10% change was inconclusive as often as slower. So one measurement may look up to
+``looks`` times: while it is inconclusive, every worker is replaced by a fresh process and the
+fresh processes' values join the earlier ones (:mod:`attnkit_perf.measure.host_rounds`), and
+the decision is taken again over all of them. The level and the "same" miss rate are spent
+evenly over the planned looks (Bonferroni), so the extra looks cost no false alarms; in the
+gate's simulations (``tests/gate/test_host.py``) three looks of 4 processes make a +10% change
+slower in every measurement at a process sd of 2-3%, where one look made it so in 78% and 33%.
 
 ``t`` is :func:`attnkit_perf.decide.gate.benchmark_threshold` of the benchmark's host noise (the
 A/A noise file's entry :func:`host_noise_name`) with ``Thresholds.host_slower`` as the practical
@@ -38,7 +47,7 @@ from scipy import stats
 
 from attnkit_perf.decide.gate import Decision, Thresholds
 
-#: Confidence of the upper bound that must lie below the threshold for "same".
+#: Confidence of the upper bound that must lie below the threshold for "same", over all looks.
 HOST_SAME_CONFIDENCE = 0.95
 #: Outcomes a joined row keeps over the host metric's slower or inconclusive.
 _WORSE_THAN_SLOWER = ("error", "dropped")
@@ -66,9 +75,12 @@ def decide_host(
     threshold: float,
     alpha: float,
     confirmed: bool,
+    looks: int = 1,
 ) -> Decision:
     """Decide the host time per call from per-process values: ``base[i]`` and ``head[i]``
-    (seconds per call) were measured by the ``i``-th processes of each side, interleaved."""
+    (seconds per call) were measured by the ``i``-th processes of each side, interleaved.
+    ``looks``: the most times this measurement may be decided as fresh processes join it;
+    each look is held to its share of the level and of the "same" miss rate (module docstring)."""
     problem = _problem(base, head)
     if problem:
         return Decision("inconclusive", threshold=threshold, alpha=alpha, reason=problem)
@@ -76,19 +88,19 @@ def decide_host(
     groups = len(logs)
     mean = float(logs.mean())
     se = float(logs.std(ddof=1)) / math.sqrt(groups)
-    level = math.sqrt(alpha) if confirmed else alpha
+    # Alpha spent evenly over the planned looks (Bonferroni): a measurement that may be
+    # decided up to ``looks`` times calls noise slower at most ``level`` in all.
+    level = (math.sqrt(alpha) if confirmed else alpha) / looks
     if se > 0:
         p_slower = float(stats.t.sf(mean / se, groups - 1))
         p_faster = float(stats.t.cdf(mean / se, groups - 1))
     else:  # every process pair read the same ratio: the sign of the mean is the evidence
         p_slower, p_faster = float(mean <= 0), float(mean >= 0)
-    half = float(stats.t.ppf(HOST_SAME_CONFIDENCE, groups - 1)) * se
+    confidence = 1.0 - (1.0 - HOST_SAME_CONFIDENCE) / looks
+    half = float(stats.t.ppf(confidence, groups - 1)) * se
     ratio, lower, upper = math.exp(mean), math.exp(mean - half), math.exp(mean + half)
     up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
-    text = (
-        f"host x{ratio:.4f}, {HOST_SAME_CONFIDENCE:.0%} bounds over {groups} processes "
-        f"[{lower:.4f}, {upper:.4f}]"
-    )
+    text = f"host x{ratio:.4f}, {confidence:.1%} bounds over {groups} processes [{lower:.4f}, {upper:.4f}]"
     common = {"ratio": ratio, "ci": (lower, upper), "threshold": threshold, "alpha": alpha}
     if ratio >= up and p_slower < level:
         d = Decision("slower", p=p_slower, reason=f"{text}, p={p_slower:.1e} >= x{up:.3f}", **common)

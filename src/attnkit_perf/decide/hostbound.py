@@ -12,9 +12,10 @@ machines, far more than GPU times, so:
   head's share, and must be judged by the GPU rule, which then sees the slowdown;
   The host work itself is guarded by the host metric (host time per call, timed without
   events and decided over processes, :mod:`attnkit_perf.decide.host`), which has no floor;
-* **stored mode** does not fail a host-bound "slower" across machines (:func:`stored_exempt`):
-  only where the baseline *and* this run were host-bound, so a change that makes a benchmark
-  host-bound cannot exempt itself.
+* **stored mode** does not compare a host-bound benchmark's time across machines at all
+  (:func:`stored_exempt`: inconclusive, with :data:`STORED_HOST_BOUND` as the reason; its
+  memory is still compared): only where the baseline *and* this run were host-bound, so a
+  change that makes a benchmark host-bound cannot exempt itself.
 """
 
 from __future__ import annotations
@@ -58,13 +59,30 @@ def paired_limit(threshold: float, t: Thresholds, host_bound: bool) -> float:
     return max(threshold, t.host_bound_slower) if host_bound else threshold
 
 
+#: The reason of a stored row whose time is not compared (host-bound in the baseline and here).
+STORED_HOST_BOUND = (
+    "host-bound here and in the baseline: time not compared across machines (hosts differ by "
+    "machine; paired mode's host metric guards its host time)"
+)
+
+
+def stored_host_bound(base_info: Mapping, head_info: Mapping) -> bool:
+    """Whether stored mode leaves a benchmark's time uncompared: host-bound in the baseline *and*
+    in this run (a change that makes a benchmark host-bound cannot exempt itself)."""
+    return bool(base_info.get("host_bound") and head_info.get("host_bound"))
+
+
 def stored_exempt(decision: Decision, base_info: Mapping, head_info: Mapping) -> Decision:
-    """A stored "slower" of a benchmark host-bound in the baseline *and* in this run becomes
-    inconclusive: hosts differ far more than GPUs (x1.2-1.9 between two H100 machines), and
-    paired mode guards host-bound time on one machine."""
-    if decision.outcome == "slower" and base_info.get("host_bound") and head_info.get("host_bound"):
-        decision.outcome = "inconclusive"
-        decision.reason = (
-            f"host-bound here and in the baseline, not comparable across machines: {decision.reason}"
-        )
+    """A stored benchmark host-bound in the baseline *and* in this run is not compared on time,
+    whatever its ratio: hosts differ far more than GPUs (x1.2-1.9 between two H100 machines), so
+    a threshold wide enough for them would call a x1.6 change "same"; paired mode's host metric
+    guards the host time on one machine. Its outcome is inconclusive (listed, not same), unless
+    its peak grew (more-memory); the caller applies the kept-memory rule after this."""
+    if not stored_host_bound(base_info, head_info):
+        return decision
+    time = f"time {decision.outcome} ({decision.reason})"
+    grew = decision.outcome == "more-memory" or "memory_growth_bytes" in decision.extra
+    decision.outcome = "more-memory" if grew else "inconclusive"
+    decision.reason = f"{STORED_HOST_BOUND}; {time}"
+    decision.extra["time_compared"] = False
     return decision

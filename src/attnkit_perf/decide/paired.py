@@ -38,6 +38,9 @@ class PairedRule:
     #: and whether a slowdown is confirmed on fresh processes before it fails.
     host_threshold: float | None = None
     confirmed: bool = True
+    #: Most sets of processes one measurement of the host metric may pool (paired mode's
+    #: ``PairedSettings.host_looks``); its level is spent over them.
+    host_looks: int = 1
 
     def decide(self, results: Mapping, *earlier: Mapping) -> Decision:
         """The decision on ``results``; ``earlier`` measurements of the same benchmark (a
@@ -75,7 +78,14 @@ class PairedRule:
         if not base.host_per_call and not head.host_per_call:
             return None
         threshold = self.thresholds.host_slower if self.host_threshold is None else self.host_threshold
-        return decide_host(base.host_per_call, head.host_per_call, threshold, self.alpha, self.confirmed)
+        return decide_host(
+            base.host_per_call, head.host_per_call, threshold, self.alpha, self.confirmed, self.host_looks
+        )
+
+    def host_wants_more(self, results: Mapping) -> bool:
+        """Whether the host metric measured so far cannot tell, so fresh processes should join it."""
+        host = self.decide_host(results)
+        return host is not None and host.outcome == "inconclusive"
 
     def decide_all(self, results: Mapping, *earlier: Mapping) -> tuple[Decision, Decision | None]:
         """``(GPU time's decision, host metric's or None)``."""

@@ -21,13 +21,23 @@ Pooling writes two files:
   pool's id, every recording's provenance and calibration, and the timing protocol.
 
 Stored mode holds each benchmark to ``max(practical threshold, k x sigma)`` (the rule of A/A
-noise, :func:`attnkit_perf.decide.gate.benchmark_threshold`), where ``sigma`` is
-:func:`sigma_bound`: the one-sided 90% chi-square upper bound on the spread's sigma
-(:func:`attnkit_perf.decide.noise.sd_upper_bound`, n - 1 degrees of freedom), times
-``sqrt(1 + 1/n)`` because this run is one more machine compared with the mean of ``n``. Few
-recordings buy a loose bound (x9.7 the sd from 2, x2.5 from 4, x1.9 from 6): record on as many
-machines as the fleet has. A spread file of another pool (the baseline re-recorded since) is
-set aside with a loud note, like a missing one.
+noise, :func:`attnkit_perf.decide.gate.benchmark_threshold`), where ``sigma`` is an upper bound
+on how far one more machine lies from the recordings' mean (:func:`sigma_bound`: the one-sided
+90% chi-square upper bound on the spread's sigma, :func:`attnkit_perf.decide.noise.sd_upper_bound`,
+times ``sqrt(1 + 1/n)`` because this run is one more machine compared with the mean of ``n``).
+A benchmark's own spread has ``n - 1`` degrees of freedom, and few recordings buy an absurd bound
+(x9.7 the sd from 2: thresholds of x5 on benchmarks that moved 5% between two machines). So the
+spread is **pooled over the benchmarks of one timing kind** (:func:`timing_kind`: ``gpu`` or
+``latency``, :mod:`attnkit_perf.decide.drift`), whose machine offsets come from the same
+hardware: their variances weighted by degrees of freedom, whose sum the bound then uses (17
+benchmarks of 2 recordings: 17 degrees of freedom, x1.3). A benchmark's own bound joins in only
+with :data:`MIN_OWN_RECORDINGS` recordings or more, and the larger of the two is kept, so a
+benchmark that machines move more than its kind still gets its own wider threshold.
+Benchmarks host-bound in every recording form a kind of their own (``host``), never pooled with
+the others: their time is not compared across machines (:func:`attnkit_perf.decide.hostbound.
+stored_exempt`), and where this run measures one GPU-bound its time kind's pool holds it. A
+spread file of another pool (the baseline re-recorded since) is set aside with a loud note, like
+a missing one.
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ import sys
 from pathlib import Path
 
 from attnkit_perf.decide.baseline import recorded_gpu_key, recorded_timing_protocol, save_baseline
-from attnkit_perf.decide.drift import drift_for, drift_kind, run_calibration
+from attnkit_perf.decide.drift import drift_for, drift_kind, latency_bound, run_calibration
 from attnkit_perf.decide.formats import FormatError, read_json, validate
 from attnkit_perf.decide.noise import SD_CONFIDENCE, sd_upper_bound
 
@@ -53,9 +63,72 @@ POOL_COMMAND = "python -m attnkit_perf.decide.pooled RECORDING.json RECORDING.js
 SAME_SOFTWARE = ("torch", "cuda", "triton", "cudnn")
 
 
-def sigma_bound(log_sd: float, recordings: int) -> float:
-    """The log-ratio sigma stored mode allows a benchmark (module docstring)."""
-    return sd_upper_bound(log_sd, recordings) * math.sqrt(1.0 + 1.0 / recordings)
+#: Recordings a benchmark needs before its own spread bounds its threshold (beside its kind's).
+MIN_OWN_RECORDINGS = 5
+
+
+def sigma_bound(log_sd: float, recordings: int, dof: int | None = None) -> float:
+    """The log-ratio sigma stored mode allows a benchmark of ``recordings`` recordings whose
+    spread ``log_sd`` has ``dof`` degrees of freedom (its own: ``recordings - 1``; pooled over
+    its kind: more) (module docstring)."""
+    dof = recordings - 1 if dof is None else dof
+    return sd_upper_bound(log_sd, dof + 1) * math.sqrt(1.0 + 1.0 / recordings)
+
+
+def timing_kind(entry: dict, launch_ms: float | None) -> str:
+    """The kind whose pooled spread bounds a benchmark's time: ``latency`` when its median
+    (of the recordings') is set by fixed latencies, else ``gpu``; a benchmark host-bound in the
+    recordings is held by the pool of the kind its GPU time has."""
+    non_host = {k for k in entry["kinds"] if k != "host"}
+    if len(non_host) == 1:
+        return non_host.pop()
+    return "latency" if latency_bound(statistics.median(entry["medians_ms"]) / 1e3, launch_ms) else "gpu"
+
+
+def kind_pools(benchmarks: dict) -> dict[str, tuple[float, int, int]]:
+    """``{kind: (pooled log sd, degrees of freedom, benchmarks)}`` over the spread file's entries
+    whose recordings all agree on their drift kind: each benchmark's variance weighted by its
+    ``n - 1`` degrees of freedom (the pooled variance of a one-way layout)."""
+    sums: dict[str, list[float]] = {}
+    for entry in benchmarks.values():
+        kinds, n = set(entry["kinds"]), len(entry["log_offsets"])
+        if len(kinds) != 1 or n < 2:
+            continue
+        acc = sums.setdefault(kinds.pop(), [0.0, 0, 0])
+        acc[0] += (n - 1) * entry["log_sd"] ** 2
+        acc[1] += n - 1
+        acc[2] += 1
+    return {kind: (math.sqrt(ss / dof), dof, count) for kind, (ss, dof, count) in sums.items()}
+
+
+def spread_sigmas(document: dict) -> dict[str, float]:
+    """Each benchmark's allowed sigma from a spread document: its timing kind's pooled bound and,
+    with :data:`MIN_OWN_RECORDINGS` recordings or more, its own, the larger of the two (module
+    docstring). A kind with no pool falls back to the benchmark's own bound."""
+    pools = kind_pools(document["benchmarks"])
+    launch_ms = (document.get("calibration") or {}).get("launch_ms")
+    sigmas = {}
+    for name, entry in document["benchmarks"].items():
+        n = len(entry["log_offsets"])
+        own = sigma_bound(entry["log_sd"], n)
+        pool = pools.get(timing_kind(entry, launch_ms))
+        if pool is None:
+            sigmas[name] = own
+            continue
+        bound = sigma_bound(pool[0], n, dof=pool[1])
+        sigmas[name] = max(bound, own) if n >= MIN_OWN_RECORDINGS else bound
+    return sigmas
+
+
+def pool_note(document: dict) -> str:
+    """What the pools are, for the verdict's notes."""
+    pools = kind_pools(document["benchmarks"])
+    parts = [
+        f"{kind}: sd {sd:.4f} over {count} benchmarks, {dof} degrees of freedom"
+        + (" (time not compared across machines)" if kind == "host" else "")
+        for kind, (sd, dof, count) in sorted(pools.items())
+    ]
+    return "spread pooled by kind: " + "; ".join(parts) if parts else "no kind has a pooled spread"
 
 
 def _provenance(run: dict) -> dict:
@@ -213,13 +286,10 @@ def load_spread(path: Path | str, key: str, baseline: dict | None, timing_protoc
             f"{'pool ' + pool if pool else 'a single recording'}: not used, every benchmark held to "
             f"the practical threshold (pool the recordings again: {POOL_COMMAND})"
         ]
-    sigmas = {
-        name: sigma_bound(entry["log_sd"], len(entry["log_offsets"]))
-        for name, entry in data["benchmarks"].items()
-    }
+    sigmas = spread_sigmas(data)
     notes = [
         f"stored spread from {path}: {len(data['recordings'])} recordings pooled, "
-        f"{len(sigmas)} benchmarks with a spread"
+        f"{len(sigmas)} benchmarks with a spread; {pool_note(data)}"
     ]
     names = {
         (b.get("extra_info") or {}).get("name") or b["fullname"]
@@ -271,9 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     widest = sorted(
         ((e["log_sd"], n, len(e["log_offsets"])) for n, e in spread["benchmarks"].items()), reverse=True
     )
-    print(f"wrote {spread_path}: {len(widest)} benchmarks with a spread; widest:")
+    sigmas = spread_sigmas(spread)
+    print(f"wrote {spread_path}: {len(widest)} benchmarks with a spread; {pool_note(spread)}; widest:")
     for sd, name, n in widest[:5]:
-        print(f"  {name}: sd {sd:.4f} over {n} recordings, allowed sigma {sigma_bound(sd, n):.4f}")
+        print(f"  {name}: sd {sd:.4f} over {n} recordings, allowed sigma {sigmas[name]:.4f}")
     return 0
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from attnkit_perf.decide.drift import drift_for, drift_kind, latency_drift, run_calibration
 from attnkit_perf.decide.gate import Decision, Thresholds, decide_stored
 from attnkit_perf.decide.host import with_kept
-from attnkit_perf.decide.hostbound import stored_exempt
+from attnkit_perf.decide.hostbound import stored_exempt, stored_host_bound
 from attnkit_perf.decide.paired import dropped
 
 #: Re-measurements a suspect may take before it is reported unconfirmed.
@@ -117,7 +117,10 @@ class StoredRule:
         return self.decide(base_entry, samples, head_info, base_cal, calibration)
 
     def suspect(self, base_entry: Mapping, samples, head_info: Mapping) -> bool:
-        """Whether a benchmark just measured needs a second measurement at the end of the run."""
+        """Whether a benchmark just measured needs a second measurement at the end of the run
+        (never one whose time is not compared, :func:`stored_exempt`)."""
+        if stored_host_bound(base_entry.get("extra_info") or {}, head_info):
+            return False
         first = self._local(base_entry, samples, head_info, head_info.get("calibration"))
         return first.outcome in ("slower", "inconclusive")
 

@@ -10,7 +10,7 @@ slow drifts cancel within the pairs and both sides are sampled in more than one 
 block is ``rounds`` rounds of the same flushed repetitions (the plan of the head's first
 worker, used by both sides), after one untimed round that brings clocks and caches back to
 where a running workload keeps them; its value is the median of its rounds. For a host-timed
-case every worker then measures the host metric (:meth:`PairedSession._host`,
+case every worker then measures the host metric (:mod:`attnkit_perf.measure.host_rounds`,
 :mod:`attnkit_perf.measure.host`): one value per process, the decision's unit.
 
 :meth:`PairedSession.measure` measures in steps of ``step_pairs`` until ``decide`` says the
@@ -21,13 +21,9 @@ case leaves it new; dead or hung workers are replaced before the next benchmark.
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,6 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnkit.cache import cache_root
+from attnkit_perf.measure.host_rounds import measure_host
+from attnkit_perf.measure.processes import (
+    ANSWER_TIMEOUT_S,
+    WorkerError,
+    WorkerProcess,
+    placement,
+    visible_gpus,
+)
 from attnkit_perf.measure.repo import RepositoryError, backends_absent
 
 #: Worker processes per side. Each process carries an offset of its own (allocation addresses,
@@ -43,46 +47,6 @@ from attnkit_perf.measure.repo import RepositoryError, backends_absent
 #: over pairs spread across 4 processes halves that offset's variance (the gate's simulations
 #: of its decision rule put a 1% process offset at 1% first-stage alarms with 4, 3% with 2).
 PROCESSES_PER_SIDE = 4
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them (ids or UUIDs)."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return [x.strip() for x in listed.split(",") if x.strip()]
-    import torch
-
-    return [str(i) for i in range(torch.cuda.device_count())]
-
-
-def shard_problem(shards: int, gpus: list[str]) -> str | None:
-    """Why ``shards`` xdist workers cannot each measure on a GPU of their own, or None. Two
-    shards on one GPU would time each other's kernels: refused, never measured."""
-    if shards > len(gpus):
-        return (
-            f"paired mode gives each xdist worker a GPU of its own: {shards} workers asked for "
-            f"(-n {shards}), {len(gpus)} GPU(s) visible ({','.join(gpus) or 'none'}); "
-            f"use -n {max(1, len(gpus))} or fewer"
-        )
-    return None
-
-
-def placement(shard: int | None, cores: list[int], gpus: list[str]) -> tuple[int | None, str | None]:
-    """The core that shard ``shard``'s worker processes are pinned to (None: leave them be, one
-    core only) and the GPU they see (None: the caller's own). Counting cores from the end keeps
-    the shards' workers off the cores where the pytest processes usually start."""
-    slot = shard or 0
-    core = cores[-1 - slot % len(cores)] if len(cores) > 1 else None
-    gpu = gpus[slot % len(gpus)] if shard is not None and gpus else None
-    return core, gpu
-
-
-class WorkerError(RuntimeError):
-    """A worker process failed in a way that is not about the benchmark; ``side`` says whose."""
-
-    def __init__(self, message: str, side: str | None = None) -> None:
-        super().__init__(message)
-        self.side = side
 
 
 @dataclass(frozen=True)
@@ -106,6 +70,9 @@ class PairedSettings:
     #: measurement of ``host_batches`` batches per process, sides alternating first.
     host_rounds: int = 2
     host_batches: int = 15
+    #: Most sets of :data:`PROCESSES_PER_SIDE` processes whose host metric one measurement pools
+    #: (:func:`attnkit_perf.measure.host_rounds.extend_host`); the decision's ``looks``.
+    host_looks: int = 3
 
 
 @dataclass
@@ -131,66 +98,12 @@ class SideResult:
     def median_s(self) -> float | None:
         return statistics.median(self.blocks) if self.blocks else None
 
-
-#: Seconds a worker may take to answer one request (a prepare that compiles a side's kernels
-#: included) before it is taken for hung and killed: a deadlocked kernel must not hang the gate.
-ANSWER_TIMEOUT_S = 600.0
-#: A worker's first answer waits for its imports, which a loaded machine can slow to minutes.
-STARTUP_TIMEOUT_S = 600.0
-
-
-class _Worker:
-    def __init__(self, side: str, index: int, env: dict, cwd: Path, timeout_s: float) -> None:
-        self.side = side
-        self.label = f"{side}[{index}]"
-        self.timeout_s = timeout_s
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "attnkit_perf.measure.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None,  # a worker's warnings and crashes reach the log as they happen
-            text=True,
-            env=env,
-            cwd=cwd,
-        )
-
-    def send(self, request: dict) -> None:
-        try:
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-        except BrokenPipeError:
-            code = self.proc.wait()
-            op = request.get("op")
-            raise WorkerError(f"{self.label} worker exited (status {code}) before {op}", self.side) from None
-
-    def receive(self, op: str) -> dict:
-        # One request, one line: nothing waits in the pipe's Python buffer between answers, so
-        # select on the descriptor says whether the answer has begun to arrive.
-        timeout_s = max(self.timeout_s, STARTUP_TIMEOUT_S) if op == "identify" else self.timeout_s
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
-        if not ready:
-            self.proc.kill()
-            self.proc.wait()
-            raise WorkerError(
-                f"{self.label} worker did not answer {op} within {timeout_s:g} s and was killed", self.side
-            )
-        line = self.proc.stdout.readline()
-        if not line:
-            code = self.proc.wait()
-            raise WorkerError(f"{self.label} worker exited (status {code}) during {op}", self.side)
-        return json.loads(line)
-
-    def ask(self, request: dict) -> dict:
-        self.send(request)
-        return self.receive(request.get("op"))
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+    def pool_host(self, fresh: SideResult) -> None:
+        """Pool the host metric of ``fresh`` processes into this side's
+        (:func:`attnkit_perf.measure.host_rounds.extend_host`)."""
+        self.host_per_call += fresh.host_per_call
+        self.host_cpu_per_call += fresh.host_cpu_per_call
+        self.host_dropped += fresh.host_dropped
 
 
 class PairedSession:
@@ -241,7 +154,7 @@ class PairedSession:
         (link_dir / "attnkit_perf").symlink_to(Path(perf_dir).resolve(), target_is_directory=True)
         self._commits = commits
         self._link_dir = link_dir
-        self.workers: dict[str, list[_Worker]] = {}
+        self.workers: dict[str, list[WorkerProcess]] = {}
         self.identity: dict[str, dict] = {}
         #: Seconds the last :meth:`measure` spent preparing the case on every worker (building,
         #: compiling or loading kernels, warming up) before its first pair: the gate's own cost.
@@ -270,7 +183,7 @@ class PairedSession:
             if commits.get(side):
                 env["ATTNKIT_COMMIT"] = commits[side]
             self.workers[side] = [
-                _Worker(side, i, env, self.checkouts[side], self.answer_timeout_s)
+                WorkerProcess(side, i, env, self.checkouts[side], self.answer_timeout_s)
                 for i in range(PROCESSES_PER_SIDE)
             ]
         request = {"op": "identify"}
@@ -291,7 +204,7 @@ class PairedSession:
                     self.absent[side] = self._check_backends(side, worker, ident.get("backends") or {})
                 self.identity[side] = ident["provenance"]
 
-    def _check_backends(self, side: str, worker: _Worker, found: dict) -> dict[str, str]:
+    def _check_backends(self, side: str, worker: WorkerProcess, found: dict) -> dict[str, str]:
         """The checked backends side ``side`` does not have (-> why), after checking that it
         imported each one it has from its own roots (a :class:`WorkerError` otherwise)."""
         try:
@@ -299,16 +212,24 @@ class PairedSession:
         except RepositoryError as err:
             raise WorkerError(f"{worker.label} {err}", side) from None
 
-    def _stop_workers(self) -> None:
-        for workers in self.workers.values():
-            for worker in workers:
-                worker.close()
+    def _stop_workers(self, kill: bool = False) -> None:
+        """Stop every worker: told first, then waited for, so their exits overlap. ``kill``: a
+        restart's, whose workers hold nothing to keep (every answer is in, the case released):
+        killed at once, since an interpreter's teardown with torch loaded took ~1 s per worker
+        on the CPU, most of a restart's cost after the imports."""
+        every = [worker for workers in self.workers.values() for worker in workers]
+        for worker in every:
+            if kill and worker.proc.poll() is None:
+                worker.proc.kill()
+            worker.hang_up()
+        for worker in every:
+            worker.close()
         self.workers = {}
 
     def restart(self) -> None:
         """Replace every worker by a fresh process: a second measurement then draws new
         process offsets instead of repeating the first one's."""
-        self._stop_workers()
+        self._stop_workers(kill=True)
         self._start_workers()
 
     def close(self) -> None:
@@ -357,28 +278,6 @@ class PairedSession:
             raise WorkerError(f"{worker.label} failed to measure: {answer['error']}", side)
         return statistics.median(answer["samples"])
 
-    def _host(self, results: dict[str, SideResult], settings: PairedSettings) -> None:
-        """The host metric on every worker of both sides: worker ``i`` of each side back to
-        back, the side first alternating with ``i`` and the round, so that neither side always
-        follows the other; a process's value is the median over its rounds."""
-        answers = {side: [[] for _ in range(PROCESSES_PER_SIDE)] for side in self.sides}
-        for rnd in range(settings.host_rounds):
-            for i in range(PROCESSES_PER_SIDE):
-                order = ("base", "head") if (i + rnd) % 2 == 0 else ("head", "base")
-                for side in order:
-                    worker = self.workers[side][i]
-                    answer = worker.ask({"op": "host", "batches": settings.host_batches})
-                    if not answer["ok"]:
-                        raise WorkerError(f"{worker.label} failed to time the host: {answer['error']}", side)
-                    answers[side][i].append(answer)
-        for side, per_worker in answers.items():
-            result = results[side]
-            result.host_per_call = [statistics.median(a["per_call_s"] for a in got) for got in per_worker]
-            result.host_cpu_per_call = [
-                statistics.median(a["cpu_per_call_s"] for a in got) for got in per_worker
-            ]
-            result.host_dropped = sum(a["dropped"] for got in per_worker for a in got)
-
     def measure(
         self,
         case: dict,
@@ -394,8 +293,16 @@ class PairedSession:
         that died is replaced, with all the others, before the next benchmark; a failure of the
         head's is raised.
         """
+        return self._guarded(lambda: self._measure(case, settings, settled, host))
+
+    def measure_host(self, case: dict, settings: PairedSettings) -> dict[str, SideResult]:
+        """The host metric alone on every worker (fresh ones, after :meth:`restart`): the case
+        prepared, no pairs of blocks; failures as in :meth:`measure`."""
+        return self._guarded(lambda: self._measure(case, settings, None, host=True))
+
+    def _guarded(self, measure: Callable[[], dict[str, SideResult]]) -> dict[str, SideResult]:
         try:
-            return self._measure(case, settings, settled, host)
+            return measure()
         except WorkerError as err:
             if any(w.proc.poll() is not None for workers in self.workers.values() for w in workers):
                 self.restart()
@@ -417,7 +324,7 @@ class PairedSession:
             if any(r.unsupported for r in results.values()):
                 return results
             start = time.perf_counter()
-            while True:
+            while settled is not None:  # None: the host metric alone
                 first = len(results["head"].blocks)
                 for pair in range(first, first + settings.step_pairs):
                     order = ("base", "head") if pair % 2 == 0 else ("head", "base")
@@ -430,7 +337,7 @@ class PairedSession:
                 if done >= settings.max_pairs or time.perf_counter() - start > settings.budget_s:
                     break
             if host:
-                self._host(results, settings)
+                measure_host(self, results, settings)
             return results
         finally:
             for workers in self.workers.values():
