@@ -301,3 +301,26 @@ def test_a_spread_of_another_gpu_model_is_a_usage_error(synthetic, pytester):
     text = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, text[-3000:]
     assert f"stored spread {path} is for '{H100_KEY}'; this run is '{CPU_KEY}'" in text, text[-3000:]
+
+
+def test_one_unstable_benchmark_does_not_loosen_its_kinds_pool():
+    """A benchmark whose two recordings disagree by 10% (a recording that caught a warm-up) is
+    left out of the GPU pool: the others keep the pool of their own spread, the note names it."""
+    import math
+
+    def entry(sd):
+        return {
+            "kinds": ["gpu"],
+            "log_offsets": [-sd / math.sqrt(2), sd / math.sqrt(2)],
+            "log_sd": sd,
+            "medians_ms": [1.0, 1.0],
+        }
+
+    steady = {f"fwd[b{i}]": entry(0.004 + 0.0002 * i) for i in range(12)}
+    document = {"benchmarks": {**steady, "fwd[unstable]": entry(0.07)}, "calibration": {}}
+    assert pooled.pool_outliers(document["benchmarks"]) == {"fwd[unstable]"}
+    sd, dof, count = pooled.kind_pools(document["benchmarks"])["gpu"]
+    assert count == 12 and dof == 12 and sd < 0.007, (sd, dof, count)
+    sigmas = pooled.spread_sigmas(document)
+    assert sigmas["fwd[unstable]"] == sigmas["fwd[b0]"] < 0.02, sigmas
+    assert "fwd[unstable]" in pooled.pool_note(document)

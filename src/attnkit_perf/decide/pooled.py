@@ -85,16 +85,46 @@ def timing_kind(entry: dict, launch_ms: float | None) -> str:
     return "latency" if latency_bound(statistics.median(entry["medians_ms"]) / 1e3, launch_ms) else "gpu"
 
 
+#: A benchmark whose spread is more than this many times its kind's median spread is left out of
+#: the kind's pool: one unstable recording (a clock change, a warm-up caught) must not loosen
+#: every other benchmark's threshold. It is still held to the pool's bound (its own, from two or
+#: three recordings, would leave it unguarded); the verdict's note names it, and a stored
+#: "slower" is adjudicated by paired mode before it fails.
+OUTLIER_SPREAD = 3.0
+
+
+def _uniform(benchmarks: dict):
+    """(kind, entry) of the entries whose recordings all agree on their drift kind, n >= 2."""
+    for name, entry in benchmarks.items():
+        kinds = set(entry["kinds"])
+        if len(kinds) == 1 and len(entry["log_offsets"]) >= 2:
+            yield name, kinds.pop(), entry
+
+
+def pool_outliers(benchmarks: dict) -> set[str]:
+    """The benchmarks left out of their kind's pool (:data:`OUTLIER_SPREAD`)."""
+    by_kind: dict[str, list[tuple[str, float]]] = {}
+    for name, kind, entry in _uniform(benchmarks):
+        by_kind.setdefault(kind, []).append((name, entry["log_sd"]))
+    out = set()
+    for members in by_kind.values():
+        typical = statistics.median(sd for _, sd in members)
+        out |= {name for name, sd in members if sd > OUTLIER_SPREAD * typical}
+    return out
+
+
 def kind_pools(benchmarks: dict) -> dict[str, tuple[float, int, int]]:
     """``{kind: (pooled log sd, degrees of freedom, benchmarks)}`` over the spread file's entries
-    whose recordings all agree on their drift kind: each benchmark's variance weighted by its
-    ``n - 1`` degrees of freedom (the pooled variance of a one-way layout)."""
+    whose recordings all agree on their drift kind, outliers left out (:func:`pool_outliers`):
+    each benchmark's variance weighted by its ``n - 1`` degrees of freedom (the pooled variance
+    of a one-way layout)."""
+    outliers = pool_outliers(benchmarks)
     sums: dict[str, list[float]] = {}
-    for entry in benchmarks.values():
-        kinds, n = set(entry["kinds"]), len(entry["log_offsets"])
-        if len(kinds) != 1 or n < 2:
+    for name, kind, entry in _uniform(benchmarks):
+        if name in outliers:
             continue
-        acc = sums.setdefault(kinds.pop(), [0.0, 0, 0])
+        n = len(entry["log_offsets"])
+        acc = sums.setdefault(kind, [0.0, 0, 0])
         acc[0] += (n - 1) * entry["log_sd"] ** 2
         acc[1] += n - 1
         acc[2] += 1
@@ -128,7 +158,16 @@ def pool_note(document: dict) -> str:
         + (" (time not compared across machines)" if kind == "host" else "")
         for kind, (sd, dof, count) in sorted(pools.items())
     ]
-    return "spread pooled by kind: " + "; ".join(parts) if parts else "no kind has a pooled spread"
+    if not parts:
+        return "no kind has a pooled spread"
+    outliers = sorted(pool_outliers(document["benchmarks"]))
+    left_out = (
+        f"; left out of their pools, recordings {OUTLIER_SPREAD:g}x more apart than their kind's "
+        f"median (re-record them): {', '.join(outliers)}"
+        if outliers
+        else ""
+    )
+    return "spread pooled by kind: " + "; ".join(parts) + left_out
 
 
 def _provenance(run: dict) -> dict:
