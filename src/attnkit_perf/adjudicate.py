@@ -1,9 +1,10 @@
 """Paired mode against the baseline's commit, for stored mode's "slower" rows before they fail
 (the rule: :mod:`attnkit_perf.decide.adjudication`).
 
-The baseline's provenance names the commit it was recorded at; its ``src`` is extracted from
-the git repository at the run's rootdir (:func:`attnkit_perf.measure.checkout.materialise_base`,
-as ``--attnkit-base`` does) and checked against the recorded ``source`` digest. Each suspect is
+The baseline's provenance names the commit it was recorded at; its code is extracted from the
+git repository at the run's rootdir as ``--attnkit-base`` extracts it (:mod:`attnkit_perf.sides`:
+attnkit's ``src``, or another repository's import roots) and checked against the recorded
+``source`` digest. Each suspect is
 then measured as paired mode measures a benchmark (worker processes of both sides on this GPU,
 a slowdown confirmed on fresh ones: :func:`paired_decision`, which bisect uses too).
 """
@@ -15,14 +16,15 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from attnkit_perf import sides
 from attnkit_perf.decide.adjudication import adjudicated, kept, source_problem
 from attnkit_perf.decide.gate import Decision, Thresholds
 from attnkit_perf.decide.paired import PairedRule
-from attnkit_perf.machine import source_digest
 from attnkit_perf.measure.cases import BenchCase
-from attnkit_perf.measure.checkout import BaseError, materialise_base
+from attnkit_perf.measure.checkout import BaseError
 from attnkit_perf.measure.paired import PairedSession, PairedSettings
 from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S, WorkerError
+from attnkit_perf.measure.repo import Repository
 
 
 def paired_decision(
@@ -48,13 +50,17 @@ class Adjudicator:
 
     def __init__(
         self,
-        repo: Path,
+        rootpath: Path,
+        repository: Repository | None,
+        backends: list[str] | None,
         recorded: Mapping,
         thresholds: Thresholds,
         answer_timeout_s: float = ANSWER_TIMEOUT_S,
         settings: PairedSettings | None = None,
     ) -> None:
-        self.repo = Path(repo)
+        self.rootpath = Path(rootpath)
+        self.repository = repository
+        self.backends = backends
         self.recorded = recorded
         self.thresholds = thresholds
         self.answer_timeout_s = answer_timeout_s
@@ -63,57 +69,55 @@ class Adjudicator:
         self._source: tuple[Path | None, str | None, str | None] | None = None
         self._session: PairedSession | None = None
 
-    def source(self) -> tuple[Path | None, str | None, str | None]:
-        """``(src folder, commit, None)`` of the baseline's code, or ``(None, None, why not)``."""
+    def source(self) -> tuple[list[Path] | None, str | None, str | None]:
+        """``(import roots, commit, None)`` of the baseline's code, or ``(None, None, why not)``."""
         if self._source is None:
             self._source = self._materialise()
         return self._source
 
-    def _materialise(self) -> tuple[Path | None, str | None, str | None]:
+    def _materialise(self) -> tuple[list[Path] | None, str | None, str | None]:
         problem = source_problem(self.recorded)
         if problem:
             return None, None, problem
         label = str(self.recorded["commit"])
         self._scratch = Path(tempfile.mkdtemp(prefix="attnkit-adjudicate-"))
+        where = self.repository.top if self.repository is not None else self.rootpath
         try:
-            src, commit = materialise_base(label, self.repo, self._scratch)
+            roots, commit = sides.materialise(label, self.repository, self.rootpath, self._scratch)
         except BaseError as err:
-            return None, None, f"the baseline's commit {label} is not available in {self.repo}: {err}"
-        recorded, found = self.recorded.get("source"), source_digest(src / "attnkit")
+            return None, None, f"the baseline's commit {label} is not available in {where}: {err}"
+        recorded, found = self.recorded.get("source"), sides.code_digest(roots, self.repository)
         if recorded and recorded != found:
             return (
                 None,
                 None,
                 (
-                    f"commit {label}'s attnkit (source {found}) is not the code the baseline recorded "
+                    f"commit {label}'s code (source {found}) is not the code the baseline recorded "
                     f"(source {recorded})"
                 ),
             )
-        return src, commit, None
+        return roots, commit, None
 
-    def _paired(self, src: Path, commit: str) -> PairedSession:
+    def _paired(self, roots: list[Path], commit: str) -> PairedSession:
         if self._session is None:
-            import attnkit
-            import attnkit_perf
-
-            head_src = Path(attnkit.__file__).resolve().parent.parent
-            self._session = PairedSession(
-                src,
-                head_src,
-                Path(attnkit_perf.__file__).parent,
+            self._session = sides.open_paired(
+                roots,
+                sides.working_tree_roots(self.repository),
                 {"base": commit},
+                self.repository,
+                self.backends,
                 answer_timeout_s=self.answer_timeout_s,
             )
         return self._session
 
     def adjudicate(self, case: BenchCase, stored: Decision) -> Decision:
         """The row of ``case``, whose stored decision ``stored`` is slower."""
-        src, commit, problem = self.source()
+        roots, commit, problem = self.source()
         if problem:
             return kept(stored, problem)
         rule = PairedRule(self.thresholds, stored.alpha, stored.threshold)
         try:
-            decision, unsupported = paired_decision(self._paired(src, commit), case, rule, self.settings)
+            decision, unsupported = paired_decision(self._paired(roots, commit), case, rule, self.settings)
         except WorkerError as err:
             return kept(stored, f"the paired measurement failed: {str(err).strip().splitlines()[-1]}")
         if decision is None:

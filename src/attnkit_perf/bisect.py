@@ -135,11 +135,16 @@ def search(commits: list[str], good: str, compare: Compare, say: Callable[[str],
 
 
 def find_case(name: str):
-    """The grid's benchmark called ``name`` (``BenchCase.name``), or a :class:`BisectError`
-    naming the closest ones."""
-    from attnkit_perf.measure.cases import cpu_suite_cases, gpu_suite_cases
+    """The grid's benchmark called ``name`` (``BenchCase.name``), a backend registered through an
+    entry point included, or a :class:`BisectError` naming the closest ones."""
+    from attnkit.registry import OWN_NAMES, backend_names
+    from attnkit_perf.grid import grid_cases
 
-    grid = {c.name: c for c in gpu_suite_cases() + cpu_suite_cases()}
+    plugins = [backend for backend in backend_names() if backend not in OWN_NAMES]
+    cases = [*grid_cases(None, gpu=True), *grid_cases(None, gpu=False)]
+    if plugins:
+        cases += [*grid_cases(plugins, gpu=True), *grid_cases(plugins, gpu=False)]
+    grid = {c.name: c for c in cases}
     if name in grid:
         return grid[name]
     close = difflib.get_close_matches(name, grid, n=3, cutoff=0.5)
@@ -152,26 +157,36 @@ def find_case(name: str):
 def paired_compare(
     repo: Path, case, thresholds: gate.Thresholds, alpha: float, budget_s: float | None
 ) -> Compare:
-    """A :data:`Compare` that measures in paired mode on this machine's device."""
-    import attnkit_perf
+    """A :data:`Compare` that measures in paired mode on this machine's device. In a repository
+    other than attnkit's, the commits compared are that repository's, over the installed attnkit
+    (:mod:`attnkit_perf.sides`)."""
+    from attnkit_perf import sides
     from attnkit_perf.adjudicate import paired_decision
     from attnkit_perf.decide.paired import PairedRule
-    from attnkit_perf.measure.checkout import materialise_base
-    from attnkit_perf.measure.paired import PairedSession, PairedSettings
+    from attnkit_perf.measure.checkout import BaseError
+    from attnkit_perf.measure.paired import PairedSettings
+    from attnkit_perf.measure.repo import RepositoryError, find_repository
 
+    try:
+        repository = find_repository(repo, repo)
+    except RepositoryError as err:
+        raise BisectError(str(err)) from err
     scratch = Path(tempfile.mkdtemp(prefix="attnkit-bisect-"))
-    sources: dict[str, Path] = {}
+    roots: dict[str, list[Path]] = {}
     rule = PairedRule(thresholds, alpha, thresholds.slower)
     settings = PairedSettings(budget_s=budget_s) if budget_s else PairedSettings()
 
-    def src(commit: str) -> Path:
-        if commit not in sources:
-            sources[commit] = materialise_base(commit, repo, scratch / commit)[0]
-        return sources[commit]
+    def code(commit: str) -> list[Path]:
+        if commit not in roots:
+            try:
+                roots[commit] = sides.materialise(commit, repository, repo, scratch / commit)[0]
+            except BaseError as err:
+                raise BisectError(str(err)) from err
+        return roots[commit]
 
     def compare(base: str, head: str) -> Decision:
-        session = PairedSession(
-            src(base), src(head), Path(attnkit_perf.__file__).parent, {"base": base, "head": head}
+        session = sides.open_paired(
+            code(base), code(head), {"base": base, "head": head}, repository, [case.backend]
         )
         try:
             decision, unsupported = paired_decision(session, case, rule, settings)

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from attnkit_perf import sides
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.verdict import BenchmarkVerdict, format_table, summary_line
-from attnkit_perf.measure.checkout import BaseError, materialise_base, materialise_roots
+from attnkit_perf.measure.checkout import BaseError
 from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S
 from attnkit_perf.measure.repo import RepositoryError, find_repository
 from attnkit_perf.session import ERROR_PROPERTY, VERDICT_PROPERTY, PerfSession
@@ -139,11 +140,7 @@ def _options(config: pytest.Config) -> dict:
     elif options["base"]:
         scratch = Path(tempfile.mkdtemp(prefix="attnkit-base-"))
         try:
-            if repository is None or repository.own:  # attnkit itself is compared
-                src, commit = materialise_base(options["base"], Path(config.rootpath), scratch)
-                roots = [src]
-            else:
-                roots, commit = materialise_roots(options["base"], repository.top, scratch, repository.roots)
+            roots, commit = sides.materialise(options["base"], repository, Path(config.rootpath), scratch)
         except BaseError as err:
             raise pytest.UsageError(f"attnkit perf gate: {err}") from err
         options["base_src"], options["base_commit"] = [str(r) for r in roots], commit

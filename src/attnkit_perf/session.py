@@ -29,6 +29,7 @@ import torch
 from attnkit.device import gpu_key
 from attnkit.errors import UnsupportedProblemError
 from attnkit_perf import options as options_
+from attnkit_perf import sides
 from attnkit_perf.adjudicate import Adjudicator, adjudicate_rows
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.baseline import baseline_path, save_baseline
@@ -38,13 +39,12 @@ from attnkit_perf.decide.paired import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import StoredRule
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
-from attnkit_perf.grid import external_backends, grid_backends, grid_cases
-from attnkit_perf.machine import provenance, source_digest, version_differences
+from attnkit_perf.grid import grid_backends, grid_cases
+from attnkit_perf.machine import provenance, version_differences
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.measure.measurer import CaseMeasurer, MeasureSettings
 from attnkit_perf.measure.paired import PairedSession, PairedSettings
 from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S, shard_problem, visible_gpus
-from attnkit_perf.measure.repo import checkout_of
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
 from attnkit_perf.paired_run import measure_paired
 
@@ -125,9 +125,12 @@ class PerfSession:
             self.notes += notes
 
     def provenance(self) -> dict:
-        """:func:`attnkit_perf.machine.provenance` and the timing protocol of this run."""
+        """:func:`attnkit_perf.machine.provenance` and the timing protocol of this run; in another
+        repository its ``source`` is the digest of that repository's code (what is compared)."""
         if self._provenance is None:
             self._provenance = {**provenance(self.device), "timing": TIMING_PROTOCOL}
+            if self.external:
+                self._provenance["source"] = sides.code_digest(self.repository.paths(), self.repository)
         return self._provenance
 
     def collected(self, names: list[str]) -> None:
@@ -147,16 +150,13 @@ class PerfSession:
     @property
     def external(self) -> bool:
         """Whether the code compared is a repository other than attnkit's (its backends)."""
-        return self.repository is not None and not self.repository.own
+        return sides.is_external(self.repository)
 
     def code_digest(self, side: str) -> str:
         """The digest of the code a side runs: attnkit's, or the repository's import roots."""
         if side == "base":
-            roots = [Path(p) for p in self.opt["base_src"]]
-            return "+".join(source_digest(r / "attnkit" if not self.external else r) for r in roots)
-        if not self.external:
-            return self.provenance()["source"]
-        return "+".join(source_digest(r) for r in self.repository.paths())
+            return sides.code_digest([Path(p) for p in self.opt["base_src"]], self.repository)
+        return self.provenance()["source"]
 
     @property
     def alpha(self) -> float:
@@ -169,26 +169,14 @@ class PerfSession:
 
     def paired_session(self) -> PairedSession:
         if self._paired is None:
-            import attnkit
-            import attnkit_perf
-
-            base_src, base_commit = self.opt["base_src"], self.opt["base_commit"]
-            checkouts = None
-            if self.external:  # the repository's code, over the installed attnkit on both sides
-                head_src, checked = self.repository.paths(), external_backends(self.backends)
-                first = self.repository.roots[0]
-                checkouts = {"base": checkout_of(base_src[0], first), "head": self.repository.top}
-            else:
-                head_src, checked = [Path(attnkit.__file__).resolve().parent.parent], None
-            self._paired = PairedSession(
-                [Path(p) for p in base_src],
-                head_src,
-                Path(attnkit_perf.__file__).parent,
-                {"base": base_commit},
+            self._paired = sides.open_paired(
+                [Path(p) for p in self.opt["base_src"]],
+                sides.working_tree_roots(self.repository),
+                {"base": self.opt["base_commit"]},
+                self.repository,
+                self.backends,
                 shard=self.opt.get("shard"),
                 answer_timeout_s=self.opt.get("worker_timeout_s") or ANSWER_TIMEOUT_S,
-                checked_backends=checked,
-                checkouts=checkouts,
             )
         return self._paired
 
@@ -205,12 +193,16 @@ class PerfSession:
         the CPU (where all time is host time)."""
         return case.host_timed or self.device.type != "cuda"
 
+    def paired_settings(self) -> PairedSettings:
+        """Paired mode's effort per benchmark, within ``--attnkit-budget-s`` when given."""
+        budget = self.opt["budget_s"]
+        return PairedSettings(budget_s=budget) if budget else PairedSettings()
+
     def run_paired(self, node, case: BenchCase) -> None:
         """Measure ``case`` on both sides until :class:`PairedRule` settles it (and its host
         metric, where timed), confirm a slowdown on fresh processes, and attach the verdict row
         to the test."""
-        budget = self.opt["budget_s"]
-        settings = PairedSettings(budget_s=budget) if budget else PairedSettings()
+        settings = self.paired_settings()
         rule = PairedRule(
             self.thresholds,
             self.alpha,
@@ -348,7 +340,15 @@ class PerfSession:
         """Paired mode against the baseline's commit, from the git repository at the rootdir."""
         recorded = self.baseline["machine_info"].get("attnkit") or {}
         timeout = self.opt.get("worker_timeout_s") or ANSWER_TIMEOUT_S
-        return Adjudicator(Path(self.config.rootpath), recorded, self.thresholds, timeout)
+        return Adjudicator(
+            Path(self.config.rootpath),
+            self.repository,
+            self.backends,
+            recorded,
+            self.thresholds,
+            timeout,
+            self.paired_settings(),
+        )
 
     # --- the verdict ------------------------------------------------------------------------
 
@@ -399,7 +399,7 @@ class PerfSession:
             base=base,
             head={
                 "label": "this checkout",
-                "provenance": {**self.provenance(), "source": self.code_digest("head")},
+                "provenance": self.provenance(),
             },
             thresholds=self.policy.as_dict(),
             benchmarks=list(self.rows),

@@ -118,14 +118,14 @@ def tiny_repo(tmp_path) -> tuple[Path, str]:
 def test_the_baselines_commit_is_extracted_and_checked_against_its_source_digest(tiny_repo):
     repo, commit = tiny_repo
     digest = source_digest(repo / "src" / "attnkit")
-    judge = Adjudicator(repo, {"commit": commit[:7], "source": digest}, STORED)
+    judge = Adjudicator(repo, None, None, {"commit": commit[:7], "source": digest}, STORED)
     try:
-        src, found, problem = judge.source()
+        roots, found, problem = judge.source()
         assert problem is None and found == commit, problem
-        assert (src / "attnkit" / "__init__.py").read_text() == "SPEED = 1\n"
+        assert (roots[0] / "attnkit" / "__init__.py").read_text() == "SPEED = 1\n"
     finally:
         judge.close()
-    other = Adjudicator(repo, {"commit": commit, "source": "0123456789abcdef"}, STORED)
+    other = Adjudicator(repo, None, None, {"commit": commit, "source": "0123456789abcdef"}, STORED)
     _, _, problem = other.source()
     other.close()
     assert f"source {digest}) is not the code the baseline recorded (source 0123456789abcdef)" in problem, (
@@ -135,7 +135,7 @@ def test_the_baselines_commit_is_extracted_and_checked_against_its_source_digest
 
 def test_a_commit_this_repository_lacks_leaves_the_stored_slower(tiny_repo):
     repo, _ = tiny_repo
-    judge = Adjudicator(repo, {"commit": "feedfacefeedface"}, STORED)
+    judge = Adjudicator(repo, None, None, {"commit": "feedfacefeedface"}, STORED)
     d = judge.adjudicate(None, _slower())
     judge.close()
     assert d.outcome == "slower", d

@@ -85,6 +85,7 @@ def test_paired_more_memory_fails_and_a_slowdown_keeps_its_name():
     assert grown.outcome == "more-memory", f"+4 MiB of 100 MiB: {grown.outcome} ({grown.reason})"
     assert grown.extra["memory_growth_bytes"] == 4 * gate.MIB, grown.extra
     assert "time: same" in grown.reason, f"the time outcome must stay in the reason: {grown.reason}"
+    assert grown.extra["time_outcome"] == "same" and grown.settled, grown
     base, head = paired_blocks(np.random.default_rng(3), 16, 1.2)
     both = gate.decide_paired(base, head, T, ALPHA, T.slower, 100 * gate.MIB, 104 * gate.MIB)
     assert both.outcome == "slower" and both.extra["memory_growth_bytes"] == 4 * gate.MIB, both
@@ -164,6 +165,18 @@ def test_no_evidence_is_inconclusive_in_stored_mode(kind, side):
 def test_no_evidence_still_reports_memory_growth():
     d = gate.decide_paired([], GOOD, T, ALPHA, T.slower, 10 * gate.MIB, 20 * gate.MIB)
     assert d.outcome == "more-memory", f"memory is measured apart from time: {d.outcome} ({d.reason})"
+
+
+def test_a_memory_failure_with_time_undecided_keeps_measuring():
+    """More memory fails the row at once, but its time is still measured until it settles: a
+    change that costs memory and time must be reported as slower too."""
+    base, head = paired_blocks(np.random.default_rng(3), 8, 1.08)
+    d = gate.decide_paired(base, head, T, ALPHA, T.slower, 100 * gate.MIB, 104 * gate.MIB)
+    assert d.outcome == "more-memory" and d.extra["time_outcome"] == "inconclusive", d
+    assert not d.settled, "a more-memory row whose time is inconclusive must not stop the measurement"
+    base, head = paired_blocks(np.random.default_rng(3), 48, 1.08)
+    d = gate.decide_paired(base, head, T, ALPHA, T.slower, 100 * gate.MIB, 104 * gate.MIB)
+    assert d.outcome == "slower" and d.settled and d.extra["memory_growth_bytes"] == 4 * gate.MIB, d
 
 
 def test_mismatched_pair_counts_are_inconclusive():

@@ -173,7 +173,10 @@ class Decision:
 
     @property
     def settled(self) -> bool:
-        """Whether measuring more could not change the outcome."""
+        """Whether measuring more could not change the outcome (nor the time outcome kept under
+        a memory one: a row that fails on memory still says whether it is also slower)."""
+        if self.outcome == "more-memory":
+            return self.extra.get("time_outcome") != "inconclusive"
         return self.outcome != "inconclusive"
 
 
@@ -182,6 +185,7 @@ def _with_memory(d: Decision, base_peak, head_peak, t: Thresholds) -> Decision:
         d.extra["memory_growth_bytes"] = head_peak - base_peak
         if d.outcome != "slower":
             d.reason = f"peak {base_peak} -> {head_peak} B; time: {d.outcome} ({d.reason})"
+            d.extra["time_outcome"] = d.outcome
             d.outcome = "more-memory"
     return d
 
