@@ -1,4 +1,5 @@
-"""Host launcher of the Gluon Hopper forward: input checks, TMA descriptors, grid."""
+"""Host launcher of the Gluon Hopper forward: input checks (:func:`forward`), then TMA
+descriptors and grid (:func:`launch`)."""
 
 from __future__ import annotations
 
@@ -100,6 +101,21 @@ def forward(
         scale = 1.0 / math.sqrt(q.shape[-1]) if isinstance(q, torch.Tensor) and q.dim() == 4 else 1.0
     scale = float(scale) if isinstance(scale, int) and not isinstance(scale, bool) else scale
     _check(q, k, v, causal, scale)
+    return launch(q, k, v, causal, scale, config)
+
+
+def launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    config: HopperForwardConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`forward` without its input checks, for callers that have made them already: the
+    Triton path routes only problems and layouts the kernel takes
+    (:mod:`attnkit.triton.gluon_route`), so re-checking them, a device query included, on every
+    call would be host time spent twice."""
     b, h, n, d = q.shape
     m = k.shape[2]
     cfg = get_config(d, causal) if config is None else config

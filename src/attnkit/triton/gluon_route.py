@@ -122,6 +122,7 @@ def gluon_forward(
     """The Gluon forward of ``problem`` (one :func:`use_gluon` accepts; q, k, v passing
     :func:`gluon_layout_ok`). q: (B, H, N, D), k, v: (B, H, M, D). Returns out (B, H, N, D) in
     q's dtype and lse (B, H, N) float32, as :func:`attnkit.triton.launch.attention_forward`."""
-    from attnkit.gluon import forward
+    # The unchecked launch: use_gluon and gluon_layout_ok have checked what forward() would.
+    from attnkit.gluon.launch import launch
 
-    return forward(q, k, v, problem.causal, problem.scale)
+    return launch(q, k, v, problem.causal, problem.scale)
