@@ -350,33 +350,6 @@ def _consume_tile(
     return it + n_blocks, c + gl.maximum(n_blocks - 1, 0)
 
 
-@gluon.jit
-def _consumer0(
-    args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-    CONSUMERS: gl.constexpr, WG: gl.constexpr,
-):  # fmt: skip
-    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT, CONSUMERS, 0)
-
-
-@gluon.jit
-def _consumer1(
-    args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-    CONSUMERS: gl.constexpr, WG: gl.constexpr,
-):  # fmt: skip
-    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT, CONSUMERS, 1)
-
-
-@gluon.jit
-def _consumer2(
-    args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
-    CONSUMERS: gl.constexpr, WG: gl.constexpr,
-):  # fmt: skip
-    _consumer(args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT, CONSUMERS, 2)
-
-
 #: Sizes stay runtime values: a size of 1 would otherwise compile a kernel of its own.
 _DYNAMIC_INTS = ["q_len", "kv_len", "causal_offset", "n_bh"]
 
@@ -429,11 +402,11 @@ def _attn_fwd_kernel(
     if CONSUMERS == 3:
         gl.warp_specialize(
             [
-                (_consumer0, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
                              3, 0)),
-                (_consumer1, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
                              3, 1)),
-                (_consumer2, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
                              3, 2)),
                 (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
                             3, 3)),
@@ -444,9 +417,9 @@ def _attn_fwd_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer0, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
                              2, 0)),
-                (_consumer1, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
                              2, 1)),
                 (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, OVERLAP, PINGPONG, PERSISTENT,
                             2, 2)),
