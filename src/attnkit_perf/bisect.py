@@ -137,10 +137,14 @@ def search(commits: list[str], good: str, compare: Compare, say: Callable[[str],
 def find_case(name: str):
     """The grid's benchmark called ``name`` (``BenchCase.name``), a backend registered through an
     entry point included, or a :class:`BisectError` naming the closest ones."""
+    from attnkit.plugins import BackendEntryPointError
     from attnkit.registry import OWN_NAMES, backend_names
     from attnkit_perf.grid import grid_cases
 
-    plugins = [backend for backend in backend_names() if backend not in OWN_NAMES]
+    try:
+        plugins = [backend for backend in backend_names() if backend not in OWN_NAMES]
+    except BackendEntryPointError as err:
+        raise BisectError(str(err)) from err
     cases = [*grid_cases(None, gpu=True), *grid_cases(None, gpu=False)]
     if plugins:
         cases += [*grid_cases(plugins, gpu=True), *grid_cases(plugins, gpu=False)]
