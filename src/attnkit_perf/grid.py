@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from attnkit.registry import OWN_NAMES, backend_names, get_backend
+from attnkit.testing.selection import named_backends
 from attnkit_perf.measure.cases import BenchCase, suite_cases
 from attnkit_perf.measure.repo import Repository, module_origin
 
@@ -20,15 +21,8 @@ from attnkit_perf.measure.repo import Repository, module_origin
 def grid_backends(config: pytest.Config, repository: Repository | None) -> list[str] | None:
     """The backends the run times (None: the standard grid); an unknown name, or a repository
     of another package that registers none, is a :class:`pytest.UsageError`."""
-    named = list(dict.fromkeys(config.getoption("attnkit_backend", default=None) or []))
+    named = named_backends(config)
     if named:
-        known = backend_names()
-        unknown = [name for name in named if name not in known]
-        if unknown:
-            raise pytest.UsageError(
-                f"--attnkit-backend: {', '.join(map(repr, unknown))} is not registered; registered: "
-                f"{', '.join(known)} (a plugin registers through the attnkit.backends entry point)"
-            )
         return named
     if repository is None or repository.own:
         return None

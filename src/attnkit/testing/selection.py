@@ -16,9 +16,15 @@ DECLINED = pytest.StashKey[list]()
 
 def selected_backends(config: pytest.Config) -> list[str]:
     """The names given with --attnkit-backend, checked against the registry; else every name."""
-    chosen = config.getoption("attnkit_backend", default=[]) or []
+    return named_backends(config) or backend_names()
+
+
+def named_backends(config: pytest.Config) -> list[str]:
+    """The names given with --attnkit-backend (once each, in order), each checked to be
+    registered (a :class:`pytest.UsageError` naming the unknown ones); empty when none is."""
+    chosen = list(dict.fromkeys(config.getoption("attnkit_backend", default=[]) or []))
     if not chosen:
-        return backend_names()
+        return []
     known = backend_names()
     unknown = [name for name in chosen if name not in known]
     if unknown:
@@ -26,7 +32,7 @@ def selected_backends(config: pytest.Config) -> list[str]:
             f"--attnkit-backend: {', '.join(map(repr, unknown))} is not registered; registered: "
             f"{', '.join(known)} (a plugin registers through the attnkit.backends entry point)"
         )
-    return list(dict.fromkeys(chosen))
+    return chosen
 
 
 def test_device() -> torch.device:
