@@ -147,9 +147,12 @@ def _paired(plugin_repo: dict, tmp_path: Path, base: str, *backends: str) -> tup
         *(f"--attnkit-backend={b}" for b in backends),
         f"--attnkit-base={base}",
         "--attnkit-budget-s=5",
-        # A shared 2-core runner moves single blocks by 10-45%: the practical threshold is set where
-        # twenty computations instead of one are far beyond it and CPU contention is not.
+        # A shared 2-core runner moves single blocks by 10-45%, and a worker process's host time by
+        # up to 1.8x: both practical thresholds are set where twenty computations instead of one
+        # are far beyond them and CPU contention is not (on the CPU the host time per call is the
+        # whole computation).
         "--attnkit-slower=0.5",
+        "--attnkit-host-slower=0.5",
         f"--attnkit-verdict-json={verdict}",
     )
     assert verdict.is_file(), f"no verdict (exit {result.returncode}):\n{output[-4000:]}"
@@ -172,6 +175,7 @@ def test_a_slower_commit_of_the_plugin_fails_on_its_benchmarks_only_and_unchange
     assert set(rows) == {MINE, NAIVE}, f"benchmarks run: {sorted(rows)}\n{output[-3000:]}"
     mine = rows[MINE]
     assert mine["outcome"] == "slower" and mine["ratio"] > 3, f"{mine}\n{output[-3000:]}"
+    assert mine["host"]["outcome"] == "slower" and mine["host"]["ratio"] > 3, mine["host"]
     assert rows[NAIVE]["outcome"] in ("same", "inconclusive"), f"{rows[NAIVE]}\n{output[-3000:]}"
     assert code == 1 and verdict["passed"] is False, f"exit {code}\n{output[-3000:]}"
     assert plugin_repo["fast"] in verdict["base"]["label"], verdict["base"]["label"]
