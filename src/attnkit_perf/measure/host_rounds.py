@@ -1,49 +1,23 @@
-"""The host metric driven from paired mode's controller: rounds over the worker processes of
-both sides (:func:`measure_host`), and more processes while the decision cannot tell
-(:func:`extend_host`). The batch timer itself runs in the workers
-(:mod:`attnkit_perf.measure.host`).
+"""More processes for the host metric while its decision cannot tell (:func:`extend_host`).
+Paired mode's session measures it on its workers (``PairedSession.measure_host``); the batch
+timer itself runs in the workers (:mod:`attnkit_perf.measure.host`).
 
 The process is the host metric's unit of replication (host time moves between processes far
 more than between batches of one process), so the way to more evidence is more processes, not
 more batches: while :func:`attnkit_perf.decide.host.decide_host` over the processes measured
 says inconclusive, every worker is replaced by a fresh process, which measures the host metric
 only, and its values join the earlier ones. The decision spends its level over the planned
-looks (:data:`attnkit_perf.decide.host.HOST_LOOKS`), so looking again costs no false alarms.
+looks (``PairedSettings.host_looks``), so looking again costs no false alarms.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from attnkit_perf.measure.processes import WorkerError
-
 if TYPE_CHECKING:
     from attnkit_perf.measure.paired import PairedSession, PairedSettings, SideResult
-
-
-def measure_host(session: PairedSession, results: dict[str, SideResult], settings: PairedSettings) -> None:
-    """The host metric on every worker of both sides, into ``results``: worker ``i`` of each
-    side back to back, the side first alternating with ``i`` and the round, so that neither side
-    always follows the other; a process's value is the median over its rounds."""
-    count = len(session.workers["head"])
-    answers = {side: [[] for _ in range(count)] for side in session.sides}
-    for rnd in range(settings.host_rounds):
-        for i in range(count):
-            order = ("base", "head") if (i + rnd) % 2 == 0 else ("head", "base")
-            for side in order:
-                worker = session.workers[side][i]
-                answer = worker.ask({"op": "host", "batches": settings.host_batches})
-                if not answer["ok"]:
-                    raise WorkerError(f"{worker.label} failed to time the host: {answer['error']}", side)
-                answers[side][i].append(answer)
-    for side, per_worker in answers.items():
-        result = results[side]
-        result.host_per_call = [statistics.median(a["per_call_s"] for a in got) for got in per_worker]
-        result.host_cpu_per_call = [statistics.median(a["cpu_per_call_s"] for a in got) for got in per_worker]
-        result.host_dropped = sum(a["dropped"] for got in per_worker for a in got)
 
 
 def extend_host(

@@ -10,8 +10,9 @@ slow drifts cancel within the pairs and both sides are sampled in more than one 
 block is ``rounds`` rounds of the same flushed repetitions (the plan of the head's first
 worker, used by both sides), after one untimed round that brings clocks and caches back to
 where a running workload keeps them; its value is the median of its rounds. For a host-timed
-case every worker then measures the host metric (:mod:`attnkit_perf.measure.host_rounds`,
-:mod:`attnkit_perf.measure.host`): one value per process, the decision's unit.
+case every worker then measures the host metric (:meth:`PairedSession._host_rounds`, timed in
+the workers by :mod:`attnkit_perf.measure.host`): one value per process, the decision's unit;
+:mod:`attnkit_perf.measure.host_rounds` adds fresh processes while it cannot tell.
 
 :meth:`PairedSession.measure` measures in steps of ``step_pairs`` until ``decide`` says the
 outcome is settled, or ``max_pairs`` / ``budget_s`` is reached. Only the head's code is under
@@ -31,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnkit.cache import cache_root
-from attnkit_perf.measure.host_rounds import measure_host
 from attnkit_perf.measure.processes import (
     ANSWER_TIMEOUT_S,
     WorkerError,
@@ -271,6 +271,29 @@ class PairedSession:
         head = answers[("head", 0)]
         return results, head.get("reps")
 
+    def _host_rounds(self, results: dict[str, SideResult], settings: PairedSettings) -> None:
+        """The host metric on every worker of both sides, into ``results``: worker ``i`` of each
+        side back to back, the side first alternating with ``i`` and the round, so that neither
+        side always follows the other; a process's value is the median over its rounds."""
+        count = len(self.workers["head"])
+        answers = {side: [[] for _ in range(count)] for side in self.sides}
+        for rnd in range(settings.host_rounds):
+            for i in range(count):
+                order = ("base", "head") if (i + rnd) % 2 == 0 else ("head", "base")
+                for side in order:
+                    worker = self.workers[side][i]
+                    answer = worker.ask({"op": "host", "batches": settings.host_batches})
+                    if not answer["ok"]:
+                        raise WorkerError(f"{worker.label} failed to time the host: {answer['error']}", side)
+                    answers[side][i].append(answer)
+        for side, per_worker in answers.items():
+            result = results[side]
+            result.host_per_call = [statistics.median(a["per_call_s"] for a in got) for got in per_worker]
+            result.host_cpu_per_call = [
+                statistics.median(a["cpu_per_call_s"] for a in got) for got in per_worker
+            ]
+            result.host_dropped = sum(a["dropped"] for got in per_worker for a in got)
+
     def _block(self, side: str, pair: int, reps: int, rounds: int) -> float:
         worker = self.workers[side][pair % PROCESSES_PER_SIDE]
         answer = worker.ask({"op": "measure", "rounds": rounds, "reps": reps, "warm_rounds": 1})
@@ -337,7 +360,7 @@ class PairedSession:
                 if done >= settings.max_pairs or time.perf_counter() - start > settings.budget_s:
                     break
             if host:
-                measure_host(self, results, settings)
+                self._host_rounds(results, settings)
             return results
         finally:
             for workers in self.workers.values():
