@@ -267,6 +267,28 @@ def test_a_decline_raised_inside_the_kernel_is_named(registry_snapshot):
         attnkit.attention(*_inputs(), backend="toy")
 
 
+def test_a_failure_against_the_oracle_prints_a_reproducer_that_fails_the_same_way(registry_snapshot):
+    """A kernel's author cannot add ``@reproduce_failure`` to a test inside the installed suite:
+    the failure prints the lines that repeat the one failing call, and they fail alike."""
+    from attnkit.suite.checks import check_against_oracle
+    from attnkit.testing.edge_cases import edge
+
+    def three_percent_off(q, k, v, *, causal, scale, window):
+        return _kernel(q, k, v, causal=causal, scale=scale * 1.03, window=window)
+
+    attnkit.register_backend("toy", three_percent_off)
+    case = edge(q_len=5, kv_len=7, head_dim=8, value_dim=4, q_heads=2, kv_heads=1, causal=True, seed=3)
+    with pytest.raises(AssertionError) as failed:
+        check_against_oracle("toy", case, torch.device("cpu"))
+    message = str(failed.value)
+    head, marker, code = message.partition("Repeat this one call alone (the same tensors, no hypothesis):\n")
+    assert marker and "quantity(ies) outside the tolerance rule" in head, message
+    assert "seed=3" in code and "'toy'" in code, code
+    with pytest.raises(AssertionError) as again:
+        exec(textwrap.dedent(code), {})
+    assert str(again.value).splitlines()[0] == head.splitlines()[0], (str(again.value), head)
+
+
 # --- the pytest plugin -----------------------------------------------------------------------
 
 

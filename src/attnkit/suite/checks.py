@@ -89,7 +89,24 @@ def check_against_oracle(
         checks = compare(with_grad=False)
         if declines is not None:
             declines.note(err)
-    assert_close_to_reference(f"backend {backend!r} on {case}", checks)
+    try:
+        assert_close_to_reference(f"backend {backend!r} on {case}", checks)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{reproducer(backend, case, device)}") from None
+
+
+def reproducer(backend: str, case: AttentionCase, device: torch.device) -> str:
+    """The lines that repeat :func:`check_against_oracle` on this one case, outside the suite and
+    without hypothesis: a kernel's author pastes them into a test of their own (the case is
+    already sized for ``device``, so the tensors are the failing ones)."""
+    code = (
+        "import torch\n"
+        "from attnkit.suite.checks import check_against_oracle\n"
+        "from attnkit.testing.strategies import AttentionCase\n"
+        f"check_against_oracle({backend!r}, {case.as_code()}, torch.device({str(device)!r}))"
+    )
+    indented = code.replace("\n", "\n    ")
+    return f"Repeat this one call alone (the same tensors, no hypothesis):\n    {indented}"
 
 
 def skip_if_declined(backend: str, step: Callable[[], object]):

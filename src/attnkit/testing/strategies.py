@@ -156,6 +156,14 @@ class AttentionCase:
         given = ", ".join(f"{name}={getattr(self, name)!r}" for name in _CASE_FIELDS)
         return f"{self.problem.describe()} (as called: {given})"
 
+    def as_code(self) -> str:
+        """A Python expression that makes this case again (``torch`` and :class:`AttentionCase`
+        imported): the same problem, arguments and seed, so the same tensors."""
+        p = self.problem
+        fields = [f"{name}={getattr(p, name)!r}" for name in _SHAPE_FIELDS]
+        fields += [f"{name}={getattr(self, name)!r}" for name in _CASE_FIELDS]
+        return f"AttentionCase.make({', '.join(fields)})"
+
 
 _CASE_FIELDS = tuple(f.name for f in dataclasses.fields(AttentionCase) if f.name != "problem")
 
