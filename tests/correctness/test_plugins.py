@@ -30,8 +30,11 @@ def kernel(q, k, v, *, causal, scale, window):
 
 @pytest.fixture
 def registry_snapshot(monkeypatch):
-    """The registry and the entry-point state as they were, restored after the test."""
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    """attnkit's own backends with the entry points not yet read, as a fresh process has them
+    (an installed plugin, the example one say, loads again at the first lookup that needs it);
+    the registry and the entry-point state as they were restored after the test."""
+    own = {name: b for name, b in registry._REGISTRY.items() if name in registry.OWN_NAMES}
+    monkeypatch.setattr(registry, "_REGISTRY", own)
     monkeypatch.setattr(plugins, "_state", None)
     yield
     attnkit.api._forget_plans()  # both memos: a test's backend must not serve the next test's calls
@@ -76,12 +79,12 @@ def _assert_matches_oracle(name):
 
 def test_a_spec_constant_entry_point_registers_its_backend(install):
     install(
-        _KERNEL + "backend = attnkit.BackendSpec('toy', kernel, description='toy kernel')\n",
-        {"toy": "toy_mod:backend"},
+        _KERNEL + "backend = attnkit.BackendSpec('under-test', kernel, description='toy kernel')\n",
+        {"under-test": "toy_mod:backend"},
     )
-    assert "toy" in attnkit.backend_names()
-    assert "toy" in attnkit.available_backends("cpu")
-    _assert_matches_oracle("toy")
+    assert "under-test" in attnkit.backend_names()
+    assert "under-test" in attnkit.available_backends("cpu")
+    _assert_matches_oracle("under-test")
 
 
 def test_an_entry_point_function_may_return_several_specs_or_register_itself(install):
@@ -109,7 +112,7 @@ def test_an_unknown_name_loads_the_entry_points_but_attnkits_own_names_do_not(in
     attnkit.attention(q.double(), k.double(), v.double())  # float64: no compiled memo entry either
     assert plugins._state is None, "looking up attnkit's own backends loaded the entry points"
     with pytest.raises(attnkit.BackendEntryPointError):
-        attnkit.attention(q, k, v, backend="toy")
+        attnkit.attention(q, k, v, backend="under-test")
 
 
 def test_a_broken_import_names_the_distribution_and_entry_every_time(install):
@@ -126,7 +129,7 @@ def test_a_broken_import_names_the_distribution_and_entry_every_time(install):
     ("source", "expected"),
     [
         ("backend = 42\n", "got 42"),
-        ("def backend():\n    return 'toy'\n", "got 'toy'"),
+        ("def backend():\n    return 'under-test'\n", "got 'under-test'"),
         (
             "def backend():\n    raise RuntimeError('no GPU here')\n",
             "calling it failed: RuntimeError('no GPU here')",
@@ -150,11 +153,13 @@ def test_an_entry_point_taking_a_registered_name_is_a_clear_error(install):
 
 def test_a_fresh_interpreter_sees_the_plugin(install):
     """Worker processes (paired perf mode, tools) resolve names through the same lazy loading."""
-    path = install(_KERNEL + "backend = attnkit.BackendSpec('toy', kernel)\n", {"toy": "toy_mod:backend"})
+    path = install(
+        _KERNEL + "backend = attnkit.BackendSpec('under-test', kernel)\n", {"under-test": "toy_mod:backend"}
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, *sys.path])}
     code = (
         "import attnkit, torch; q = torch.ones(1, 1, 2, 4); "
-        "print(attnkit.attention(q, q, q, backend='toy').sum().item())"
+        "print(attnkit.attention(q, q, q, backend='under-test').sum().item())"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
@@ -186,24 +191,24 @@ def test_bad_names_are_refused(registry_snapshot, name, error, match):
 
 def test_replace_swaps_a_backend_and_forgets_its_memoised_runs(registry_snapshot):
     q, k, v = _inputs()
-    attnkit.register_backend("toy", _kernel)
-    first = attnkit.attention(q, k, v, backend="toy")
+    attnkit.register_backend("under-test", _kernel)
+    first = attnkit.attention(q, k, v, backend="under-test")
     attnkit.register_backend(
-        "toy", lambda q, k, v, **kw: torch.zeros_like(_kernel(q, k, v, **kw)), replace=True
+        "under-test", lambda q, k, v, **kw: torch.zeros_like(_kernel(q, k, v, **kw)), replace=True
     )
-    second = attnkit.attention(q, k, v, backend="toy")
+    second = attnkit.attention(q, k, v, backend="under-test")
     assert first.abs().max() > 0 and torch.equal(second, torch.zeros_like(second)), (
         "the replaced kernel still ran"
     )
-    attnkit.unregister_backend("toy")
-    assert "toy" not in attnkit.backend_names()
+    attnkit.unregister_backend("under-test")
+    assert "under-test" not in attnkit.backend_names()
 
 
 def test_exactly_one_of_fn_and_run(registry_snapshot):
     with pytest.raises(TypeError, match="exactly one of fn and run"):
-        attnkit.register_backend("toy", _kernel, run=lambda q, k, v, problem: q)
+        attnkit.register_backend("under-test", _kernel, run=lambda q, k, v, problem: q)
     with pytest.raises(TypeError, match="fn must be callable"):
-        attnkit.register_backend("toy", "kernel")
+        attnkit.register_backend("under-test", "kernel")
 
 
 def test_the_kernel_receives_the_validated_problems_arguments(registry_snapshot):
@@ -213,9 +218,9 @@ def test_the_kernel_receives_the_validated_problems_arguments(registry_snapshot)
         seen.append((causal, scale, window))
         return _kernel(q, k, v, causal=causal, scale=scale, window=window)
 
-    attnkit.register_backend("toy", spy)
+    attnkit.register_backend("under-test", spy)
     q, k, v = _inputs()
-    attnkit.attention(q, k, v, causal=True, window=(2, 100), backend="toy")
+    attnkit.attention(q, k, v, causal=True, window=(2, 100), backend="under-test")
     # scale resolved to 1/sqrt(D); the right side hides nothing with causal, so it is normalised away.
     assert seen == [(True, 1.0 / math.sqrt(8), (2, -1))], seen
 
@@ -223,12 +228,14 @@ def test_the_kernel_receives_the_validated_problems_arguments(registry_snapshot)
 def test_a_declined_problem_raises_the_kernels_reason_before_it_runs(registry_snapshot):
     calls = []
     attnkit.register_backend(
-        "toy",
+        "under-test",
         lambda *a, **kw: calls.append(1),
         supports=lambda p: None if p.head_dim % 16 == 0 else f"head_dim {p.head_dim} is not a multiple of 16",
     )
-    with pytest.raises(attnkit.UnsupportedProblemError, match=r"'toy'.*head_dim 8 is not a multiple of 16"):
-        attnkit.attention(*_inputs(), backend="toy")
+    with pytest.raises(
+        attnkit.UnsupportedProblemError, match=r"'under-test'.*head_dim 8 is not a multiple of 16"
+    ):
+        attnkit.attention(*_inputs(), backend="under-test")
     assert calls == [], "the kernel ran although supports() declined the problem"
 
 
@@ -239,32 +246,32 @@ def test_forward_only_refuses_gradients_before_the_kernel_runs(registry_snapshot
         calls.append(1)
         return _kernel(q, k, v, **kw)
 
-    attnkit.register_backend("toy", kernel, forward_only=True)
-    with pytest.raises(attnkit.UnsupportedProblemError, match="'toy' is forward-only"):
-        attnkit.attention(*_inputs(requires_grad=True), backend="toy")
+    attnkit.register_backend("under-test", kernel, forward_only=True)
+    with pytest.raises(attnkit.UnsupportedProblemError, match="'under-test' is forward-only"):
+        attnkit.attention(*_inputs(requires_grad=True), backend="under-test")
     assert calls == [], "the forward-only kernel ran on inputs that require grad"
     with torch.no_grad():
-        out = attnkit.attention(*_inputs(requires_grad=True), backend="toy")
+        out = attnkit.attention(*_inputs(requires_grad=True), backend="under-test")
     assert out.shape == (1, 2, 5, 4) and calls == [1]
 
 
 def test_a_kernel_returning_the_wrong_shape_is_named(registry_snapshot):
-    attnkit.register_backend("toy", lambda q, k, v, **kw: q)
+    attnkit.register_backend("under-test", lambda q, k, v, **kw: q)
     with pytest.raises(
-        RuntimeError, match=r"backend 'toy' returned \(1, 2, 5, 8\).*expected a \(1, 2, 5, 4\)"
+        RuntimeError, match=r"backend 'under-test' returned \(1, 2, 5, 8\).*expected a \(1, 2, 5, 4\)"
     ):
-        attnkit.attention(*_inputs(), backend="toy")
+        attnkit.attention(*_inputs(), backend="under-test")
 
 
 def test_a_decline_raised_inside_the_kernel_is_named(registry_snapshot):
     def kernel(q, k, v, **kw):
         raise attnkit.UnsupportedProblemError("no kernel for this head_dim")
 
-    attnkit.register_backend("toy", kernel)
+    attnkit.register_backend("under-test", kernel)
     with pytest.raises(
-        attnkit.UnsupportedProblemError, match=r"backend 'toy' declined .*: no kernel for this"
+        attnkit.UnsupportedProblemError, match=r"backend 'under-test' declined .*: no kernel for this"
     ):
-        attnkit.attention(*_inputs(), backend="toy")
+        attnkit.attention(*_inputs(), backend="under-test")
 
 
 def test_a_failure_against_the_oracle_prints_a_reproducer_that_fails_the_same_way(registry_snapshot):
@@ -276,14 +283,14 @@ def test_a_failure_against_the_oracle_prints_a_reproducer_that_fails_the_same_wa
     def three_percent_off(q, k, v, *, causal, scale, window):
         return _kernel(q, k, v, causal=causal, scale=scale * 1.03, window=window)
 
-    attnkit.register_backend("toy", three_percent_off)
+    attnkit.register_backend("under-test", three_percent_off)
     case = edge(q_len=5, kv_len=7, head_dim=8, value_dim=4, q_heads=2, kv_heads=1, causal=True, seed=3)
     with pytest.raises(AssertionError) as failed:
-        check_against_oracle("toy", case, torch.device("cpu"))
+        check_against_oracle("under-test", case, torch.device("cpu"))
     message = str(failed.value)
     head, marker, code = message.partition("Repeat this one call alone (the same tensors, no hypothesis):\n")
     assert marker and "quantity(ies) outside the tolerance rule" in head, message
-    assert "seed=3" in code and "'toy'" in code, code
+    assert "seed=3" in code and "'under-test'" in code, code
     with pytest.raises(AssertionError) as again:
         exec(textwrap.dedent(code), {})
     assert str(again.value).splitlines()[0] == head.splitlines()[0], (str(again.value), head)
