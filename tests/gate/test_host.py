@@ -157,6 +157,28 @@ def test_a_change_of_exactly_the_threshold_is_rarely_called_same():
     assert same <= 0.07, f"a true +{gate.Thresholds.host_slower:.0%} called same {same:.1%} of the time"
 
 
+def test_the_reported_bounds_are_the_ones_that_decide():
+    """A slower row's lower bound is above 1 and a same row's upper bound below the threshold:
+    one interval at one confidence once showed "slower" over bounds [0.631, 112.762]."""
+    rng = np.random.default_rng(11)
+    threshold = gate.Thresholds.host_slower
+    decided = {"slower": 0, "same": 0}
+    for effect in [0.0] * 200 + [0.10] * 200 + [0.25] * 200:
+        d = decide_host(*_processes(rng, effect, sd=0.03), threshold, ALPHA, confirmed=True, looks=3)
+        lower, upper = d.ci
+        assert lower <= d.ratio <= upper, d
+        if d.outcome == "slower":
+            assert lower > 1.0, f"slower over bounds {d.ci}: {d.reason}"
+        if d.outcome == "same":
+            assert upper < 1 + threshold, f"same over bounds {d.ci}: {d.reason}"
+        if d.outcome in decided:
+            decided[d.outcome] += 1
+        # The lower bound is above 1 exactly when the slowdown test rejects at its level.
+        level = math.sqrt(ALPHA) / 3
+        assert (lower > 1.0) == (d.p is not None and d.p < level) or d.outcome == "faster", d
+    assert min(decided.values()) >= 50, decided
+
+
 def test_a_faster_head_is_faster():
     rng = np.random.default_rng(1)
     d = decide_host(*_processes(rng, -0.3), 0.05, ALPHA, confirmed=True)

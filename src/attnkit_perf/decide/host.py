@@ -12,7 +12,7 @@ measured interleaved, so their log ratio is one observation; over the ``G`` pair
 * **slower**: the ratio is at least ``1 + t`` and a one-sided t-test over the ``G`` log ratios
   (``G - 1`` degrees of freedom) rejects "no slowdown" at ``sqrt(alpha) / looks`` when a
   slowdown must show again on fresh processes before it fails (two independent measurements:
-  ``alpha``), at ``alpha / looks`` otherwise;
+  ``alpha``), at ``alpha / looks`` otherwise: the one-sided lower bound at that level is above 1;
 * **faster**: the mirror image;
 * **same**: the one-sided ``1 - 5% / looks`` upper bound of the t-interval lies below
   ``1 + t``: a true change of exactly ``t`` is called same in at most 5%
@@ -97,10 +97,17 @@ def decide_host(
     else:  # every process pair read the same ratio: the sign of the mean is the evidence
         p_slower, p_faster = float(mean <= 0), float(mean >= 0)
     confidence = 1.0 - (1.0 - HOST_SAME_CONFIDENCE) / looks
-    half = float(stats.t.ppf(confidence, groups - 1)) * se
-    ratio, lower, upper = math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+    # The bounds reported are the ones that decide: the lower at the slowdown test's level (above
+    # 1 exactly when the t-test rejects "no slowdown"), the upper at the confidence "same" needs.
+    # One interval at a single confidence would show a slowdown its lower end does not support.
+    lower = math.exp(mean - float(stats.t.ppf(1.0 - level, groups - 1)) * se)
+    upper = math.exp(mean + float(stats.t.ppf(confidence, groups - 1)) * se)
+    ratio = math.exp(mean)
     up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
-    text = f"host x{ratio:.4f}, {confidence:.1%} bounds over {groups} processes [{lower:.4f}, {upper:.4f}]"
+    text = (
+        f"host x{ratio:.4f} over {groups} processes, bounds [{lower:.4f} at {1.0 - level:.1%}, "
+        f"{upper:.4f} at {confidence:.1%}]"
+    )
     common = {"ratio": ratio, "ci": (lower, upper), "threshold": threshold, "alpha": alpha}
     if ratio >= up and p_slower < level:
         d = Decision("slower", p=p_slower, reason=f"{text}, p={p_slower:.1e} >= x{up:.3f}", **common)

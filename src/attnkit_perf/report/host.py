@@ -45,8 +45,9 @@ def host_lines(verdict: VerdictDocument) -> list[str]:
         "### Host time per call",
         "",
         "Wall time per call over batches of back-to-back calls from an empty queue (no CUDA event "
-        "inside), one value per worker process; decided over the processes. Beside it, the GPU "
-        "time's ratio and the memory each call keeps after it returns.",
+        "inside), one value per worker process; decided over the processes. Bounds: the lower one at "
+        'the level a slowdown must clear, the upper one at the confidence that "same" needs. Beside '
+        "it, the GPU time's ratio and the memory each call keeps after it returns.",
         "",
         *table([*header, "GPU ratio", "kept memory"], cells),
         "",
