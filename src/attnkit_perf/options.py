@@ -53,13 +53,16 @@ def check_usage(mode: str | None, device: torch.device, opt: dict) -> None:
     if mode and not gpu and not opt["allow_cpu"]:
         raise _usage(
             f"{mode} mode compares GPU timings, and there is no CUDA device here ({device}). "
-            "Without --benchmark-compare / --attnkit-base, tests/perf runs the CPU smoke benchmarks "
-            "without comparing."
+            "Without --benchmark-compare / --attnkit-base the perf tests run the CPU smoke benchmarks "
+            "without comparing; --attnkit-allow-cpu compares them anyway (to try the gate itself: "
+            "a shared CPU moves timings by tens of percent, so give a loose --attnkit-slower and "
+            "--attnkit-host-slower)."
         )
     if opt["record"] and not gpu and not opt["allow_cpu"]:
         raise _usage(
             "refusing to record a baseline on the CPU: host timings of the smoke grid are not a gate; "
-            "record on the GPU model the gate runs on"
+            "record on the GPU model the gate runs on (--attnkit-allow-cpu records anyway, to try "
+            "the gate itself)"
         )
     if opt["record"] and opt["base"]:
         raise _usage("--attnkit-record and --attnkit-base exclude each other")

@@ -171,11 +171,11 @@ def pytest_configure(config: pytest.Config) -> None:
             "attnkit perf gate: stored mode (--benchmark-compare) runs in one process (pytest-benchmark "
             "is disabled under xdist); shard paired mode (--attnkit-base) instead"
         )
-    if (
-        session.mode == "stored" or session.record or config.getoption("attnkit_verdict_json")
-    ) and not config.getoption("benchmark_json"):
+    reads_json = session.mode == "stored" or session.record or config.getoption("attnkit_verdict_json")
+    if reads_json and session.mode != "paired" and not config.getoption("benchmark_json"):
         # The gate reads the run through pytest_benchmark_update_json, which fires only when
-        # pytest-benchmark writes JSON; give it a scratch file when the user named none.
+        # pytest-benchmark writes JSON; give it a scratch file when the user named none. Paired
+        # mode times in its workers and reads none (pytest-benchmark would warn that nothing ran).
         config.option.benchmark_json = _ScratchJson(
             Path(tempfile.mkdtemp(prefix="attnkit-perf-")) / "run.json"
         )

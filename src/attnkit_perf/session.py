@@ -371,8 +371,11 @@ class PerfSession:
             self.finish_stored({"benchmarks": []})
         if self.mode == "paired":
             # The same machine and software; the base's own commit and code.
+            ref, commit = str(self.base_ref), str(self.opt["base_commit"])
+            # A ref that is the commit (or the checkout) already is not named twice.
+            named = commit.startswith(ref) or ref in commit
             base = {
-                "label": f"base {self.base_ref} ({self.opt['base_commit']})",
+                "label": f"base {commit}" if named else f"base {ref} ({commit})",
                 "provenance": {
                     **self.provenance(),
                     "commit": self.opt["base_commit"],

@@ -10,7 +10,11 @@ from attnkit_perf.history.record import HistoryError, record
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m attnkit_perf.history", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m attnkit_perf.history",
+        description="The benchmarks' history across commits: record runs into a store, publish "
+        "the static site, list the regressions it shows (docs/HISTORY.md).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="append runs (pytest-benchmark JSON of tests/perf) to the store")
     rec.add_argument("--results", required=True, nargs="+", type=Path, help="pytest --benchmark-json file(s)")

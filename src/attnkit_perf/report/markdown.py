@@ -166,7 +166,8 @@ def _verdict_lines(verdict: VerdictDocument, floors: dict[CaseKey, int | None]) 
     if not verdict.complete:
         headline = "⚠️ INCOMPLETE (the run stopped before its end; not a pass)"
     tally = " · ".join(f"{n} {VERDICT_LABELS.get(v, v)}" for v, n in counts.items())
-    lines = [f"**Verdict: {headline}** — {len(verdict.benchmarks)} benchmarks: {tally}.", ""]
+    count = len(verdict.benchmarks)
+    lines = [f"**Verdict: {headline}** — {count} benchmark{'' if count == 1 else 's'}: {tally}.", ""]
     attention = [c for c in verdict.benchmarks if c.outcome != "same"]
     if attention:
         rank = {v: i for i, v in enumerate(OUTCOMES)}
