@@ -177,6 +177,20 @@ def test_the_reported_bounds_are_the_ones_that_decide():
         level = math.sqrt(ALPHA) / 3
         assert (lower > 1.0) == (d.p is not None and d.p < level) or d.outcome == "faster", d
     assert min(decided.values()) >= 50, decided
+    faster = decide_host(*_processes(rng, -0.25, sd=0.03), threshold, ALPHA, confirmed=True, looks=3)
+    assert faster.outcome == "faster" and faster.ci[1] < 1.0, f"faster over bounds {faster.ci}"
+
+
+def test_identical_code_is_called_faster_at_most_at_the_level():
+    """A speed-up is reported on one measurement at the first stage's level: noise alone reads
+    "faster" at most about that often."""
+    rng = np.random.default_rng(13)
+    outcomes = [
+        decide_host(*_processes(rng, 0.0, sd=0.05), 0.05, 0.01, confirmed=True, looks=3).outcome
+        for _ in range(3000)
+    ]
+    level = math.sqrt(0.01) / 3
+    assert outcomes.count("faster") / len(outcomes) <= 1.5 * level, outcomes.count("faster")
 
 
 def test_a_faster_head_is_faster():
