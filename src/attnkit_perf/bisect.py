@@ -206,7 +206,14 @@ def paired_compare(
 def main(argv: list[str] | None = None, compare_factory=None) -> int:
     """``compare_factory(repo, case, thresholds, alpha, budget_s) -> Compare`` replaces the
     paired measurement (the tests pass a fake)."""
-    parser = argparse.ArgumentParser(prog="python -m attnkit_perf.bisect", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m attnkit_perf.bisect",
+        description=__doc__.split("\n")[0],
+        epilog="example: python -m attnkit_perf.bisect v1.2 HEAD "
+        "-k 'fwd[triton-bf16-B4-H16-N4096-D128-causal]' (a benchmark's name as the verdict and "
+        "the report show it; in another repository its import roots come from [tool.attnkit] src "
+        "of its pyproject.toml, docs/EXTENDING.md)",
+    )
     parser.add_argument("good", metavar="GOOD", help="a commit where the benchmark was fast")
     parser.add_argument("bad", metavar="BAD", help="a later commit where it is slower")
     parser.add_argument("-k", dest="benchmark", required=True, help="benchmark name, as in the verdict")

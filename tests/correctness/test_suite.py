@@ -13,7 +13,7 @@ from attnkit.suite.test_contract import (  # noqa: F401
 from attnkit.suite.test_oracle import (  # noqa: F401
     test_backend_matches_reference,
     test_edge_case_matches_reference,
-    test_supported_set_is_not_empty,
+    test_the_everyday_problem_runs_and_matches_the_oracle,
     test_windowed_backend_matches_reference,
 )
 from attnkit.suite.test_properties import (  # noqa: F401

@@ -46,7 +46,7 @@ def test_edge_case_matches_reference(attnkit_backend, edge_case, attnkit_device)
     skip_if_declined(attnkit_backend, lambda: check_against_oracle(attnkit_backend, case, attnkit_device))
 
 
-def test_supported_set_is_not_empty(attnkit_backend, attnkit_device):
+def test_the_everyday_problem_runs_and_matches_the_oracle(attnkit_backend, attnkit_device):
     """A backend must accept the everyday case (D=64, N=M=40, causal) in some 16-bit dtype, so
     that declines in the tests above cannot hide a backend that runs nothing."""
     reasons = []
