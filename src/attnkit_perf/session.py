@@ -372,8 +372,9 @@ class PerfSession:
         if self.mode == "paired":
             # The same machine and software; the base's own commit and code.
             ref, commit = str(self.base_ref), str(self.opt["base_commit"])
-            # A ref that is the commit (or the checkout) already is not named twice.
-            named = commit.startswith(ref) or ref in commit
+            # A ref that is (a prefix of) the commit, or a checkout, whose label holds its absolute
+            # path, is not named twice; a substring match would drop a short tag found in a hash.
+            named = commit.startswith(ref) or commit.startswith("checkout ")
             base = {
                 "label": f"base {commit}" if named else f"base {ref} ({commit})",
                 "provenance": {
