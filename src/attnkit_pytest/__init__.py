@@ -8,7 +8,7 @@ else CUDA when present, else the CPU). Problems a backend declines are listed at
 run under "attnkit: declined problems". The plugin changes nothing in a run that uses none of
 this.
 
-``pytest --pyargs attnkit.perf`` (the installed perf gate) also needs the gate's plugin
+``pytest --pyargs attnkit_perf.suite`` (the installed perf gate) also needs the gate's plugin
 (``attnkit_perf.plugin``, which needs the ``perf`` extras): this plugin loads it when that
 package is named, early enough for pytest to know its options (``--attnkit-base``, ...).
 
@@ -41,7 +41,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 #: The installed perf grid: naming it with --pyargs loads the perf gate's plugin.
-PERF_PACKAGE = "attnkit.perf"
+PERF_PACKAGE = "attnkit_perf.suite"
 PERF_PLUGIN = "attnkit_perf.plugin"
 
 

@@ -19,7 +19,7 @@ from attnkit_perf.decide.formats import FormatError, validate
 from attnkit_perf.decide.noise import SD_CONFIDENCE
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import StoredRule
-from attnkit_perf.machine import gpu_key
+from attnkit_perf.measure.machine import gpu_key
 
 US = 1e-6
 STORED = gate.Thresholds(slower=gate.Thresholds.STORED_SLOWER)

@@ -4,13 +4,13 @@ Every rule that turns measurements into an outcome lives in :mod:`attnkit_perf.d
 Modes (docs/PERF_GATE.md):
 
 * **paired** (``--attnkit-base=REF``): each benchmark is measured on the base and on this
-  checkout in worker processes on the same GPU (:mod:`attnkit_perf.measure.paired`) and decided
-  as it is measured (:class:`attnkit_perf.decide.paired.PairedRule`); the test fails when the
+  checkout in worker processes on the same GPU (:mod:`attnkit_perf.measure.paired_session`) and decided
+  as it is measured (:class:`attnkit_perf.decide.paired_rule.PairedRule`); the test fails when the
   outcome fails. Works under pytest-xdist (one GPU per worker).
 * **stored** (``--benchmark-compare``): pytest-benchmark times each case in this process; at the
   end every benchmark is compared with this GPU model's baseline JSON
   (:class:`attnkit_perf.decide.stored.StoredRule`), after re-measuring suspects; a "slower" is
-  then adjudicated by paired mode against the baseline's commit (:mod:`attnkit_perf.adjudicate`).
+  then adjudicated by paired mode against the baseline's commit (:mod:`attnkit_perf.run.stored_recheck`).
 * **record** (``--attnkit-record``): the run becomes this GPU model's baseline.
 
 Every way a comparison could silently not happen is a :class:`pytest.UsageError` here, or a
@@ -28,25 +28,25 @@ import torch
 
 from attnkit.device import gpu_key
 from attnkit.errors import UnsupportedProblemError
-from attnkit_perf import options as options_
-from attnkit_perf import sides
-from attnkit_perf.adjudicate import Adjudicator, adjudicate_rows
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.baseline import baseline_path, save_baseline
 from attnkit_perf.decide.formats import FormatError
 from attnkit_perf.decide.hostbound import host_bound_throughout, paired_share
-from attnkit_perf.decide.paired import PairedRule
+from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import StoredRule
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
-from attnkit_perf.grid import grid_backends, grid_cases
-from attnkit_perf.machine import provenance, version_differences
 from attnkit_perf.measure.cases import BenchCase
+from attnkit_perf.measure.machine import provenance, version_differences
 from attnkit_perf.measure.measurer import CaseMeasurer, MeasureSettings
-from attnkit_perf.measure.paired import PairedSession, PairedSettings
+from attnkit_perf.measure.paired_session import PairedSession, PairedSettings
 from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S, shard_problem, visible_gpus
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
-from attnkit_perf.paired_run import measure_paired
+from attnkit_perf.run import options as options_
+from attnkit_perf.run import sides
+from attnkit_perf.run.backend_choice import grid_backends, grid_cases
+from attnkit_perf.run.paired_benchmark import measure_paired
+from attnkit_perf.run.stored_recheck import Adjudicator, adjudicate_rows
 
 #: ``user_properties`` keys of a benchmark's verdict row and of the row of one that raised.
 VERDICT_PROPERTY = "attnkit_verdict"
@@ -90,7 +90,7 @@ class PerfSession:
         self.base_ref = options["base"]
         #: The git repository gated (None outside one: attnkit's own source is compared).
         self.repository = options.get("repository")
-        #: The backends the grid times (None: the standard grid), :mod:`attnkit_perf.grid`.
+        #: The backends the grid times (None: the standard grid), :mod:`attnkit_perf.run.backend_choice`.
         self.backends = grid_backends(config, self.repository)
         self.mode = options_.mode(config, options)
         self.thresholds = options_.thresholds(options, self.mode)
@@ -125,7 +125,7 @@ class PerfSession:
             self.notes += notes
 
     def provenance(self) -> dict:
-        """:func:`attnkit_perf.machine.provenance` and the timing protocol of this run; in another
+        """:func:`attnkit_perf.measure.machine.provenance` and the timing protocol of this run; in another
         repository its ``source`` is the digest of that repository's code (what is compared)."""
         if self._provenance is None:
             self._provenance = {**provenance(self.device), "timing": TIMING_PROTOCOL}
