@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.verdict import BenchmarkVerdict, format_table, summary_line
+from attnkit_perf.decide.verdict import BenchmarkVerdict
 from attnkit_perf.measure.checkout import BaseError
 from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S
 from attnkit_perf.measure.repo import RepositoryError, find_repository
+from attnkit_perf.report.terminal import format_table, summary_line
 from attnkit_perf.run import sides
 from attnkit_perf.run.session import ERROR_PROPERTY, VERDICT_PROPERTY, PerfSession
 

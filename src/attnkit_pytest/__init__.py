@@ -70,8 +70,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "attnkit_backend" not in metafunc.fixturenames:
         return
+    from attnkit.device import test_device
     from attnkit.registry import unavailable_reason
-    from attnkit.testing.selection import selected_backends, test_device
+    from attnkit.testing.selection import selected_backends
 
     device = test_device()
     params = []
@@ -84,7 +85,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def attnkit_device():
-    from attnkit.testing.selection import test_device
+    from attnkit.device import test_device
 
     return test_device()
 

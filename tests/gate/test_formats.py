@@ -17,8 +17,9 @@ from attnkit_perf.decide.formats import FormatError, validate
 from attnkit_perf.decide.noise import FORMAT as NOISE_FORMAT
 from attnkit_perf.decide.noise import load_noise
 from attnkit_perf.decide.verdict import FORMAT as VERDICT_FORMAT
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument, summary_line
+from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
+from attnkit_perf.report.terminal import summary_line
 from attnkit_perf.run.session import describe
 
 T = gate.Thresholds()

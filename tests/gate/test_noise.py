@@ -10,9 +10,10 @@ import statistics
 import pytest
 from perf_synthetic import H100_KEY, case_for
 
+from attnkit_perf.commands.noise import main
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.formats import FormatError, validate
-from attnkit_perf.decide.noise import build, load_noise, main, noise_file
+from attnkit_perf.decide.noise import build, load_noise, noise_file
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.run.session import describe
 

@@ -73,9 +73,7 @@ def _serve(out) -> None:
             os.sched_setaffinity(0, {int(cpu)} if measuring else every_core)
 
     pin(True)
-    device = torch.device(
-        os.environ.get("ATTNKIT_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-    )
+    device = torch.device(os.environ["ATTNKIT_WORKER_DEVICE"])  # set by the paired session
     flusher = L2Flusher(device)
     keep_cache = L2Flusher(device, evict=False)
     runner, between = None, flusher
