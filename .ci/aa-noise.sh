@@ -13,4 +13,4 @@ for i in $(seq "$runs"); do
         --attnkit-noise=none --attnkit-verdict-json="$out/verdict_$i.json" || true
 done
 key=$(bash .ci/gpu-python.sh -c "from attnkit.device import gpu_key; print(gpu_key())")
-bash .ci/gpu-python.sh -m attnkit_perf.decide.noise "$out"/verdict_*.json --out "baselines/$key/noise-paired.json"
+bash .ci/gpu-python.sh -m attnkit_perf.commands.noise "$out"/verdict_*.json --out "baselines/$key/noise-paired.json"

@@ -39,7 +39,7 @@ case "$step" in
         python="${ATTNKIT_PYTHON:-python3}"
         export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
         key=$("$python" -c "import json, sys; print(json.load(open(sys.argv[1]))['machine_info']['attnkit']['gpu_key'])" "$1")
-        "$python" -m attnkit_perf.decide.pooled "$@" --out "baselines/$key/baseline.json" ;;
+        "$python" -m attnkit_perf.commands.pool "$@" --out "baselines/$key/baseline.json" ;;
     *)
         echo "$usage" >&2
         exit 2 ;;

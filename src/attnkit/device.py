@@ -1,8 +1,10 @@
-"""Facts about the device a call runs on, computed in one place: the default device and the GPU
-key that names per-GPU data (the Triton config table, the perf baselines)."""
+"""Facts about the device a call runs on, computed in one place: the default device, the device
+tests and benchmarks run on, and the GPU key that names per-GPU data (the Triton config table,
+the perf baselines)."""
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 
@@ -12,6 +14,24 @@ import torch
 def default_device() -> torch.device:
     """CUDA when PyTorch sees a GPU, else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+#: Names the device the test suites and the perf gate run on (``cpu``, ``cuda:1``).
+TEST_DEVICE_ENV = "ATTNKIT_TEST_DEVICE"
+
+
+def named_test_device() -> str | None:
+    """The device :data:`TEST_DEVICE_ENV` names, or None when it is unset or empty."""
+    return os.environ.get(TEST_DEVICE_ENV) or None
+
+
+def test_device() -> torch.device:
+    """The device the test suites and the perf gate run on: the one :data:`TEST_DEVICE_ENV`
+    names, else :func:`default_device`."""
+    return torch.device(named_test_device() or default_device())
+
+
+test_device.__test__ = False  # a helper, not a test, although its name starts with "test"
 
 
 def gpu_key(device: torch.device | str | None = None) -> str:

@@ -1,9 +1,9 @@
 """pytest plugin of the perf gate: options and hooks only (the logic is in
-:mod:`attnkit_perf.session`). Loaded with ``-p attnkit_perf.plugin``, by this repository's
-tests/conftest.py, and by attnkit's plugin (``attnkit_pytest``) for ``pytest --pyargs attnkit.perf``.
+:mod:`attnkit_perf.run.session`). Loaded with ``-p attnkit_perf.plugin``, by this repository's
+tests/conftest.py, and by attnkit's plugin (``attnkit_pytest``) for ``pytest --pyargs attnkit_perf.suite``.
 
     pytest tests/perf --attnkit-base=origin/main            # paired: base vs this checkout, same GPU
-    pytest --pyargs attnkit.perf --attnkit-backend NAME --attnkit-base=origin/main  # in any repo
+    pytest --pyargs attnkit_perf.suite --attnkit-backend NAME --attnkit-base=origin/main  # in any repo
     pytest tests/perf --attnkit-base=origin/main -n 2       # ... sharded over 2 GPUs
     pytest tests/perf --benchmark-compare                   # stored: against baselines/<gpu_key>/
     pytest tests/perf --attnkit-record                      # record this GPU model's baseline
@@ -20,13 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from attnkit_perf import sides
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.verdict import BenchmarkVerdict, format_table, summary_line
+from attnkit_perf.decide.verdict import BenchmarkVerdict
 from attnkit_perf.measure.checkout import BaseError
 from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S
 from attnkit_perf.measure.repo import RepositoryError, find_repository
-from attnkit_perf.session import ERROR_PROPERTY, VERDICT_PROPERTY, PerfSession
+from attnkit_perf.report.terminal import format_table, summary_line
+from attnkit_perf.run import sides
+from attnkit_perf.run.session import ERROR_PROPERTY, VERDICT_PROPERTY, PerfSession
 
 SESSION = pytest.StashKey[PerfSession]()
 #: Marks a benchmark skipped because this checkout cannot run its backend (tests/perf sets it).
@@ -266,7 +267,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             continue
         if perf.mode == "paired":
             # Whether a side runs the backend is that side's to say: the base may still run a
-            # case this checkout dropped (the workers report it; attnkit_perf.decide.paired).
+            # case this checkout dropped (the workers report it; attnkit_perf.decide.paired_rule).
             item.own_markers = [m for m in item.own_markers if m.name != "skip"]
         else:
             perf.record_declined(item.nodeid, declined.args[0])

@@ -8,7 +8,7 @@ else CUDA when present, else the CPU). Problems a backend declines are listed at
 run under "attnkit: declined problems". The plugin changes nothing in a run that uses none of
 this.
 
-``pytest --pyargs attnkit.perf`` (the installed perf gate) also needs the gate's plugin
+``pytest --pyargs attnkit_perf.suite`` (the installed perf gate) also needs the gate's plugin
 (``attnkit_perf.plugin``, which needs the ``perf`` extras): this plugin loads it when that
 package is named, early enough for pytest to know its options (``--attnkit-base``, ...).
 
@@ -41,7 +41,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 #: The installed perf grid: naming it with --pyargs loads the perf gate's plugin.
-PERF_PACKAGE = "attnkit.perf"
+PERF_PACKAGE = "attnkit_perf.suite"
 PERF_PLUGIN = "attnkit_perf.plugin"
 
 
@@ -70,8 +70,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "attnkit_backend" not in metafunc.fixturenames:
         return
+    from attnkit.device import test_device
     from attnkit.registry import unavailable_reason
-    from attnkit.testing.selection import selected_backends, test_device
+    from attnkit.testing.selection import selected_backends
 
     device = test_device()
     params = []
@@ -84,7 +85,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def attnkit_device():
-    from attnkit.testing.selection import test_device
+    from attnkit.device import test_device
 
     return test_device()
 

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             each = " ".join(f"{r:.3f}" for r in ratios)
             print(f"{name:60s} head/base {statistics.median(ratios):.4f}  ({each})")
     if args.out:
-        from attnkit_perf.machine import provenance
+        from attnkit_perf.measure.machine import provenance
 
         document = {"format": FORMAT, "provenance": provenance(), "rows": rows, "runs": runs}
         validate("true-effect", document, args.out)

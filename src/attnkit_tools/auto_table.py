@@ -27,8 +27,8 @@ import attnkit
 from attnkit.auto import TABLE_FORMAT, auto_order
 from attnkit.device import gpu_key
 from attnkit.inputs import check_inputs
-from attnkit_perf.machine import provenance
 from attnkit_perf.measure.cases import BenchCase, build_runner
+from attnkit_perf.measure.machine import provenance
 from attnkit_perf.measure.timing import median_time_s
 
 PATHS = ("triton", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")

@@ -31,8 +31,8 @@ import torch
 import attnkit
 from attnkit.inputs import check_inputs
 from attnkit.triton.decode import DecodeConfig, decode_config, decode_forward
-from attnkit_perf.machine import provenance
 from attnkit_perf.measure.cases import captured
+from attnkit_perf.measure.machine import provenance
 from attnkit_perf.measure.timing import median_time_s
 from attnkit_tools.provenance import produced_by, provenance_table, require_cuda
 from attnkit_tools.tune import time_over_best

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from attnkit_perf.machine import provenance
 from attnkit_perf.measure.cases import BenchCase, build_runner
+from attnkit_perf.measure.machine import provenance
 from attnkit_perf.measure.timing import median_time_s
 from attnkit_tools.provenance import provenance_table, require_cuda
 

@@ -50,7 +50,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnkit
 from attnkit_perf.decide.stats import median_interval
-from attnkit_perf.machine import provenance
+from attnkit_perf.measure.machine import provenance
 from attnkit_tools.per_call_report import PAIRED, console_table, markdown, targets
 from attnkit_tools.provenance import produced_by
 

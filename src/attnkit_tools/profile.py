@@ -91,7 +91,7 @@ def run(cases_out: str | None, seq_lens=SEQ_LENS) -> int:
         cases.append({"case": name, "kernels": kernels})
         print(f"{name}: {len(kernels)} kernels: {kernels}", file=sys.stderr)
     if cases_out is not None:
-        from attnkit_perf.machine import provenance
+        from attnkit_perf.measure.machine import provenance
 
         with open(cases_out, "w") as f:
             json.dump({"provenance": provenance(torch.device("cuda")), "cases": cases}, f, indent=1)

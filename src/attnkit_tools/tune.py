@@ -40,7 +40,7 @@ from attnkit.device import gpu_key
 from attnkit.inputs import check_inputs
 from attnkit.triton.config import AttentionConfig, KernelConfig, default_config, family_key
 from attnkit.triton.launch import LaunchSetup, attention_forward, bwd_dkdv, bwd_dq, bwd_preprocess
-from attnkit_perf.machine import provenance
+from attnkit_perf.measure.machine import provenance
 from attnkit_perf.measure.timing import median_time_s
 
 #: (block_m, block_n, num_warps, num_stages) tried per kernel. block_m is the query tile,

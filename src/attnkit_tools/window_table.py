@@ -33,8 +33,8 @@ import torch
 
 import attnkit
 from attnkit.errors import UnsupportedProblemError
-from attnkit_perf.machine import provenance
 from attnkit_perf.measure.cases import DTYPES, BenchCase, build_runner
+from attnkit_perf.measure.machine import provenance
 from attnkit_perf.measure.timing import median_time_s
 from attnkit_tools.provenance import produced_by, provenance_table
 

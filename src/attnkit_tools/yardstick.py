@@ -35,7 +35,7 @@ import attnkit
 from attnkit.inputs import check_inputs
 from attnkit.reference import visibility
 from attnkit.testing import ERROR_FACTORS, compare_to_reference, make_tensor, max_abs_error, run_with_grads
-from attnkit_perf.machine import provenance
+from attnkit_perf.measure.machine import provenance
 from attnkit_tools.provenance import produced_by, provenance_table
 
 QUANTITIES = ("out", "dq", "dk", "dv")

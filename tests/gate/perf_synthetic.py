@@ -11,7 +11,7 @@ Noise models, from published GPU benchmarking studies and H100 measurements of t
   ``block_sd`` (0.5-1% on the H100), and each of a side's worker processes a fixed log offset
   of ``process_sd`` (~0.3%: its allocation addresses, its code's placement; 0.5-1% seen for
   backward kernels); pair ``i`` runs on process ``i % PROCESSES_PER_SIDE`` of each side, as
-  :mod:`attnkit_perf.measure.paired` schedules it (:func:`processes` labels the pairs so).
+  :mod:`attnkit_perf.measure.paired_session` schedules it (:func:`processes` labels the pairs so).
 
 :data:`SYNTHETIC_SUITE` is a pytest-benchmark suite whose samples the test controls exactly (a
 virtual clock), for driving the plugin end to end through pytester.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnkit_perf.measure.cases import BenchCase
-from attnkit_perf.measure.paired import PROCESSES_PER_SIDE
+from attnkit_perf.measure.paired_session import PROCESSES_PER_SIDE
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
 
 #: The GPU key the synthetic runs claim (the spelling of attnkit.device.gpu_key).

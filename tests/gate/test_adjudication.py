@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from perf_synthetic import FAST_PROBES, SHAPE, SYNTHETIC_SUITE
 
-from attnkit_perf.adjudicate import Adjudicator, adjudicate_rows
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.adjudication import adjudicated, kept, source_problem
 from attnkit_perf.decide.formats import validate
-from attnkit_perf.machine import source_digest
+from attnkit_perf.measure.machine import source_digest
+from attnkit_perf.run.stored_recheck import Adjudicator, adjudicate_rows
 
 REPO = Path(__file__).resolve().parents[2]
 STORED = gate.Thresholds(slower=gate.Thresholds.STORED_SLOWER)

@@ -1,4 +1,4 @@
-"""attnkit_perf.bisect: the search over a real git range (built here), with a fake paired
+"""attnkit_perf.commands.bisect: the search over a real git range (built here), with a fake paired
 comparison that reads each commit's planted speed, and the command's errors."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from attnkit_perf.bisect import BisectError, candidates, main, search
+from attnkit_perf.commands.bisect import BisectError, candidates, main, search
 from attnkit_perf.decide.gate import Decision
 
 #: A benchmark of the CPU smoke grid: the command checks names against the grid.

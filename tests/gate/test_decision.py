@@ -20,7 +20,7 @@ from attnkit_perf.decide.stats import (
     paired_ratio,
     sample_problem,
 )
-from attnkit_perf.measure.paired import PairedSettings
+from attnkit_perf.measure.paired_session import PairedSettings
 
 MS = 1e-3
 T = gate.Thresholds()

@@ -11,7 +11,7 @@ from perf_synthetic import paired_blocks
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.cases import BenchCase
-from attnkit_perf.session import describe
+from attnkit_perf.run.session import describe
 from attnkit_tools import detection
 
 T = gate.Thresholds()

@@ -1,4 +1,4 @@
-"""The installed perf gate (``pytest --pyargs attnkit.perf``) on a repository other than attnkit's:
+"""The installed perf gate (``pytest --pyargs attnkit_perf.suite``) on a repository other than attnkit's:
 a throwaway git repository whose package registers a backend through an ``attnkit.backends``
 entry point, compared between two of its own commits in paired mode on the CPU.
 
@@ -21,7 +21,7 @@ import pytest
 
 import attnkit
 from attnkit_perf.decide.formats import validate
-from attnkit_perf.measure.paired import PairedSession
+from attnkit_perf.measure.paired_session import PairedSession
 from attnkit_perf.measure.processes import WorkerError
 
 BACKEND = "perfkernel"
@@ -131,7 +131,7 @@ def _environment(plugin_repo: dict) -> dict:
 
 def _gate(plugin_repo: dict, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
     repo, env = plugin_repo["repo"], _environment(plugin_repo)
-    command = [sys.executable, "-m", "pytest", "--pyargs", "attnkit.perf", "-p", "attnkit_pytest",
+    command = [sys.executable, "-m", "pytest", "--pyargs", "attnkit_perf.suite", "-p", "attnkit_pytest",
                "-p", "no:cacheprovider", "-q", "--attnkit-allow-cpu", *args]  # fmt: skip
     result = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     return result, result.stdout + result.stderr
@@ -291,7 +291,9 @@ def test_the_repository_records_its_baseline_and_compares_with_it(plugin_repo, t
     select = ("-k", SELECT, f"--attnkit-backend={BACKEND}")
     result, output = _gate(plugin_repo, tmp_path, *select, "--benchmark-compare")
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, output[-3000:]
-    assert f"pytest --pyargs attnkit.perf --attnkit-backend {BACKEND} --attnkit-record" in output, output
+    assert f"pytest --pyargs attnkit_perf.suite --attnkit-backend {BACKEND} --attnkit-record" in output, (
+        output
+    )
 
     result, output = _gate(plugin_repo, tmp_path, *select, "--attnkit-record")
     baselines = list((repo / "baselines").glob("*/baseline.json"))
@@ -324,7 +326,7 @@ def test_bisect_finds_the_repositorys_commit_that_made_its_kernel_slower(plugin_
     installed attnkit, as in paired mode. One candidate keeps it to one comparison on the CPU;
     the search itself is tested in test_bisect.py."""
     repo = plugin_repo["repo"]
-    command = [sys.executable, "-m", "attnkit_perf.bisect", plugin_repo["docs"], plugin_repo["slow"],
+    command = [sys.executable, "-m", "attnkit_perf.commands.bisect", plugin_repo["docs"], plugin_repo["slow"],
                "-k", MINE, "--repo", str(repo), "--allow-cpu", "--slower=0.5", "--budget-s=5"]  # fmt: skip
     result = subprocess.run(
         command, cwd=repo, env=_environment(plugin_repo), capture_output=True, text=True, timeout=600
@@ -344,8 +346,8 @@ def _config(*names: str):
 
 
 def test_without_a_name_another_repository_times_the_backends_its_roots_hold(tmp_path):
-    from attnkit_perf.grid import grid_backends, grid_cases
     from attnkit_perf.measure.repo import Repository
+    from attnkit_perf.run.backend_choice import grid_backends, grid_cases
 
     (tmp_path / "src" / "zzkernel").mkdir(parents=True)
     (tmp_path / "src" / "zzkernel" / "__init__.py").write_text("")

@@ -17,9 +17,10 @@ from attnkit_perf.decide.formats import FormatError, validate
 from attnkit_perf.decide.noise import FORMAT as NOISE_FORMAT
 from attnkit_perf.decide.noise import load_noise
 from attnkit_perf.decide.verdict import FORMAT as VERDICT_FORMAT
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument, summary_line
+from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
-from attnkit_perf.session import describe
+from attnkit_perf.report.terminal import summary_line
+from attnkit_perf.run.session import describe
 
 T = gate.Thresholds()
 
@@ -276,7 +277,7 @@ def test_a_non_finite_number_is_refused_on_write(field, value, tmp_path):
 
 def test_the_source_digest_names_the_code_not_the_commit(tmp_path):
     """Two trees with the same attnkit files share a digest; one changed byte changes it."""
-    from attnkit_perf.machine import source_digest
+    from attnkit_perf.measure.machine import source_digest
 
     trees = []
     for name in ("a", "b", "c"):

@@ -22,8 +22,8 @@ from perf_synthetic import FAST_PROBES, H100_KEY, SHAPE, SYNTHETIC_SUITE, bench_
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.formats import validate
 from attnkit_perf.decide.verdict import VerdictDocument
-from attnkit_perf.machine import gpu_key
-from attnkit_perf.measure.paired import PairedSettings
+from attnkit_perf.measure.machine import gpu_key
+from attnkit_perf.measure.paired_session import PairedSettings
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -684,7 +684,7 @@ def test_paired_mode_rewrites_the_verdict_after_each_benchmark(tmp_path):
     from types import SimpleNamespace
 
     from attnkit_perf.plugin import _PairedController
-    from attnkit_perf.session import VERDICT_PROPERTY
+    from attnkit_perf.run.session import VERDICT_PROPERTY
 
     path = tmp_path / "verdict.json"
     written = []
@@ -741,7 +741,7 @@ def test_a_confirmed_benchmark_is_host_bound_only_when_every_measurement_says_so
     """The confirmation of a suspect is judged by the strictest classification seen: a slowdown
     measured under the GPU rule must not pass because fresh processes read host-bound."""
     from attnkit_perf.decide.hostbound import host_bound_throughout
-    from attnkit_perf.measure.paired import SideResult
+    from attnkit_perf.measure.paired_session import SideResult
 
     def measurement(shares):
         base, head = shares

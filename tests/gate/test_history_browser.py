@@ -151,7 +151,7 @@ def test_the_regressions_page_shows_the_planted_step_and_drift_and_nothing_else(
         assert name not in text, f"unchanged benchmark {name} is on the regressions page"
     step = next(row for row in found if row[1] == "step")
     assert (step[2], step[3]) == (shas[17], shas[18]), f"step between {step[2][:7]} and {step[3][:7]}"
-    assert f"python -m attnkit_perf.bisect {shas[17][:12]} {shas[18][:12]} -k '{STEP}'" in step[4]
+    assert f"python -m attnkit_perf.commands.bisect {shas[17][:12]} {shas[18][:12]} -k '{STEP}'" in step[4]
     assert re.search(r"\+[34]\.\d%", step[4]), f"step row shows no +3.x/+4.x% change: {step[4]!r}"
     commit_link = visit.page.locator(f'tr[data-kind="step"] a[href$="/commit/{shas[18]}"]')
     assert commit_link.count() == 1, "the step's first bad commit is not linked"

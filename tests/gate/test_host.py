@@ -14,12 +14,12 @@ import torch
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.host import decide_host, host_noise_name, host_summary, join_host, with_kept
 from attnkit_perf.decide.noise import build
-from attnkit_perf.decide.paired import PairedRule
+from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.host import HostBatch, host_per_call, kept_batches, time_batch
 from attnkit_perf.measure.host_rounds import extend_host
-from attnkit_perf.measure.paired import PairedSettings, SideResult
+from attnkit_perf.measure.paired_session import PairedSettings, SideResult
 
 CPU = torch.device("cpu")
 ALPHA = gate.per_benchmark_alpha(gate.Thresholds(), 110)

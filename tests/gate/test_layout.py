@@ -1,7 +1,8 @@
-"""One-way imports: the library never imports the gate, the tools or the tests (save the installed
-perf tests, attnkit.perf: a leaf that nothing in the library imports); the gate never imports
-the tools or the tests; the gate's decisions (attnkit_perf.decide) import neither torch
-nor the measuring code nor the orchestrator; no test module imports another. Checked on
+"""One-way imports: the library never imports the gate, the tools or the tests; the gate never
+imports the tools or the tests, and inside it the stages (measure, decide, report, history) never
+import the run that sequences them, the run never imports the pytest entry, the commands or the
+installed perf tests (attnkit_perf.suite: a leaf); the gate's decisions (attnkit_perf.decide)
+import neither torch nor the measuring code; no test module imports another. Checked on
 the source with ast, so an import inside a function body counts as much as one at the top."""
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ def _file_imports(path: Path) -> list[tuple[int, str]]:
     return imports(path.read_text(encoding="utf8"), package)
 
 
-#: The perf gate's tests installed with attnkit (``pytest --pyargs attnkit.perf``): test code on
-#: top of the gate, inside the library's package only so that it installs and runs by that name.
-PERF_TESTS = SRC / "attnkit" / "perf"
+#: The perf gate's tests installed with it (``pytest --pyargs attnkit_perf.suite``): test code on
+#: top of the gate's run and its pytest entry.
+PERF_TESTS = SRC / "attnkit_perf" / "suite"
 
 
 @pytest.mark.parametrize(
@@ -54,13 +55,10 @@ PERF_TESTS = SRC / "attnkit" / "perf"
     [
         ("attnkit", ("attnkit_perf", "attnkit_tools", "tests")),
         ("attnkit_perf", ("attnkit_tools", "tests")),
-        ("attnkit/perf", ("attnkit_tools", "tests")),
     ],
 )
 def test_imports_point_one_way(package, forbidden):
     files = _python_files(SRC / package)
-    if package == "attnkit":  # its perf tests sit above the gate: checked on their own
-        files = [p for p in files if not p.is_relative_to(PERF_TESTS)]
     assert files, f"no source files under {SRC / package}"
     bad = [
         f"{path.relative_to(REPO)}:{line} imports {module}"
@@ -96,9 +94,49 @@ def test_the_history_package_needs_no_torch_and_no_gate_internals():
     )
 
 
+#: The gate's floors, lowest first: a part may import its own floor and those below. The stages
+#: know nothing of the run that sequences them; the pytest entry sits on the run; on top, the
+#: commands and the installed perf tests, each a leaf that no other part imports.
+GATE_FLOORS = (
+    ("measure", "decide", "report", "history"),
+    ("run",),
+    ("plugin",),
+    ("commands", "suite"),
+)
+
+
+def _gate_part(module: str) -> str | None:
+    """The part of the gate ``module`` belongs to (``run`` for ``attnkit_perf.run.session``)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "attnkit_perf" and len(parts) > 1 else None
+
+
+def _floor(part: str | None) -> int:
+    return next((level for level, floor in enumerate(GATE_FLOORS) if part in floor), -1)
+
+
+@pytest.mark.parametrize("level", range(len(GATE_FLOORS)))
+def test_the_gate_imports_down_its_floors(level):
+    gate = SRC / "attnkit_perf"
+    files = {
+        path: name
+        for name in GATE_FLOORS[level]
+        for path in (_python_files(gate / name) if (gate / name).is_dir() else [gate / f"{name}.py"])
+    }
+    assert all(p.is_file() for p in files), f"missing: {[str(p) for p in files if not p.is_file()]}"
+    bad = [
+        f"{path.relative_to(REPO)}:{line} imports {module}"
+        for path, own in files.items()
+        for line, module in _file_imports(path)
+        if _floor(_gate_part(module)) > level
+        or (_floor(_gate_part(module)) == len(GATE_FLOORS) - 1 and _gate_part(module) != own)
+    ]
+    assert not bad, f"attnkit_perf's {GATE_FLOORS[level]} import above their floor:\n" + "\n".join(bad)
+
+
 def test_the_installed_perf_tests_are_a_leaf():
-    """attnkit.perf imports the gate; so nothing in the library imports it (``import attnkit``
-    never imports the gate), nor does the gate (no cycle between the floors)."""
+    """attnkit_perf.suite imports the gate's run; so nothing in the library or the gate imports
+    it (no cycle between the floors)."""
     assert (PERF_TESTS / "__init__.py").is_file(), f"{PERF_TESTS} is not a package"
     bad = [
         f"{path.relative_to(REPO)}:{line} imports {module}"
@@ -106,14 +144,14 @@ def test_the_installed_perf_tests_are_a_leaf():
         for path in _python_files(SRC / package)
         if not path.is_relative_to(PERF_TESTS)
         for line, module in _file_imports(path)
-        if module == "attnkit.perf" or module.startswith("attnkit.perf.")
+        if module == "attnkit_perf.suite" or module.startswith("attnkit_perf.suite.")
     ]
-    assert not bad, "attnkit.perf is a leaf: only tests import it:\n" + "\n".join(bad)
+    assert not bad, "attnkit_perf.suite is a leaf: only tests import it:\n" + "\n".join(bad)
 
 
 #: The parts of attnkit that are test code shipped with the package: only they may import the
 #: test frameworks, so that ``import attnkit`` needs neither pytest nor hypothesis.
-TEST_PARTS = ("testing", "suite", "perf")
+TEST_PARTS = ("testing", "suite")
 
 
 def test_the_library_imports_no_test_framework():
@@ -138,10 +176,10 @@ def test_the_decisions_are_pure():
     forbidden = (
         "torch",
         "attnkit_perf.measure",
-        "attnkit_perf.session",
+        "attnkit_perf.run",
         "attnkit_perf.plugin",
-        "attnkit_perf.adjudicate",
-        "attnkit_perf.bisect",
+        "attnkit_perf.commands",
+        "attnkit_perf.suite",
     )
     files = _python_files(SRC / "attnkit_perf" / "decide")
 

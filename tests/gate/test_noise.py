@@ -10,11 +10,12 @@ import statistics
 import pytest
 from perf_synthetic import H100_KEY, case_for
 
+from attnkit_perf.commands.noise import main
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.formats import FormatError, validate
-from attnkit_perf.decide.noise import build, load_noise, main, noise_file
+from attnkit_perf.decide.noise import build, load_noise, noise_file
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
-from attnkit_perf.session import describe
+from attnkit_perf.run.session import describe
 
 #: Per benchmark, the ratio each of three A/A runs measured (None: the run has no ratio for it).
 RATIOS = {

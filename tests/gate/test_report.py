@@ -15,11 +15,12 @@ from perf_synthetic import H100_KEY, bench_entry, noisy_samples, paired_blocks, 
 
 import attnkit_perf.report
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument, summary_line
+from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.history import history_link
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.report import data, markdown, plots
-from attnkit_perf.session import describe
+from attnkit_perf.report.terminal import summary_line
+from attnkit_perf.run.session import describe
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 T = gate.Thresholds()
@@ -380,7 +381,7 @@ def test_the_module_command(tmp_path):
 def test_a_cpu_run_names_the_device_it_ran_on_not_the_cuda_torch_was_built_with():
     """A CPU verdict once showed "CUDA 13.0" and "cuDNN 92400": the versions of a CUDA build of
     torch, not of the device that ran the benchmarks."""
-    from attnkit_perf.machine import provenance
+    from attnkit_perf.measure.machine import provenance
 
     info = provenance("cpu")
     assert (info["cuda"], info["cudnn"], info["device_name"], info["driver"]) == (None, None, None, None), (

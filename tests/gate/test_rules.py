@@ -19,7 +19,7 @@ from attnkit_perf.decide.noise import SD_CONFIDENCE, coverage_notes, load_noise,
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import MAX_REMEASURES, StoredRule, settle
 from attnkit_perf.decide.verdict import BenchmarkVerdict
-from attnkit_perf.session import describe
+from attnkit_perf.run.session import describe
 
 MS = 1e-3
 STORED = gate.Thresholds(slower=gate.Thresholds.STORED_SLOWER)

@@ -13,13 +13,14 @@ import pytest
 from perf_synthetic import FAST_PROBES, H100_KEY, SHAPE, SYNTHETIC_SUITE, bench_entry, noisy_samples, run_json
 from scipy import stats
 
+from attnkit_perf.commands import pool
 from attnkit_perf.decide import gate, pooled
 from attnkit_perf.decide.drift import LATENCY_MULTIPLE, drift_kind, latency_bound
 from attnkit_perf.decide.formats import FormatError, validate
 from attnkit_perf.decide.noise import SD_CONFIDENCE
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import StoredRule
-from attnkit_perf.machine import gpu_key
+from attnkit_perf.measure.machine import gpu_key
 
 US = 1e-6
 STORED = gate.Thresholds(slower=gate.Thresholds.STORED_SLOWER)
@@ -158,7 +159,7 @@ def test_the_command_writes_both_files_and_the_gate_reads_the_bound(tmp_path, ca
         paths.append(tmp_path / f"r{i}.json")
         paths[-1].write_text(json.dumps(_recording(i, {"flash_a": offset, "cudnn_b": 1.0})))
     out = tmp_path / "baselines" / H100_KEY / "baseline.json"
-    assert pooled.main([*map(str, paths), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert pool.main([*map(str, paths), "--out", str(out)]) == 0, capsys.readouterr().err
     spread_path = out.parent / pooled.SPREAD_FILE
     assert out.is_file() and spread_path.is_file(), capsys.readouterr().out
     baseline = json.loads(out.read_text())
@@ -177,7 +178,7 @@ def test_the_command_writes_both_files_and_the_gate_reads_the_bound(tmp_path, ca
     policy = RunPolicy(STORED, confirmed=False, noise=sigmas, benchmark_count=2)
     assert policy.threshold_for(name) == pytest.approx(math.expm1(policy.noise_k * sigmas[name])), policy
     assert policy.threshold_for(name) > STORED.slower, policy.threshold_for(name)
-    assert pooled.main([str(paths[0]), "--out", str(out)]) == 2, "one recording is no pool"
+    assert pool.main([str(paths[0]), "--out", str(out)]) == 2, "one recording is no pool"
     assert "needs >= 2 recordings" in capsys.readouterr().err
 
 
@@ -258,7 +259,7 @@ def test_a_baseline_without_a_spread_is_compared_as_before_with_a_loud_note(synt
     result, verdict, rows = _verdict(synthetic, pytester, seed=1)
     assert result.ret == 0 and {r["outcome"] for r in rows.values()} == {"same"}, verdict["counts"]
     note = next((n for n in verdict["notes"] if "no spread between recordings" in n), None)
-    assert note and note.startswith("WARNING") and "python -m attnkit_perf.decide.pooled" in note, verdict[
+    assert note and note.startswith("WARNING") and "python -m attnkit_perf.commands.pool" in note, verdict[
         "notes"
     ]
     assert {r["threshold"] for r in rows.values()} == {STORED.slower}, "the practical threshold"
@@ -277,7 +278,7 @@ def test_a_pooled_baseline_holds_a_benchmark_to_the_spread_between_its_recording
     synthetic.baseline.write_text(json.dumps(first))
     result, _, rows = _verdict(synthetic, pytester, seed=3, scale={"flash_a": 1.2})
     assert rows["flash_a"]["outcome"] == "slower" and result.ret == 1, rows["flash_a"]["reason"]
-    assert pooled.main([*map(str, recordings), "--out", str(synthetic.baseline)]) == 0
+    assert pool.main([*map(str, recordings), "--out", str(synthetic.baseline)]) == 0
     result, verdict, rows = _verdict(synthetic, pytester, seed=3, scale={"flash_a": 1.2})
     assert rows["flash_a"]["outcome"] != "slower" and result.ret == 0, rows["flash_a"]["reason"]
     assert rows["flash_a"]["threshold"] > 0.2, (

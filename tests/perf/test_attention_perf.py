@@ -1,5 +1,5 @@
-"""The perf grid (:mod:`attnkit.perf.test_perf_grid`, installed with attnkit and run elsewhere as
-``pytest --pyargs attnkit.perf``) collected in this repository, with a fault-injection fixture
+"""The perf grid (:mod:`attnkit_perf.suite.test_perf_grid`, installed with attnkit and run elsewhere as
+``pytest --pyargs attnkit_perf.suite``) collected in this repository, with a fault-injection fixture
 for verifying the gate on a GPU (perf_injection, stored mode only).
 
 ``--attnkit-base=REF`` compares with a base commit on this GPU (paired mode),
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from perf_injection import wrapper_from_env
 
-from attnkit.perf.test_perf_grid import (  # noqa: F401
+from attnkit_perf.suite.test_perf_grid import (  # noqa: F401
     pytest_generate_tests,
     test_bwd,
     test_cpu_smoke,

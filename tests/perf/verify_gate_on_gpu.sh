@@ -16,7 +16,7 @@
 #                  (words matched as in attnkit_tools.ab_dobench; unset: no do_bench)
 #   stored-record  record this GPU model's baseline (pytest tests/perf --attnkit-record)
 #   stored-pool:N  N recordings in fresh processes, pooled into the baseline and its spread
-#                  (python -m attnkit_perf.decide.pooled; baselines/<gpu_key>/noise-stored.json)
+#                  (python -m attnkit_perf.commands.pool; baselines/<gpu_key>/noise-stored.json)
 #   stored:N       stored mode N times against that baseline: nothing may fail
 #   noise          build baselines/<gpu_key>/noise-paired.json from the aa runs' verdicts
 #
@@ -129,7 +129,7 @@ for step in "$@"; do
         log "recording $i rc=$? $(( $(date +%s) - t0 ))s: $(tail -1 "$out/log_record$i.txt")"
       done
       key=$(python3 -c "from attnkit.device import gpu_key; print(gpu_key())")
-      python3 -m attnkit_perf.decide.pooled "$out"/recording_*.json --out "baselines/$key/baseline.json" \
+      python3 -m attnkit_perf.commands.pool "$out"/recording_*.json --out "baselines/$key/baseline.json" \
         | tee -a "$summary"
       cp "baselines/$key/baseline.json" "baselines/$key/noise-stored.json" "$out/" ;;
     stored:*)
@@ -142,7 +142,7 @@ for step in "$@"; do
       done ;;
     noise)
       key=$(python3 -c "from attnkit.device import gpu_key; print(gpu_key())")
-      python3 -m attnkit_perf.decide.noise "$out"/verdict_aa*.json --out "baselines/$key/noise-paired.json" \
+      python3 -m attnkit_perf.commands.noise "$out"/verdict_aa*.json --out "baselines/$key/noise-paired.json" \
         | tee -a "$summary" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

@@ -3,12 +3,10 @@ parts of attnkit's pytest plugin (:mod:`attnkit_pytest`) that the suite's confte
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
 
-from attnkit.registry import backend_names, default_device
+from attnkit.device import test_device  # noqa: F401  (the suites' conftests import it from here)
+from attnkit.registry import backend_names
 
 #: Where a run keeps (test id, backend, message) of every problem a backend declined.
 DECLINED = pytest.StashKey[list]()
@@ -33,11 +31,3 @@ def named_backends(config: pytest.Config) -> list[str]:
             f"{', '.join(known)} (a plugin registers through the attnkit.backends entry point)"
         )
     return chosen
-
-
-def test_device() -> torch.device:
-    """The device the suite runs on: ``ATTNKIT_TEST_DEVICE``, else CUDA when present, else CPU."""
-    return torch.device(os.environ.get("ATTNKIT_TEST_DEVICE") or default_device())
-
-
-test_device.__test__ = False  # a helper, not a test, although its name starts with "test"

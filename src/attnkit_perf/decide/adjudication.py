@@ -1,5 +1,5 @@
 """Adjudication: a stored "slower" re-decided by paired mode against the baseline's own commit
-before it fails (:mod:`attnkit_perf.adjudicate` measures it).
+before it fails (:mod:`attnkit_perf.run.stored_recheck` measures it).
 
 Stored mode compares this machine with another at another time: whatever the two machines
 differ by that the calibration does not divide out reads as a change of the code, and

@@ -2,7 +2,7 @@
 
 The file is exactly what ``pytest --benchmark-json`` writes, per-round samples included, so
 ``pytest-benchmark compare`` reads it; ``machine_info["attnkit"]`` holds the provenance of
-:func:`attnkit_perf.machine.provenance`. It is validated against ``schemas/baseline.schema.json``
+:func:`attnkit_perf.measure.machine.provenance`. It is validated against ``schemas/baseline.schema.json``
 before use. Record or refresh this GPU's baseline (after an intended slowdown, or when the grid
 changes) with :data:`RECORD_COMMAND`.
 """

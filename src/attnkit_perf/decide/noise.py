@@ -1,6 +1,6 @@
 """A/A noise: how far a benchmark's ratio moves between runs of unchanged code.
 
-``python -m attnkit_perf.decide.noise VERDICT.json [VERDICT.json ...] --out FILE`` reads the
+``python -m attnkit_perf.commands.noise VERDICT.json [VERDICT.json ...] --out FILE`` reads the
 verdicts of N runs of the gate on unchanged code (paired mode with the base equal to the head,
 or stored mode against the committed baseline) and writes, per benchmark, the ratios seen and
 the standard deviation of their logarithm (the host metric's ratio of a benchmark under
@@ -22,16 +22,12 @@ than the run's, and the run lists loudly the benchmarks it holds that the grid n
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 from scipy.stats import chi2
 
-from attnkit_perf.decide import gate
 from attnkit_perf.decide.formats import FormatError, read_json, validate
 from attnkit_perf.decide.host import host_noise_name
 from attnkit_perf.decide.verdict import VerdictDocument
@@ -155,40 +151,3 @@ def coverage_notes(path, noise_names, grid_names, run_names, protocol: str | Non
             f"practical threshold without their noise; regenerate it: {REGENERATE}): " + ", ".join(missing)
         )
     return notes
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m attnkit_perf.decide.noise", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("verdicts", nargs="+", help="verdict JSON files of A/A runs")
-    parser.add_argument(
-        "--out", required=True, help="noise file to write (baselines/<gpu_key>/noise-<mode>.json)"
-    )
-    args = parser.parse_args(argv)
-    try:
-        doc = build([VerdictDocument.read(p) for p in args.verdicts])
-        validate("noise", doc, "the noise file being written")
-    except FormatError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf8")
-    sds = sorted(
-        ((e["log_ratio_sd"], len(e["ratios"]), n) for n, e in doc["benchmarks"].items()), reverse=True
-    )
-    # The paired gate's default multiple for this many benchmarks (slowdowns confirmed).
-    k = gate.noise_z(gate.per_benchmark_alpha(gate.Thresholds(), len(sds)), confirmed=True)
-    print(f"wrote {out}: {len(sds)} benchmarks from {doc['runs']} runs; noisiest:")
-    for sd, runs, name in sds[:5]:
-        bound = sd_upper_bound(sd, runs)
-        print(
-            f"  {name}: sd {sd:.4f}, {SD_CONFIDENCE:.0%} bound {bound:.4f} "
-            f"(paired threshold at k={k:.2f}: {math.expm1(k * bound):.3%})"
-        )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

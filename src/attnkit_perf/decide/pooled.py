@@ -1,6 +1,6 @@
 """Baselines pooled from several recordings, and the spread between them (``noise-stored.json``).
 
-    python -m attnkit_perf.decide.pooled A.json B.json [...] --out baselines/<gpu_key>/baseline.json
+    python -m attnkit_perf.commands.pool A.json B.json [...] --out baselines/<gpu_key>/baseline.json
 
 A *recording* is the pytest-benchmark JSON of one perf-suite run on one machine (``pytest
 tests/perf --attnkit-record --benchmark-json=A.json``), best one per machine of the GPU model,
@@ -42,22 +42,20 @@ a missing one.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
-from attnkit_perf.decide.baseline import recorded_gpu_key, recorded_timing_protocol, save_baseline
+from attnkit_perf.decide.baseline import recorded_gpu_key, recorded_timing_protocol
 from attnkit_perf.decide.drift import drift_for, drift_kind, latency_bound, run_calibration
 from attnkit_perf.decide.formats import FormatError, read_json, validate
 from attnkit_perf.decide.noise import SD_CONFIDENCE, sd_upper_bound
 
 FORMAT = "attnkit-perf-stored-spread/1"
 SPREAD_FILE = "noise-stored.json"
-POOL_COMMAND = "python -m attnkit_perf.decide.pooled RECORDING.json RECORDING.json ... --out BASELINE"
+POOL_COMMAND = "python -m attnkit_perf.commands.pool RECORDING.json RECORDING.json ... --out BASELINE"
 #: Software that must match between pooled recordings (the driver may differ between machines:
 #: that is part of what the spread measures).
 SAME_SOFTWARE = ("torch", "cuda", "triton", "cudnn")
@@ -354,38 +352,3 @@ def missing_note(path: Path | str) -> str:
 def is_spread(path: Path | str) -> bool:
     """Whether ``path`` holds a spread file (rather than an A/A noise file of stored mode)."""
     return read_json(path, "stored noise").get("format") == FORMAT
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m attnkit_perf.decide.pooled", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("recordings", nargs="+", help="pytest-benchmark JSON of perf-suite runs (>= 2)")
-    parser.add_argument(
-        "--out", required=True, help="pooled baseline to write (baselines/<gpu_key>/baseline.json)"
-    )
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    try:
-        runs = [read_json(p, "recording") for p in args.recordings]
-        baseline, spread = merge(runs, [Path(p).name for p in args.recordings])
-    except FormatError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    save_baseline(baseline, out)
-    spread_path = out.parent / SPREAD_FILE
-    spread_path.write_text(json.dumps(spread, indent=1) + "\n", encoding="utf8")
-    count = len(baseline["benchmarks"])
-    print(f"wrote {out} ({count} benchmarks, {len(runs)} recordings, pool {spread['pool']})")
-    widest = sorted(
-        ((e["log_sd"], n, len(e["log_offsets"])) for n, e in spread["benchmarks"].items()), reverse=True
-    )
-    sigmas = spread_sigmas(spread)
-    print(f"wrote {spread_path}: {len(widest)} benchmarks with a spread; {pool_note(spread)}; widest:")
-    for sd, name, n in widest[:5]:
-        print(f"  {name}: sd {sd:.4f} over {n} recordings, allowed sigma {sigmas[name]:.4f}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,7 +23,7 @@ from attnkit_perf.decide.drift import drift_for, drift_kind, latency_drift, run_
 from attnkit_perf.decide.gate import Decision, Thresholds, decide_stored
 from attnkit_perf.decide.host import with_kept
 from attnkit_perf.decide.hostbound import stored_exempt, stored_host_bound
-from attnkit_perf.decide.paired import dropped
+from attnkit_perf.decide.paired_rule import dropped
 
 #: Re-measurements a suspect may take before it is reported unconfirmed.
 MAX_REMEASURES = 3

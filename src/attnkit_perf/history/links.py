@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: Pins a finding to one commit: builds the commits between GOOD and BAD and measures BENCHMARK.
-BISECT_COMMAND = "python -m attnkit_perf.bisect {good} {bad} -k {benchmark}"
+BISECT_COMMAND = "python -m attnkit_perf.commands.bisect {good} {bad} -k {benchmark}"
 _GITHUB = re.compile(r"^(?:https://|ssh://git@|git@)github\.com[/:]([\w.-]+)/([\w.-]+?)(?:\.git)?/?$")
 
 

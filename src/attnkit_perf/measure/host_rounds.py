@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from attnkit_perf.measure.paired import PairedSession, PairedSettings, SideResult
+    from attnkit_perf.measure.paired_session import PairedSession, PairedSettings, SideResult
 
 
 def extend_host(

@@ -1,6 +1,6 @@
 """A measuring process of paired mode: one side's attnkit, the suite's timing protocol.
 
-Started by :mod:`attnkit_perf.measure.paired` as ``python -m attnkit_perf.measure.worker`` with
+Started by :mod:`attnkit_perf.measure.paired_session` as ``python -m attnkit_perf.measure.worker`` with
 ``PYTHONPATH`` naming this package first and then one side's ``src`` (the base's or the
 head's), so the two sides never share imports, Triton caches or allocators. It reads one JSON
 request per line on stdin and answers one JSON line on the stdout it was started with (Python's
@@ -49,9 +49,9 @@ def _serve(out) -> None:
         for name in ("UnsupportedProblemError", "BackendUnavailableError")
         if hasattr(errors, name)
     )
-    from attnkit_perf.machine import provenance
     from attnkit_perf.measure.cases import BenchCase
     from attnkit_perf.measure.host import build_measured, host_per_call, kept_bytes
+    from attnkit_perf.measure.machine import provenance
     from attnkit_perf.measure.timing import (
         L2Flusher,
         host_share,
@@ -73,9 +73,7 @@ def _serve(out) -> None:
             os.sched_setaffinity(0, {int(cpu)} if measuring else every_core)
 
     pin(True)
-    device = torch.device(
-        os.environ.get("ATTNKIT_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-    )
+    device = torch.device(os.environ["ATTNKIT_WORKER_DEVICE"])  # set by the paired session
     flusher = L2Flusher(device)
     keep_cache = L2Flusher(device, evict=False)
     runner, between = None, flusher

@@ -56,7 +56,7 @@ HISTORY_URL_ENV = "ATTNKIT_HISTORY_URL"
 
 
 #: Provenance rows and the machine_info keys that may hold each (first found wins). The perf
-#: suite stores them under machine_info["attnkit"] (attnkit_perf.machine.provenance).
+#: suite stores them under machine_info["attnkit"] (attnkit_perf.measure.machine.provenance).
 PROVENANCE_KEYS = {
     "GPU": ("device_name", "gpu_name", "gpu_key"),
     "compute capability": ("capability", "compute_capability"),

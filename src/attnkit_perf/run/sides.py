@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnkit_perf.grid import external_backends
-from attnkit_perf.machine import source_digest
 from attnkit_perf.measure.checkout import materialise_base, materialise_roots
-from attnkit_perf.measure.paired import PairedSession
+from attnkit_perf.measure.machine import source_digest
+from attnkit_perf.measure.paired_session import PairedSession
 from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S
 from attnkit_perf.measure.repo import Repository, checkout_of
+from attnkit_perf.run.backend_choice import external_backends
 
 
 def is_external(repository: Repository | None) -> bool:

@@ -74,7 +74,7 @@ def record_command(config: pytest.Config) -> str:
     if not config.getoption("pyargs", default=False):
         return RECORD_COMMAND
     named = [f"--attnkit-backend {name}" for name in config.getoption("attnkit_backend", default=None) or []]
-    return " ".join(["pytest --pyargs attnkit.perf", *named, "--attnkit-record"])
+    return " ".join(["pytest --pyargs attnkit_perf.suite", *named, "--attnkit-record"])
 
 
 def stored_baseline(config: pytest.Config, root: Path, key: str, opt: dict) -> tuple[dict, Path]:

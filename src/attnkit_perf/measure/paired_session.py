@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnkit.cache import cache_root
+from attnkit.device import named_test_device, test_device
 from attnkit_perf.measure.processes import (
     ANSWER_TIMEOUT_S,
     WorkerError,
@@ -165,7 +166,7 @@ class PairedSession:
         link_dir, commits = self._link_dir, self._commits
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         # An explicit ATTNKIT_TEST_DEVICE names the GPU itself: the shards are not placed then.
-        gpus = visible_gpus() if self.shard is not None and not os.environ.get("ATTNKIT_TEST_DEVICE") else []
+        gpus = visible_gpus() if self.shard is not None and not named_test_device() else []
         core, gpu = placement(self.shard, cores, gpus)
         for side, roots in self.sides.items():
             env = dict(os.environ)
@@ -176,6 +177,8 @@ class PairedSession:
             # Each side compiles into a cache of its own; kept between runs (Triton keys entries by
             # source and options), so a runner compiles a side's kernels once.
             env["TRITON_CACHE_DIR"] = str(cache_root() / f"triton-{side}")
+            # The device is resolved here, by this checkout's rule: a side's attnkit may predate it.
+            env["ATTNKIT_WORKER_DEVICE"] = str(test_device())
             if core is not None:
                 env["ATTNKIT_WORKER_CPU"] = str(core)
             if gpu is not None:

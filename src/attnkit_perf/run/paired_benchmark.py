@@ -1,5 +1,5 @@
 """One benchmark through paired mode, in order: measured on both sides until the rule settles
-it (:class:`attnkit_perf.decide.paired.PairedRule`), the host metric on more processes while it
+it (:class:`attnkit_perf.decide.paired_rule.PairedRule`), the host metric on more processes while it
 cannot tell (:func:`attnkit_perf.measure.host_rounds.extend_host`), and a slowdown of either
 metric confirmed on fresh processes of both sides. The session turns the outcome into the
 test's verdict row."""
@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 
 from attnkit_perf.decide.gate import Decision
-from attnkit_perf.decide.paired import PairedRule
+from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.measure.host_rounds import extend_host
-from attnkit_perf.measure.paired import PairedSession, PairedSettings
+from attnkit_perf.measure.paired_session import PairedSession, PairedSettings
 
 
 def measure_paired(

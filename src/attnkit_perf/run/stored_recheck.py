@@ -2,7 +2,7 @@
 (the rule: :mod:`attnkit_perf.decide.adjudication`).
 
 The baseline's provenance names the commit it was recorded at; its code is extracted from the
-git repository at the run's rootdir as ``--attnkit-base`` extracts it (:mod:`attnkit_perf.sides`:
+git repository at the run's rootdir as ``--attnkit-base`` extracts it (:mod:`attnkit_perf.run.sides`:
 attnkit's ``src``, or another repository's import roots) and checked against the recorded
 ``source`` digest. Each suspect is
 then measured as paired mode measures a benchmark (worker processes of both sides on this GPU,
@@ -16,15 +16,15 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from attnkit_perf import sides
 from attnkit_perf.decide.adjudication import adjudicated, kept, source_problem
 from attnkit_perf.decide.gate import Decision, Thresholds
-from attnkit_perf.decide.paired import PairedRule
+from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.measure.checkout import BaseError
-from attnkit_perf.measure.paired import PairedSession, PairedSettings
+from attnkit_perf.measure.paired_session import PairedSession, PairedSettings
 from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S, WorkerError
 from attnkit_perf.measure.repo import Repository
+from attnkit_perf.run import sides
 
 
 def paired_decision(

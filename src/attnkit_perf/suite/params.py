@@ -1,6 +1,6 @@
 """The perf grid of a run as pytest parameters, with plain skip reasons for what cannot run here.
 
-The cases come from the run's backends (:mod:`attnkit_perf.grid`); tests are parametrised by
+The cases come from the run's backends (:mod:`attnkit_perf.run.backend_choice`); tests are parametrised by
 case name (pytest-benchmark stores params in its JSON, so they must be plain strings) and
 :data:`CASES` maps the name back to its case.
 """
@@ -17,7 +17,7 @@ from attnkit.registry import get_backend
 from attnkit_perf.measure.cases import BenchCase, gpu_suite_cases
 from attnkit_perf.measure.timing import gpu_time_clock
 from attnkit_perf.plugin import SESSION
-from attnkit_perf.session import PerfSession
+from attnkit_perf.run.session import PerfSession
 
 #: Every case parametrised so far, by name.
 CASES: dict[str, BenchCase] = {}

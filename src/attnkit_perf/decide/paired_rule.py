@@ -1,4 +1,4 @@
-"""Paired mode's procedure for one benchmark, over what :mod:`attnkit_perf.measure.paired`
+"""Paired mode's procedure for one benchmark, over what :mod:`attnkit_perf.measure.paired_session`
 measured: decide as the pairs come in, confirm a slowdown on fresh processes, and name a case
 one side could not run.
 
@@ -7,7 +7,7 @@ A measurement is ``{"base": side, "head": side}``, each side with ``blocks`` (se
 ``host_share``, ``unsupported`` (why the side could not run the case, or None),
 ``kept_bytes`` and the host metric per worker process (``host_per_call``, ``host_cpu_per_call``,
 ``host_dropped``): the
-:class:`attnkit_perf.measure.paired.SideResult` fields, read by name so that this package stays
+:class:`attnkit_perf.measure.paired_session.SideResult` fields, read by name so that this package stays
 free of the measuring code.
 """
 

@@ -1,12 +1,12 @@
 """Find the first commit where a benchmark got slower (or its peak memory grew).
 
-    python -m attnkit_perf.bisect GOOD BAD -k 'fwd[triton-bf16-B4-H16-N4096-D128-causal]'
+    python -m attnkit_perf.commands.bisect GOOD BAD -k 'fwd[triton-bf16-B4-H16-N4096-D128-causal]'
 
 The candidates are the commits after GOOD up to BAD on the ancestry path (``git rev-list
 --ancestry-path GOOD..BAD``), oldest first. Each step compares a candidate with GOOD in paired
-mode (:mod:`attnkit_perf.measure.paired`: both commits' ``src`` extracted by
+mode (:mod:`attnkit_perf.measure.paired_session`: both commits' ``src`` extracted by
 :mod:`attnkit_perf.measure.checkout`, worker processes of each on this GPU, the gate's decision
-rule :class:`attnkit_perf.decide.paired.PairedRule`, a slowdown confirmed on fresh processes)
+rule :class:`attnkit_perf.decide.paired_rule.PairedRule`, a slowdown confirmed on fresh processes)
 and bisects on "slower than GOOD". Comparing with GOOD rather than with a neighbour keeps the
 question the same at every step, so a slowdown that builds up over several commits is found
 where it first exceeds the threshold, and a step is never judged by a neighbour that is itself
@@ -139,7 +139,7 @@ def find_case(name: str):
     entry point included, or a :class:`BisectError` naming the closest ones."""
     from attnkit.plugins import BackendEntryPointError
     from attnkit.registry import OWN_NAMES, backend_names
-    from attnkit_perf.grid import grid_cases
+    from attnkit_perf.run.backend_choice import grid_cases
 
     try:
         plugins = [backend for backend in backend_names() if backend not in OWN_NAMES]
@@ -163,13 +163,13 @@ def paired_compare(
 ) -> Compare:
     """A :data:`Compare` that measures in paired mode on this machine's device. In a repository
     other than attnkit's, the commits compared are that repository's, over the installed attnkit
-    (:mod:`attnkit_perf.sides`)."""
-    from attnkit_perf import sides
-    from attnkit_perf.adjudicate import paired_decision
-    from attnkit_perf.decide.paired import PairedRule
+    (:mod:`attnkit_perf.run.sides`)."""
+    from attnkit_perf.decide.paired_rule import PairedRule
     from attnkit_perf.measure.checkout import BaseError
-    from attnkit_perf.measure.paired import PairedSettings
+    from attnkit_perf.measure.paired_session import PairedSettings
     from attnkit_perf.measure.repo import RepositoryError, find_repository
+    from attnkit_perf.run import sides
+    from attnkit_perf.run.stored_recheck import paired_decision
 
     try:
         repository = find_repository(repo, repo)
@@ -207,9 +207,9 @@ def main(argv: list[str] | None = None, compare_factory=None) -> int:
     """``compare_factory(repo, case, thresholds, alpha, budget_s) -> Compare`` replaces the
     paired measurement (the tests pass a fake)."""
     parser = argparse.ArgumentParser(
-        prog="python -m attnkit_perf.bisect",
+        prog="python -m attnkit_perf.commands.bisect",
         description=__doc__.split("\n")[0],
-        epilog="example: python -m attnkit_perf.bisect v1.2 HEAD "
+        epilog="example: python -m attnkit_perf.commands.bisect v1.2 HEAD "
         "-k 'fwd[triton-bf16-B4-H16-N4096-D128-causal]' (a benchmark's name as the verdict and "
         "the report show it; in another repository its import roots come from [tool.attnkit] src "
         "of its pyproject.toml, docs/EXTENDING.md)",

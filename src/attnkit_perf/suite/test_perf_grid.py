@@ -3,14 +3,14 @@
 Benchmark names read ``test_fwd[sdpa-flash-bf16-B4-H16-N4096-D128-causal]``; groups put the
 backends of one shape side by side. ``--attnkit-base=REF`` compares with a base commit on this
 GPU (paired mode), ``--benchmark-compare`` with this GPU model's stored baseline
-(docs/PERF_GATE.md). Which backends: :mod:`attnkit_perf.grid`.
+(docs/PERF_GATE.md). Which backends: :mod:`attnkit_perf.run.backend_choice`.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from attnkit.perf.params import CASES, cpu_params, gpu_params
+from attnkit_perf.suite.params import CASES, cpu_params, gpu_params
 
 #: The grid each test times: a pass of the GPU grid, or the CPU smoke grid (None).
 _GRIDS = {"test_fwd": "fwd", "test_bwd": "bwd", "test_fwd_bwd": "fwd+bwd", "test_cpu_smoke": None}

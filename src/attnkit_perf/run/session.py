@@ -4,13 +4,13 @@ Every rule that turns measurements into an outcome lives in :mod:`attnkit_perf.d
 Modes (docs/PERF_GATE.md):
 
 * **paired** (``--attnkit-base=REF``): each benchmark is measured on the base and on this
-  checkout in worker processes on the same GPU (:mod:`attnkit_perf.measure.paired`) and decided
-  as it is measured (:class:`attnkit_perf.decide.paired.PairedRule`); the test fails when the
+  checkout in worker processes on the same GPU (:mod:`attnkit_perf.measure.paired_session`) and decided
+  as it is measured (:class:`attnkit_perf.decide.paired_rule.PairedRule`); the test fails when the
   outcome fails. Works under pytest-xdist (one GPU per worker).
 * **stored** (``--benchmark-compare``): pytest-benchmark times each case in this process; at the
   end every benchmark is compared with this GPU model's baseline JSON
   (:class:`attnkit_perf.decide.stored.StoredRule`), after re-measuring suspects; a "slower" is
-  then adjudicated by paired mode against the baseline's commit (:mod:`attnkit_perf.adjudicate`).
+  then adjudicated by paired mode against the baseline's commit (:mod:`attnkit_perf.run.stored_recheck`).
 * **record** (``--attnkit-record``): the run becomes this GPU model's baseline.
 
 Every way a comparison could silently not happen is a :class:`pytest.UsageError` here, or a
@@ -20,43 +20,42 @@ failing row of the verdict.
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
-import torch
 
-from attnkit.device import gpu_key
+from attnkit.device import gpu_key, named_test_device, test_device
 from attnkit.errors import UnsupportedProblemError
-from attnkit_perf import options as options_
-from attnkit_perf import sides
-from attnkit_perf.adjudicate import Adjudicator, adjudicate_rows
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.baseline import baseline_path, save_baseline
 from attnkit_perf.decide.formats import FormatError
-from attnkit_perf.decide.hostbound import host_bound_throughout, paired_share
-from attnkit_perf.decide.paired import PairedRule
+from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import StoredRule
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
-from attnkit_perf.grid import grid_backends, grid_cases
-from attnkit_perf.machine import provenance, version_differences
+from attnkit_perf.decide.verdict_assembly import (
+    error_row,
+    paired_base,
+    paired_row,
+    stored_base,
+    stored_rows,
+    verdict_document,
+)
 from attnkit_perf.measure.cases import BenchCase
+from attnkit_perf.measure.machine import provenance, version_differences
 from attnkit_perf.measure.measurer import CaseMeasurer, MeasureSettings
-from attnkit_perf.measure.paired import PairedSession, PairedSettings
+from attnkit_perf.measure.paired_session import PairedSession, PairedSettings
 from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S, shard_problem, visible_gpus
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
-from attnkit_perf.paired_run import measure_paired
+from attnkit_perf.run import options as options_
+from attnkit_perf.run import sides
+from attnkit_perf.run.backend_choice import grid_backends, grid_cases
+from attnkit_perf.run.paired_benchmark import measure_paired
+from attnkit_perf.run.stored_recheck import Adjudicator, adjudicate_rows
 
 #: ``user_properties`` keys of a benchmark's verdict row and of the row of one that raised.
 VERDICT_PROPERTY = "attnkit_verdict"
 ERROR_PROPERTY = "attnkit_error"
-
-
-def perf_device() -> torch.device:
-    """``ATTNKIT_TEST_DEVICE`` if set, else CUDA when present, else the CPU."""
-    name = os.environ.get("ATTNKIT_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def describe(case: BenchCase) -> dict:
@@ -82,7 +81,7 @@ class PerfSession:
     def __init__(self, config: pytest.Config, options: dict) -> None:
         self.config = config
         self.opt = options
-        self.device = perf_device()
+        self.device = test_device()
         self.gpu_key = gpu_key(self.device)
         root = Path(options["baseline_dir"])
         self.baseline_root = root if root.is_absolute() else Path(config.rootpath, root)
@@ -90,7 +89,7 @@ class PerfSession:
         self.base_ref = options["base"]
         #: The git repository gated (None outside one: attnkit's own source is compared).
         self.repository = options.get("repository")
-        #: The backends the grid times (None: the standard grid), :mod:`attnkit_perf.grid`.
+        #: The backends the grid times (None: the standard grid), :mod:`attnkit_perf.run.backend_choice`.
         self.backends = grid_backends(config, self.repository)
         self.mode = options_.mode(config, options)
         self.thresholds = options_.thresholds(options, self.mode)
@@ -125,7 +124,7 @@ class PerfSession:
             self.notes += notes
 
     def provenance(self) -> dict:
-        """:func:`attnkit_perf.machine.provenance` and the timing protocol of this run; in another
+        """:func:`attnkit_perf.measure.machine.provenance` and the timing protocol of this run; in another
         repository its ``source`` is the digest of that repository's code (what is compared)."""
         if self._provenance is None:
             self._provenance = {**provenance(self.device), "timing": TIMING_PROTOCOL}
@@ -184,7 +183,7 @@ class PerfSession:
         """Why paired mode cannot shard over ``workers`` xdist workers here, or None (on the
         CPU, where the gate's own tests run it, and with an explicit ATTNKIT_TEST_DEVICE the
         shards are not placed)."""
-        if self.device.type != "cuda" or os.environ.get("ATTNKIT_TEST_DEVICE"):
+        if self.device.type != "cuda" or named_test_device():
             return None
         return shard_problem(workers, visible_gpus())
 
@@ -222,23 +221,7 @@ class PerfSession:
         if decision is None:
             pytest.skip(f"neither side runs this case: {measurements[0]['head'].unsupported}")
         decision.extra["seconds"] = {step: round(s, 3) for step, s in seconds.items()}
-        base, head = measurements[0]["base"], measurements[0]["head"]
-        decision.extra["host_share"] = {
-            side: None if r.host_share is None else round(r.host_share, 3)
-            for side, r in (("base", base), ("head", head))
-        }
-        share = paired_share(base.host_share, head.host_share)
-        row = BenchmarkVerdict.from_decision(
-            describe(case),
-            decision,
-            base_median_ms=None if base.median_s is None else base.median_s * 1e3,
-            head_median_ms=None if head.median_s is None else head.median_s * 1e3,
-            base_peak_bytes=base.peak_bytes,
-            head_peak_bytes=head.peak_bytes,
-            tflops=None if head.median_s is None else case.flops / head.median_s / 1e12,
-            host_bound=None if share is None else host_bound_throughout(*measurements),
-        )
-        self._attach(node, row)
+        self._attach(node, paired_row(describe(case), decision, measurements, case.flops))
 
     def _attach(self, node, row: BenchmarkVerdict) -> None:
         node.user_properties.append((VERDICT_PROPERTY, dataclasses.asdict(row)))
@@ -250,11 +233,7 @@ class PerfSession:
 
     def record_error(self, nodeid: str, name: str, excinfo) -> BenchmarkVerdict:
         """The "error" row of a benchmark whose test raised ``excinfo`` (failing)."""
-        last = (str(excinfo.value).strip().splitlines() or [""])[-1]
-        reason = f"the benchmark raised {excinfo.typename}: {last}"
-        row = BenchmarkVerdict(
-            name=name, group="", backend="", pass_name="", shape={}, outcome="error", reason=reason
-        )
+        row = error_row(name, excinfo.typename, str(excinfo.value))
         self.errored[nodeid] = row
         return row
 
@@ -327,14 +306,8 @@ class PerfSession:
         compared = self.stored_rule.compare(self.baseline, run, self.declined, errored=self.errored)
         if not self.opt["no_confirm"]:
             compared = adjudicate_rows(compared, self.adjudicator())
-        for info, decision, measured in compared:
-            self.rows.append(BenchmarkVerdict.from_decision(_describe_recorded(info), decision, **measured))
-        entries = self._baseline_entries()
-        for nodeid, row in self.errored.items():
-            if nodeid in entries:  # name the broken benchmark as the baseline knows it
-                error = gate.Decision("error", reason=row.reason)
-                row = BenchmarkVerdict.from_decision(_describe_recorded(entries[nodeid]["extra_info"]), error)
-            self.rows.append(row)
+        recorded = {nodeid: entry["extra_info"] for nodeid, entry in self._baseline_entries().items()}
+        self.rows += stored_rows(compared, self.errored, recorded, _describe_recorded)
 
     def adjudicator(self) -> Adjudicator:
         """Paired mode against the baseline's commit, from the git repository at the rootdir."""
@@ -371,43 +344,23 @@ class PerfSession:
             self.finish_stored({"benchmarks": []})
         if self.mode == "paired":
             # The same machine and software; the base's own commit and code.
-            ref, commit = str(self.base_ref), str(self.opt["base_commit"])
-            # A ref that is (a prefix of) the commit, or a checkout, whose label holds its absolute
-            # path, is not named twice; a substring match would drop a short tag found in a hash.
-            named = commit.startswith(ref) or commit.startswith("checkout ")
-            base = {
-                "label": f"base {commit}" if named else f"base {ref} ({commit})",
-                "provenance": {
-                    **self.provenance(),
-                    "commit": self.opt["base_commit"],
-                    "source": self.code_digest("base"),
-                },
-            }
+            base = paired_base(
+                str(self.base_ref), self.opt["base_commit"], self.provenance(), self.code_digest("base")
+            )
             versions = {}
         else:
-            recorded = self.baseline["machine_info"].get("attnkit") or {}
-            base = {
-                "label": f"baseline {self.baseline_file}",
-                "provenance": recorded,
-                "datetime": self.baseline.get("datetime"),
+            base = stored_base(self.baseline_file, self.baseline)
+            versions = {
+                k: list(v) for k, v in version_differences(base["provenance"], self.provenance()).items()
             }
-            versions = {k: list(v) for k, v in version_differences(recorded, self.provenance()).items()}
-        stopped = []
-        if self.stopped_early:
-            stopped.append(
-                f"the run stopped early ({self.stopped_early}): "
-                "the benchmarks after the last row have no verdict"
-            )
-        return VerdictDocument(
-            mode=self.mode,
-            base=base,
-            head={
-                "label": "this checkout",
-                "provenance": self.provenance(),
-            },
-            thresholds=self.policy.as_dict(),
-            benchmarks=list(self.rows),
-            version_differences=versions,
-            notes=self.notes + self.policy.noise_notes() + self.policy.budget_notes(self.rows) + stopped,
-            complete=complete and self.stopped_early is None,
+        return verdict_document(
+            self.mode,
+            base,
+            self.provenance(),
+            self.policy,
+            self.rows,
+            versions=versions,
+            notes=self.notes,
+            stopped_early=self.stopped_early,
+            complete=complete,
         )
