@@ -59,12 +59,58 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         early_config.pluginmanager.import_plugin(PERF_PLUGIN)
 
 
+#: The installed correctness suite: a run of it keeps nothing in the user's folder.
+SUITE_PACKAGE = "attnkit.suite"
+#: pytest-benchmark's default storage: ``.benchmarks/`` in the working directory, made by every run.
+_DEFAULT_BENCHMARK_STORAGE = "file://./.benchmarks"
+
+
+def runs_installed_suite(config: pytest.Config) -> bool:
+    """Whether this run collects :data:`SUITE_PACKAGE` (``pytest --pyargs attnkit.suite ...``)."""
+    return bool(config.getoption("pyargs", default=False)) and any(
+        str(arg).split("::")[0] == SUITE_PACKAGE or str(arg).startswith(SUITE_PACKAGE + ".")
+        for arg in config.args
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-benchmark opens its storage (its hook is trylast)
 def pytest_configure(config: pytest.Config) -> None:
+    if runs_installed_suite(config) and getattr(config.option, "benchmark_storage", None) == (
+        _DEFAULT_BENCHMARK_STORAGE
+    ):
+        # The suite times nothing; pytest-benchmark would still make .benchmarks/ where pytest
+        # was started. A --benchmark-storage the user gives is kept.
+        config.option.benchmark_storage = "file://" + str(scratch_dir(config, "benchmarks"))
+    _check_named_backends(config)
+
+
+def scratch_dir(config: pytest.Config, name: str):
+    """A folder for a tool's files during a run of the installed suite: in pytest's cache folder
+    (``.pytest_cache``) when the cache is on, else a temporary folder removed after the run."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        return cache.mkdir(f"attnkit-{name}")
+    path = Path(tempfile.mkdtemp(prefix=f"attnkit-{name}-"))
+    config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
+    return path
+
+
+def _check_named_backends(config: pytest.Config) -> None:
     if not config.getoption("attnkit_backend", default=None):
         return  # a run that names no backend imports nothing of attnkit here
+    import warnings
+
     from attnkit.testing.selection import selected_backends
 
-    selected_backends(config)  # an unknown name is a usage error before collection
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        selected_backends(config)  # an unknown name is a usage error before collection
+    for warning in caught:  # a broken plugin's warning, in the run's warnings summary
+        config.issue_config_time_warning(warning.message, stacklevel=2)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from attnkit.plugins import broken_entry_points
 from attnkit.registry import backend_names, default_device
 
 #: Where a run keeps (test id, backend, message) of every problem a backend declined.
@@ -27,6 +28,10 @@ def named_backends(config: pytest.Config) -> list[str]:
         return []
     known = backend_names()
     unknown = [name for name in chosen if name not in known]
+    broken = broken_entry_points()
+    for name in unknown:
+        if name in broken:  # the plugin that would register it is installed but broken: say so
+            raise pytest.UsageError(f"--attnkit-backend {name}: {broken[name]}")
     if unknown:
         raise pytest.UsageError(
             f"--attnkit-backend: {', '.join(map(repr, unknown))} is not registered; registered: "
