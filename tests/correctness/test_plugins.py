@@ -387,5 +387,5 @@ def test_bisect_finds_a_built_in_benchmark_beside_a_broken_plugin_and_names_the_
     with pytest.warns(attnkit.BackendEntryPointWarning):
         assert find_case(built_in).name == built_in
     asked = built_in.replace(f"[{built_in.split('[')[1].split('-')[0]}-", "[broken-")
-    with pytest.raises(BisectError, match="entry point 'broken'.*importing it failed"):
+    with pytest.raises(BisectError, match=r"entry point 'broken'.*importing it failed"):
         find_case(asked)
