@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE, backend_params
+from conftest import DEVICE
 
 import attnkit
 from attnkit import attention
@@ -53,7 +53,6 @@ def _fn(backend, causal=True, window=None):
 
 
 @pytest.mark.parametrize("window", [None, (6, -1)], ids=["no-window", "window"])
-@pytest.mark.parametrize("backend", backend_params())
 def test_fullgraph_compile_forward_and_backward(backend, window):
     torch._dynamo.reset()
     q, k, v, grad_out = _problem(n=24, m=40)
@@ -117,7 +116,6 @@ _GRAPH_SHAPES = {"square": (64, 64), "decode": (1, 700)}
 
 @gpu_only
 @pytest.mark.parametrize("shape", list(_GRAPH_SHAPES.values()), ids=list(_GRAPH_SHAPES))
-@pytest.mark.parametrize("backend", backend_params())
 def test_cuda_graph_capture_and_replay(backend, shape):
     n, m = shape
     q, k, v, grad_out = _problem(n=n, m=m, d=64, kv_heads=4)
@@ -129,7 +127,6 @@ def test_cuda_graph_capture_and_replay(backend, shape):
 
 
 @gpu_only
-@pytest.mark.parametrize("backend", backend_params())
 def test_compile_reduce_overhead(backend):
     torch._dynamo.reset()
     q, k, v, grad_out = _problem(n=64, m=64, d=64, kv_heads=4)

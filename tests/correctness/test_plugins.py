@@ -389,3 +389,23 @@ def test_bisect_finds_a_built_in_benchmark_beside_a_broken_plugin_and_names_the_
     asked = built_in.replace(f"[{built_in.split('[')[1].split('-')[0]}-", "[broken-")
     with pytest.raises(BisectError, match=r"entry point 'broken'.*importing it failed"):
         find_case(asked)
+
+
+def test_a_run_of_the_installed_suite_leaves_nothing_behind(tmp_path):
+    """Nothing new in the temporary folder, nothing in the folder pytest starts in but pytest's
+    own cache (pytest-benchmark's storage and hypothesis' database go there or nowhere)."""
+    scratch, start = tmp_path / "tmp", tmp_path / "start"
+    scratch.mkdir()
+    start.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    for profile in ("dev",):  # dev keeps a database; every profile caches the code's constants
+        env["HYPOTHESIS_PROFILE"] = profile
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "--pyargs", "attnkit.suite.test_properties",
+             "--attnkit-backend", "naive", "-q", "-x", "-k", "permut"],
+            cwd=start, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        assert sorted(p.name for p in start.iterdir()) == [".pytest_cache"], list(start.iterdir())
+        assert list(scratch.iterdir()) == [], f"left in the temporary folder: {list(scratch.iterdir())}"
