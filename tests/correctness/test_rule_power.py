@@ -106,3 +106,20 @@ def test_floor_holds_one_subnormal_rounding_of_fp16():
         floor = error_floor(tiny_result, term_magnitude=0.0, dtype=dtype, n_terms=1)
         relative = torch.finfo(dtype).eps * 1e-6
         assert floor < 1.01 * relative, f"{dtype}: floor {floor:.3e} beyond one relative rounding"
+
+
+def test_a_failure_where_the_naive_path_is_exact_says_so_instead_of_an_infinite_ratio():
+    from attnkit.testing import QuantityCheck
+
+    exact = QuantityCheck("out", error=3e-3, baseline_error=0.0, bound=1e-6).describe()
+    assert "error 3.0e-03 where the naive path in the same dtype is exact" in exact and "inf" not in exact, exact
+    ratio = QuantityCheck("out", error=3e-3, baseline_error=1e-3, bound=2e-3).describe()
+    assert "error/naive = 3.00x" in ratio, ratio
+
+
+def test_a_drawn_case_prints_as_the_call_that_makes_it_not_on_the_meta_device():
+    from attnkit.testing.strategies import AttentionCase
+
+    case = AttentionCase.make(q_len=5, kv_len=7, causal=True, seed=3)
+    assert "meta" not in repr(case) and repr(case).startswith("AttentionCase.make("), repr(case)
+    assert eval(repr(case), {"AttentionCase": AttentionCase, "torch": torch}) == case
