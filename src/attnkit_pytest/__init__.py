@@ -61,6 +61,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 
 #: The installed correctness suite: a run of it keeps nothing in the user's folder.
 SUITE_PACKAGE = "attnkit.suite"
+#: A warning torch gives about itself (see pytest_configure), as a ``filterwarnings`` line.
+TORCH_JIT_DEPRECATION = "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning:torch.jit._script"
 #: pytest-benchmark's default storage: ``.benchmarks/`` in the working directory, made by every run.
 _DEFAULT_BENCHMARK_STORAGE = "file://./.benchmarks"
 
@@ -81,6 +83,10 @@ def pytest_configure(config: pytest.Config) -> None:
         # The suite times nothing; pytest-benchmark would still make .benchmarks/ where pytest
         # was started. A --benchmark-storage the user gives is kept.
         config.option.benchmark_storage = "file://" + str(scratch_dir(config, "benchmarks"))
+    if runs_installed_suite(config):
+        # torch's own torch/utils/mkldnn.py calls the deprecated torch.jit.script_method when
+        # torch.compile imports it; nothing of attnkit or of the kernel under test calls it.
+        config.addinivalue_line("filterwarnings", TORCH_JIT_DEPRECATION)
     _check_named_backends(config)
 
 
