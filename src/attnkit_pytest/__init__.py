@@ -27,6 +27,8 @@ import pytest
 
 #: AttentionProblem.describe() inside a decline's message: the summary groups declines by the rest.
 _PROBLEM = re.compile(r"B=\d+ Hq=\d+ .*? dtype=\w+( window=\([^)]*\))?")
+#: A number standing alone (a size in a kernel's message), not part of a name such as float16.
+_NUMBER = re.compile(r"(?<![\w.])\d+(?!\w)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -150,9 +152,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if not declined:
         return
     terminalreporter.section("attnkit: declined problems")
-    counts: dict[tuple[str, str], int] = {}
+    for line in summarize_declines(declined):
+        terminalreporter.write_line(line)
+
+
+def summarize_declines(declined) -> list[str]:
+    """One line per backend and reason, with how many problems it declined for that reason: the
+    problem's description left out, and reasons that differ only in their numbers (a kernel's
+    message naming the sizes it was given) counted as one, shown by the first of them."""
+    groups: dict[tuple[str, str], list[str]] = {}
     for _test, backend, message in declined:
-        key = (backend, _PROBLEM.sub("<problem>", message))
-        counts[key] = counts.get(key, 0) + 1
-    for (backend, reason), count in sorted(counts.items()):
-        terminalreporter.write_line(f"{backend}: {count} problem(s) declined: {reason}")
+        reason = _PROBLEM.sub("<problem>", message)
+        groups.setdefault((backend, _NUMBER.sub("#", reason)), []).append(reason)
+    lines = []
+    for (backend, _), reasons in sorted(groups.items()):
+        varied = " (the numbers vary; the first shown)" if len(set(reasons)) > 1 else ""
+        lines.append(f"{backend}: {len(reasons)} problem(s) declined: {reasons[0]}{varied}")
+    return lines

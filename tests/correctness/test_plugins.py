@@ -409,3 +409,21 @@ def test_a_run_of_the_installed_suite_leaves_nothing_behind(tmp_path):
         assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
         assert sorted(p.name for p in start.iterdir()) == [".pytest_cache"], list(start.iterdir())
         assert list(scratch.iterdir()) == [], f"left in the temporary folder: {list(scratch.iterdir())}"
+
+
+def test_declines_that_differ_only_in_their_sizes_are_one_line_with_a_count():
+    from attnkit_pytest import summarize_declines
+
+    problem = "B=1 Hq=2 Hkv=2 N=9 M=9 D={d} Dv=32 causal=True dtype=float32"
+    declined = [
+        ("t1", "k", f"backend 'k' cannot run {problem.format(d=16)}: needs D == Dv, got 16 and 32"),
+        ("t2", "k", f"backend 'k' cannot run {problem.format(d=17)}: needs D == Dv, got 17 and 32"),
+        ("t3", "k", f"backend 'k' does not support {problem.format(d=8)}: no float64"),
+        ("t4", "k", f"backend 'k' does not support {problem.format(d=8)}: no float16"),
+    ]
+    assert summarize_declines(declined) == [
+        "k: 2 problem(s) declined: backend 'k' cannot run <problem>: needs D == Dv, got 16 and 32 "
+        "(the numbers vary; the first shown)",
+        "k: 1 problem(s) declined: backend 'k' does not support <problem>: no float16",
+        "k: 1 problem(s) declined: backend 'k' does not support <problem>: no float64",
+    ]
