@@ -5,7 +5,11 @@ It adds ``--attnkit-backend NAME`` (repeatable): the backends the correctness su
 for the ``attnkit_backend`` fixture (parametrized over those names; a backend that cannot run
 on the test device is a skip with its reason) and ``attnkit_device`` (``ATTNKIT_TEST_DEVICE``,
 else CUDA when present, else the CPU). Problems a backend declines are listed at the end of the
-run under "attnkit: declined problems". The plugin changes nothing in a run that uses none of
+run under "attnkit: declined problems", one line per backend and reason with a count. A run of
+the installed suite leaves nothing in the folder it was started from: pytest-benchmark's storage
+(which the suite never uses) goes to pytest's cache folder unless ``--benchmark-storage`` is
+given. A broken ``attnkit.backends`` entry point is a warning in the run's summary, and a usage
+error only when its backend is named. The plugin changes nothing in a run that uses none of
 this.
 
 ``pytest --pyargs attnkit.perf`` (the installed perf gate) also needs the gate's plugin
