@@ -6,8 +6,8 @@ for the ``attnkit_backend`` fixture (parametrized over those names; a backend th
 on the test device is a skip with its reason) and ``attnkit_device`` (``ATTNKIT_TEST_DEVICE``,
 else CUDA when present, else the CPU). Problems a backend declines are listed at the end of the
 run under "attnkit: declined problems", one line per backend and reason with a count. A run of
-the installed suite leaves nothing in the folder it was started from: pytest-benchmark's storage
-(which the suite never uses) goes to pytest's cache folder unless ``--benchmark-storage`` is
+attnkit's installed tests leaves nothing in the folder it was started from: pytest-benchmark's
+storage (which neither uses) goes to pytest's cache folder unless ``--benchmark-storage`` is
 given. A broken ``attnkit.backends`` entry point is a warning in the run's summary, and a usage
 error only when its backend is named. The plugin changes nothing in a run that uses none of
 this.
@@ -53,7 +53,7 @@ PERF_PLUGIN = "attnkit_perf.plugin"
 
 def names_perf_package(arg: str) -> bool:
     """Whether a --pyargs argument names :data:`PERF_PACKAGE` or a module or test of it."""
-    return arg.split("::")[0] == PERF_PACKAGE or arg.startswith(PERF_PACKAGE + ".")
+    return _names_package(arg, PERF_PACKAGE)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -65,7 +65,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         early_config.pluginmanager.import_plugin(PERF_PLUGIN)
 
 
-#: The installed correctness suite: a run of it keeps nothing in the user's folder.
+#: The installed correctness suite; with :data:`PERF_PACKAGE`, the tests attnkit installs: a
+#: run of them keeps nothing in the user's folder.
 SUITE_PACKAGE = "attnkit.suite"
 #: A warning torch gives about itself (see pytest_configure), as a ``filterwarnings`` line.
 TORCH_JIT_DEPRECATION = "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning:torch.jit._script"
@@ -73,23 +74,28 @@ TORCH_JIT_DEPRECATION = "ignore:`torch.jit.script_method` is deprecated:Deprecat
 _DEFAULT_BENCHMARK_STORAGE = "file://./.benchmarks"
 
 
-def runs_installed_suite(config: pytest.Config) -> bool:
-    """Whether this run collects :data:`SUITE_PACKAGE` (``pytest --pyargs attnkit.suite ...``)."""
+def runs_installed_tests(config: pytest.Config) -> bool:
+    """Whether this run collects attnkit's installed tests (``pytest --pyargs attnkit.suite`` or
+    ``attnkit.perf``)."""
     return bool(config.getoption("pyargs", default=False)) and any(
-        str(arg).split("::")[0] == SUITE_PACKAGE or str(arg).startswith(SUITE_PACKAGE + ".")
-        for arg in config.args
+        _names_package(str(arg), package) for arg in config.args for package in (SUITE_PACKAGE, PERF_PACKAGE)
     )
+
+
+def _names_package(arg: str, package: str) -> bool:
+    return arg.split("::")[0] == package or arg.startswith(package + ".")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-benchmark opens its storage (its hook is trylast)
 def pytest_configure(config: pytest.Config) -> None:
-    if runs_installed_suite(config) and getattr(config.option, "benchmark_storage", None) == (
+    if runs_installed_tests(config) and getattr(config.option, "benchmark_storage", None) == (
         _DEFAULT_BENCHMARK_STORAGE
     ):
-        # The suite times nothing; pytest-benchmark would still make .benchmarks/ where pytest
-        # was started. A --benchmark-storage the user gives is kept.
+        # Neither reads pytest-benchmark's storage (the perf gate keeps its baselines itself), but
+        # pytest-benchmark would still make .benchmarks/ where pytest was started. A
+        # --benchmark-storage the user gives is kept.
         config.option.benchmark_storage = "file://" + str(scratch_dir(config, "benchmarks"))
-    if runs_installed_suite(config):
+    if runs_installed_tests(config):
         # torch's own torch/utils/mkldnn.py calls the deprecated torch.jit.script_method when
         # torch.compile imports it; nothing of attnkit or of the kernel under test calls it.
         config.addinivalue_line("filterwarnings", TORCH_JIT_DEPRECATION)
