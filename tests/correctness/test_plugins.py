@@ -427,3 +427,14 @@ def test_declines_that_differ_only_in_their_sizes_are_one_line_with_a_count():
         "k: 1 problem(s) declined: backend 'k' does not support <problem>: no float16",
         "k: 1 problem(s) declined: backend 'k' does not support <problem>: no float64",
     ]
+
+
+def test_a_perf_worker_reports_a_broken_entry_point_only_for_the_backends_it_times(install):
+    from attnkit_perf.measure.worker import _backend_files
+
+    install(_BROKEN_IMPORT, {"broken": "toy_mod:backend"})
+    with pytest.warns(attnkit.BackendEntryPointWarning):
+        own = _backend_files(["naive"])
+    assert set(own["found"]) == {"naive"}, own
+    asked = _backend_files(["broken"])
+    assert asked["error"].startswith("BackendEntryPointError: attnkit.backends entry point 'broken'"), asked
