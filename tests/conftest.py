@@ -1,6 +1,6 @@
 """Test configuration of the whole tree; pytest loads it before any test module or conftest below.
 
-Two environment defaults, set here so that a plain ``pytest`` runs the suite as CI does, with
+One environment default, set here so that a plain ``pytest`` runs the suite as CI does, with
 no variable to know (an explicit value in the environment always wins):
 
 * ``TRITON_INTERPRET=1`` when no CUDA device is present: the Triton tests then run through
@@ -9,8 +9,9 @@ no variable to know (an explicit value in the environment always wins):
   That is why the perf plugin (``attnkit_perf.plugin``, which imports ``attnkit``) is loaded
   from here, after the variable is set, and not with ``-p`` in pyproject's ``addopts``: plugins
   named there are imported before any conftest.
-* ``HYPOTHESIS_PROFILE=ci``: the same examples on every run, in bounded time (the correctness
-  suite's conftest defines the profiles; ``dev`` and ``thorough`` are asked for by name).
+
+Hypothesis' profile is ``ci`` unless ``HYPOTHESIS_PROFILE`` names another: the default is set in
+one place, :mod:`attnkit.testing.profiles`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ _ATTNKIT_ALREADY_IMPORTED = "attnkit" in sys.modules
 
 if "TRITON_INTERPRET" not in os.environ and not _cuda_present():
     os.environ["TRITON_INTERPRET"] = "1"
-os.environ.setdefault("HYPOTHESIS_PROFILE", "ci")
 
 #: attnkit's own plugin (``--attnkit-backend``; an installed attnkit also loads it as the entry point
 #: of the same name) and the perf gate's.

@@ -7,7 +7,7 @@ from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
 from attnkit.kvcache import attention_with_kvcache
 from attnkit.module import MultiHeadAttention
-from attnkit.plugins import BackendEntryPointError, BackendSpec
+from attnkit.plugins import BackendEntryPointError, BackendEntryPointWarning, BackendSpec
 from attnkit.reference import reference_attention
 from attnkit.registry import (
     available_backends,
@@ -23,6 +23,7 @@ __all__ = [
     "AUTO_ORDER",
     "AttentionProblem",
     "BackendEntryPointError",
+    "BackendEntryPointWarning",
     "BackendSpec",
     "BackendUnavailableError",
     "MultiHeadAttention",

@@ -14,15 +14,21 @@ The value names an object that is one of:
 The group is loaded lazily and once per process, by the first registry lookup that needs it
 (:func:`attnkit.backend_names`, :func:`attnkit.available_backends`, or a name attnkit does not
 know): pytest, paired-mode worker processes and tools all see the same backends, and a program
-that only uses attnkit's own backends never imports a plugin. A broken entry point (an import
-that fails, an object of the wrong kind, a name taken twice) raises
-:class:`BackendEntryPointError` naming the distribution and the entry, on that lookup and every
-later one: a plugin is never silently absent.
+that only uses attnkit's own backends never imports a plugin.
+
+Each entry point loads on its own: a broken one (an import that fails, an object of the wrong
+kind, a name taken twice) never stops the others nor a run that does not use it. It is one
+:class:`BackendEntryPointWarning` line when the group is read, and a
+:class:`BackendEntryPointError` naming the entry point and its distribution whenever its backend
+is asked for. A broken entry point registers nothing, so its backend is known by the entry
+point's key: name the key after the backend it registers (``mykernel = ...`` registering
+``"mykernel"``).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -50,30 +56,46 @@ class BackendSpec:
     forward_only: bool = False
 
 
-#: None until the group was read; then the error it raised, or True.
-_state: BackendEntryPointError | bool | None = None
+class BackendEntryPointWarning(UserWarning):
+    """An ``attnkit.backends`` entry point is broken; backends that are not its still run."""
+
+
+#: False until the group was read; the entry points that failed, by key (the backend they name).
+_read = False
+_broken: dict[str, BackendEntryPointError] = {}
 
 
 def load_entry_points(register: Callable) -> None:
     """Register every installed ``attnkit.backends`` entry point with ``register`` (the registry's
-    :func:`~attnkit.registry.register_backend`, which calls this), once per process; raise
-    :class:`BackendEntryPointError` for a broken one (again on every later call)."""
-    global _state
-    if _state is None:
-        _state = True  # set first: a plugin that looks up backends while loading does not recurse
+    :func:`~attnkit.registry.register_backend`, which calls this), once per process. A broken
+    entry point is kept in :func:`broken_entry_points` and warned about in one line; the others
+    still register."""
+    global _read
+    if _read:
+        return
+    _read = True  # set first: a plugin that looks up backends while loading does not recurse
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
-            for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-                _load(entry, register)
+            _load(entry, register)
         except BackendEntryPointError as err:
-            _state = err
-    if isinstance(_state, BackendEntryPointError):
-        raise _state
+            _broken[entry.name] = err
+            warnings.warn(
+                f"{err} (it registered nothing; other backends are unaffected)",
+                BackendEntryPointWarning,
+                stacklevel=2,
+            )
+
+
+def broken_entry_points() -> dict[str, BackendEntryPointError]:
+    """The entry points that failed to load, by key, each with the error naming it."""
+    return dict(_broken)
 
 
 def reset() -> None:
     """Forget that the group was read (for tests that install entry points on the fly)."""
-    global _state
-    _state = None
+    global _read
+    _read = False
+    _broken.clear()
 
 
 def _where(entry: importlib.metadata.EntryPoint) -> str:

@@ -10,7 +10,7 @@ import torch
 from attnkit.device import default_device
 from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
-from attnkit.plugins import load_entry_points
+from attnkit.plugins import broken_entry_points, load_entry_points
 from attnkit.prepared import PreparedRun, RunFn
 from attnkit.sdpa import SDPA_BACKENDS
 
@@ -248,12 +248,25 @@ OWN_NAMES = frozenset({"auto", "naive", "tiled", *SDPA_BACKENDS, "triton", "flex
 
 
 def get_backend(name: str) -> Backend:
+    """The backend registered as ``name``; a :class:`~attnkit.BackendEntryPointError` when the
+    entry point of that key is broken, a ValueError listing the valid names for any other."""
     if isinstance(name, str) and name not in _REGISTRY and name not in OWN_NAMES:
         load_entry_points(register_backend)
     if not isinstance(name, str) or name not in _REGISTRY:
-        valid = ", ".join(repr(n) for n in ["auto", *_REGISTRY])
-        raise ValueError(f"backend: expected one of {valid}, got {name!r}")
+        raise unknown_backend_error(name)
     return _REGISTRY[name]
+
+
+def unknown_backend_error(name: object) -> Exception:
+    """The error for asking for ``name``, which is not registered: the broken entry point of that
+    key if there is one, else a ValueError listing the registered names (and the broken entry
+    points, which may have been meant to register it)."""
+    broken = broken_entry_points()
+    if isinstance(name, str) and name in broken:
+        return broken[name]
+    valid = ", ".join(repr(n) for n in ["auto", *_REGISTRY])
+    others = "".join(f"; not loaded: {err}" for err in broken.values())
+    return ValueError(f"backend: expected one of {valid}, got {name!r}{others}")
 
 
 def unavailable_reason(name: str, device: torch.device | str | None = None) -> str | None:

@@ -5,7 +5,11 @@ It adds ``--attnkit-backend NAME`` (repeatable): the backends the correctness su
 for the ``attnkit_backend`` fixture (parametrized over those names; a backend that cannot run
 on the test device is a skip with its reason) and ``attnkit_device`` (``ATTNKIT_TEST_DEVICE``,
 else CUDA when present, else the CPU). Problems a backend declines are listed at the end of the
-run under "attnkit: declined problems". The plugin changes nothing in a run that uses none of
+run under "attnkit: declined problems", one line per backend and reason with a count. A run of
+attnkit's installed tests leaves nothing in the folder it was started from: pytest-benchmark's
+storage (which neither uses) goes to pytest's cache folder unless ``--benchmark-storage`` is
+given. A broken ``attnkit.backends`` entry point is a warning in the run's summary, and a usage
+error only when its backend is named. The plugin changes nothing in a run that uses none of
 this.
 
 ``pytest --pyargs attnkit_perf.suite`` (the installed perf gate) also needs the gate's plugin
@@ -27,6 +31,8 @@ import pytest
 
 #: AttentionProblem.describe() inside a decline's message: the summary groups declines by the rest.
 _PROBLEM = re.compile(r"B=\d+ Hq=\d+ .*? dtype=\w+( window=\([^)]*\))?")
+#: A number standing alone (a size in a kernel's message), not part of a name such as float16.
+_NUMBER = re.compile(r"(?<![\w.])\d+(?!\w)")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,7 +53,7 @@ PERF_PLUGIN = "attnkit_perf.plugin"
 
 def names_perf_package(arg: str) -> bool:
     """Whether a --pyargs argument names :data:`PERF_PACKAGE` or a module or test of it."""
-    return arg.split("::")[0] == PERF_PACKAGE or arg.startswith(PERF_PACKAGE + ".")
+    return _names_package(arg, PERF_PACKAGE)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -59,12 +65,70 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         early_config.pluginmanager.import_plugin(PERF_PLUGIN)
 
 
+#: The installed correctness suite; with :data:`PERF_PACKAGE`, the tests attnkit installs: a
+#: run of them keeps nothing in the user's folder.
+SUITE_PACKAGE = "attnkit.suite"
+#: A warning torch gives about itself (see pytest_configure), as a ``filterwarnings`` line.
+TORCH_JIT_DEPRECATION = "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning:torch.jit._script"
+#: pytest-benchmark's default storage: ``.benchmarks/`` in the working directory, made by every run.
+_DEFAULT_BENCHMARK_STORAGE = "file://./.benchmarks"
+
+
+def runs_installed_tests(config: pytest.Config) -> bool:
+    """Whether this run collects attnkit's installed tests (``pytest --pyargs attnkit.suite`` or
+    ``attnkit_perf.suite``)."""
+    return bool(config.getoption("pyargs", default=False)) and any(
+        _names_package(str(arg), package) for arg in config.args for package in (SUITE_PACKAGE, PERF_PACKAGE)
+    )
+
+
+def _names_package(arg: str, package: str) -> bool:
+    return arg.split("::")[0] == package or arg.startswith(package + ".")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-benchmark opens its storage (its hook is trylast)
 def pytest_configure(config: pytest.Config) -> None:
+    if runs_installed_tests(config) and getattr(config.option, "benchmark_storage", None) == (
+        _DEFAULT_BENCHMARK_STORAGE
+    ):
+        # Neither reads pytest-benchmark's storage (the perf gate keeps its baselines itself), but
+        # pytest-benchmark would still make .benchmarks/ where pytest was started. A
+        # --benchmark-storage the user gives is kept.
+        config.option.benchmark_storage = "file://" + str(scratch_dir(config, "benchmarks"))
+    if runs_installed_tests(config):
+        # torch's own torch/utils/mkldnn.py calls the deprecated torch.jit.script_method when
+        # torch.compile imports it; nothing of attnkit or of the kernel under test calls it.
+        config.addinivalue_line("filterwarnings", TORCH_JIT_DEPRECATION)
+    _check_named_backends(config)
+
+
+def scratch_dir(config: pytest.Config, name: str):
+    """A folder for a tool's files during a run of the installed suite: in pytest's cache folder
+    (``.pytest_cache``) when the cache is on, else a temporary folder removed after the run."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    cache = getattr(config, "cache", None)
+    if cache is not None:
+        return cache.mkdir(f"attnkit-{name}")
+    path = Path(tempfile.mkdtemp(prefix=f"attnkit-{name}-"))
+    config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
+    return path
+
+
+def _check_named_backends(config: pytest.Config) -> None:
     if not config.getoption("attnkit_backend", default=None):
         return  # a run that names no backend imports nothing of attnkit here
+    import warnings
+
     from attnkit.testing.selection import selected_backends
 
-    selected_backends(config)  # an unknown name is a usage error before collection
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        selected_backends(config)  # an unknown name is a usage error before collection
+    for warning in caught:  # a broken plugin's warning, in the run's warnings summary
+        config.issue_config_time_warning(warning.message, stacklevel=2)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -99,9 +163,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if not declined:
         return
     terminalreporter.section("attnkit: declined problems")
-    counts: dict[tuple[str, str], int] = {}
+    for line in summarize_declines(declined):
+        terminalreporter.write_line(line)
+
+
+def summarize_declines(declined) -> list[str]:
+    """One line per backend and reason, with how many problems it declined for that reason: the
+    problem's description left out, and reasons that differ only in their numbers (a kernel's
+    message naming the sizes it was given) counted as one, shown by the first of them."""
+    groups: dict[tuple[str, str], list[str]] = {}
     for _test, backend, message in declined:
-        key = (backend, _PROBLEM.sub("<problem>", message))
-        counts[key] = counts.get(key, 0) + 1
-    for (backend, reason), count in sorted(counts.items()):
-        terminalreporter.write_line(f"{backend}: {count} problem(s) declined: {reason}")
+        reason = _PROBLEM.sub("<problem>", message)
+        groups.setdefault((backend, _NUMBER.sub("#", reason)), []).append(reason)
+    lines = []
+    for (backend, _), reasons in sorted(groups.items()):
+        varied = " (the numbers vary; the first shown)" if len(set(reasons)) > 1 else ""
+        lines.append(f"{backend}: {len(reasons)} problem(s) declined: {reasons[0]}{varied}")
+    return lines

@@ -42,16 +42,20 @@ def describe(case: BenchCase, device: torch.device) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--kv-heads", type=int, default=None)
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
-    parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--backends", nargs="*", default=None, help="default: every available one")
-    parser.add_argument("--device", default=None)
+    parser = argparse.ArgumentParser(
+        prog="attnkit-demo",
+        description=__doc__.replace("``", "").replace("::", ":"),  # the docstring, as plain text
+        formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("--batch", type=int, default=1, help="batch size B")
+    parser.add_argument("--heads", type=int, default=4, help="query heads Hq")
+    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads Hkv; None: Hq")
+    parser.add_argument("--seq-len", type=int, default=512, help="query and key length N = M")
+    parser.add_argument("--head-dim", type=int, default=64, help="head dim D = Dv")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="element type")
+    parser.add_argument("--causal", action="store_true", help="bottom-right causal mask")
+    parser.add_argument("--backends", nargs="*", default=None, help="paths to run; None: every available one")
+    parser.add_argument("--device", default=None, help="device; None: CUDA when present, else the CPU")
     parser.add_argument("--reps", type=int, default=5, help="fewest timed rounds")
     parser.add_argument("--no-check", action="store_true", help="skip the float64 comparison (large N)")
     args = parser.parse_args(argv)
@@ -67,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"{'backend':<16}{'fwd+bwd ms':>12}{'throughput':>16}{'peak MiB':>10}  accuracy vs float64 oracle"
     )
+    for name in names:
+        if attnkit.registry.auto_skip_reason(name, device):  # interpreted: seconds per step
+            print(
+                f"  warning: {name} runs through Triton's interpreter on the {device.type}: each step "
+                "takes seconds (minutes at large N); leave it out with --backends or lower --seq-len"
+            )
     print(header)
     print("-" * len(header))
     for name in names:
@@ -95,7 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:<16}{1e3 * seconds:12.3f}{format_rate(case.flops / seconds):>16}{peak_text}  {accuracy}"
         )
+    if device.type != "cuda":
+        print(f"peak MiB: '-' on {device.type}: extra memory is read from CUDA's allocator statistics only")
     return 0
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each option's default shown, the description's examples kept on their lines."""
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ import attnkit
 from attnkit_perf.decide.stats import median_interval
 from attnkit_perf.measure.machine import provenance
 from attnkit_tools.per_call_report import PAIRED, console_table, markdown, targets
-from attnkit_tools.provenance import produced_by
+from attnkit_tools.provenance import produced_by, without_local_paths
 
 SIZES = {  # name: (B, Hq, Hkv, N, M, D), causal, bf16
     # Host cost alone on any device: on the CPU even N=128 takes the kernels hundreds of
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             report = json.load(f)
         # A report saved without its command was measured by the canonical one.
         canonical = produced_by("per_call", ["--out", "per_call.json", "--md", args.md])
-        command = report.get("command", canonical)
+        command = without_local_paths(report.get("command", canonical))  # a report saved by an older tool
     else:
         report = run(args)
         command = produced_by("per_call", sys.argv[1:] if argv is None else argv)

@@ -7,8 +7,9 @@ failure stays red until the bug is fixed. Clear it with ``rm -rf .hypothesis``.
 
 Tests run on ``ATTNKIT_TEST_DEVICE`` if set, else on CUDA when present, else on the CPU. The
 generic tests of every backend are attnkit's installed suite (:mod:`attnkit.suite`), collected
-here by ``test_suite.py``; ``--attnkit-backend NAME`` restricts every backend-parametrized test
-of this folder to the named backends.
+here by ``test_suite.py``. A test of every backend asks for the ``backend`` fixture, which the
+plugin's own parametrization drives: ``--attnkit-backend NAME`` restricts those tests to the named
+backends, as it does for the installed suite.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import attnkit.api
 from attnkit import fastpath
 from attnkit.suite.checks import INTERPRETED_ON_CPU
 from attnkit.testing.profiles import load_profiles
-from attnkit.testing.selection import selected_backends, test_device
+from attnkit.testing.selection import test_device
 
 #: One database per checkout, not per working directory: pytest started from tests/ or from the
 #: root replays the same saved failures.
@@ -52,33 +53,17 @@ def skip_if_unavailable(name: str) -> None:
         pytest.skip(reason)
 
 
-def backend_params() -> list:
-    """Every registered backend; those unavailable here are skipped with the reason."""
-    params = []
-    for name in attnkit.backend_names():
-        reason = attnkit.unavailable_reason(name, DEVICE)
-        marks = [pytest.mark.skip(reason=f"{name} unavailable on {DEVICE}: {reason}")] if reason else []
-        params.append(pytest.param(name, marks=marks, id=name))
-    return params
+@pytest.fixture
+def backend(attnkit_backend: str) -> str:
+    """The backend a test runs: attnkit's pytest plugin (:mod:`attnkit_pytest`, the installed
+    suite's mechanism) parametrizes ``attnkit_backend`` over every registered backend, or those
+    named with ``--attnkit-backend``; one unavailable on the test device is a skip with why."""
+    return attnkit_backend
 
 
 @pytest.fixture(scope="session")
 def device() -> torch.device:
     return DEVICE
-
-
-def pytest_collection_modifyitems(config, items):
-    """With --attnkit-backend, deselect the tests parametrized over another backend."""
-    if not config.getoption("attnkit_backend"):
-        return
-    chosen, known = set(selected_backends(config)), set(attnkit.backend_names())
-    kept, dropped = [], []
-    for item in items:
-        backend = getattr(item, "callspec", None) and item.callspec.params.get("backend")
-        (dropped if backend in known and backend not in chosen else kept).append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
 
 
 @pytest.fixture(autouse=True)

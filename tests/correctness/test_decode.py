@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import DEVICE, SDPA_PATHS, RecordOps, backend_params
+from conftest import DEVICE, SDPA_PATHS, RecordOps
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -48,7 +48,6 @@ def _check(backend: str, problem: AttentionCase, with_grad: bool) -> None:
 
 
 @pytest.mark.parametrize("with_grad", [False, True], ids=["fwd", "fwd+bwd"])
-@pytest.mark.parametrize("backend", backend_params())
 @given(problem=decode_problems())
 @example(problem=_DECODE_GQA)
 @example(problem=_CHUNK)

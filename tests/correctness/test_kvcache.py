@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE, backend_params
+from conftest import DEVICE
 from hypothesis import example, given
 
 from attnkit import UnsupportedProblemError, attention_with_kvcache
@@ -88,7 +88,6 @@ def check_cache_backend(backend: str, case: CacheCase) -> None:
         assert_close_to_reference(f"backend {backend!r}, sequence {b} (L={length}) of {case}", checks)
 
 
-@pytest.mark.parametrize("backend", backend_params())
 @given(case=cache_cases())
 @example(case=_SHARED)
 @example(case=_APPEND)

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import backend_params
 
 from attnkit import MultiHeadAttention, UnsupportedProblemError, attention
 from attnkit.testing import assert_close_to_reference, compare_to_reference
 
 
-@pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "causal"), [(4, 4, False), (4, 2, True), (4, 1, True)])
 def test_layer_is_projections_around_attention(backend, num_heads, num_kv_heads, causal, device):
     torch.manual_seed(0)

@@ -35,7 +35,8 @@ def registry_snapshot(monkeypatch):
     the registry and the entry-point state as they were restored after the test."""
     own = {name: b for name, b in registry._REGISTRY.items() if name in registry.OWN_NAMES}
     monkeypatch.setattr(registry, "_REGISTRY", own)
-    monkeypatch.setattr(plugins, "_state", None)
+    monkeypatch.setattr(plugins, "_read", False)
+    monkeypatch.setattr(plugins, "_broken", {})
     yield
     attnkit.api._forget_plans()  # both memos: a test's backend must not serve the next test's calls
 
@@ -110,19 +111,40 @@ def test_an_unknown_name_loads_the_entry_points_but_attnkits_own_names_do_not(in
     registry._REGISTRY.pop("triton", None)  # as in an install without triton, which auto tries first
     attnkit.api._PLANNED.clear()
     attnkit.attention(q.double(), k.double(), v.double())  # float64: no compiled memo entry either
-    assert plugins._state is None, "looking up attnkit's own backends loaded the entry points"
-    with pytest.raises(attnkit.BackendEntryPointError):
-        attnkit.attention(q, k, v, backend="under-test")
+    assert plugins._read is False, "looking up attnkit's own backends loaded the entry points"
+    with pytest.warns(attnkit.BackendEntryPointWarning), pytest.raises(attnkit.BackendEntryPointError):
+        attnkit.attention(q, k, v, backend="broken")
 
 
-def test_a_broken_import_names_the_distribution_and_entry_every_time(install):
-    install("raise ImportError('the kernel library is missing')\n", {"broken": "toy_mod:backend"})
+_BROKEN_IMPORT = "raise ImportError('the kernel library is missing')\n"
+
+
+def test_a_broken_import_is_one_warning_line_and_the_error_whenever_its_backend_is_asked_for(install):
+    install(_BROKEN_IMPORT, {"broken": "toy_mod:backend"})
+    with pytest.warns(attnkit.BackendEntryPointWarning) as warned:
+        names = attnkit.backend_names()
+    assert "naive" in names and "broken" not in names, names
+    assert len(warned) == 1 and "\n" not in str(warned[0].message), [str(w.message) for w in warned]
+    q, k, v = _inputs()
     for _ in range(2):  # the error is kept: the plugin is never silently absent later
         with pytest.raises(attnkit.BackendEntryPointError) as caught:
-            attnkit.backend_names()
+            attnkit.attention(q, k, v, backend="broken")
         message = str(caught.value)
         for part in ("'broken'", "'toy_mod:backend'", "'toy-dist'", "importing it failed", "kernel library"):
             assert part in message, f"{part} missing from: {message}"
+
+
+def test_a_broken_entry_point_leaves_the_others_working(install):
+    install(
+        _KERNEL + "backend = attnkit.BackendSpec('under-test', kernel)\n",
+        {"broken": "toy_mod:no_such_attribute", "under-test": "toy_mod:backend"},
+    )
+    with pytest.warns(attnkit.BackendEntryPointWarning, match="'broken'.*no_such_attribute"):
+        assert "under-test" in attnkit.available_backends("cpu")
+    _assert_matches_oracle("under-test")
+    _assert_matches_oracle("naive")
+    with pytest.raises(ValueError, match=r"got 'nope'; not loaded: attnkit.backends entry point 'broken'"):
+        attnkit.attention(*_inputs(), backend="nope")  # an unknown name mentions what did not load
 
 
 @pytest.mark.parametrize(
@@ -139,16 +161,18 @@ def test_a_broken_import_names_the_distribution_and_entry_every_time(install):
 )
 def test_an_entry_point_of_the_wrong_kind_is_a_clear_error(install, source, expected):
     install(source, {"bad": "toy_mod:backend"})
-    with pytest.raises(attnkit.BackendEntryPointError, match="'bad'") as caught:
+    with pytest.warns(attnkit.BackendEntryPointWarning, match="'bad'"):
         attnkit.available_backends("cpu")
+    with pytest.raises(attnkit.BackendEntryPointError, match="'bad'") as caught:
+        registry.get_backend("bad")
     assert expected in str(caught.value), f"{expected!r} missing from: {caught.value}"
 
 
 def test_an_entry_point_taking_a_registered_name_is_a_clear_error(install):
     install(_KERNEL + "backend = attnkit.BackendSpec('naive', kernel)\n", {"naive": "toy_mod:backend"})
-    with pytest.raises(attnkit.BackendEntryPointError, match=r"'naive' is already registered") as caught:
+    with pytest.warns(attnkit.BackendEntryPointWarning, match=r"toy-dist.*'naive' is already registered"):
         attnkit.backend_names()
-    assert "toy-dist" in str(caught.value)
+    assert registry.get_backend("naive").module.startswith("attnkit."), "the plugin replaced attnkit's own"
 
 
 def test_a_fresh_interpreter_sees_the_plugin(install):
@@ -307,6 +331,32 @@ def test_an_unknown_backend_option_is_a_usage_error(pytester):
     result.stderr.fnmatch_lines(["*--attnkit-backend: 'nope' is not registered; registered: naive, tiled*"])
 
 
+def test_a_broken_plugin_is_a_warning_for_a_run_that_does_not_use_it(pytester, install):
+    install(_BROKEN_IMPORT, {"broken": "toy_mod:backend"})
+    result = pytester.runpytest_inprocess(
+        "-p", "attnkit_pytest", "--pyargs", "attnkit.suite.test_contract", "--attnkit-backend", "naive",
+        "-k", "test_nan_in_a_key_reaches_the_rows_that_see_it",
+    )  # fmt: skip
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.OK, output
+    assert "INTERNALERROR" not in output, output
+    result.stdout.fnmatch_lines(["*BackendEntryPointWarning: attnkit.backends entry point 'broken'*"])
+
+
+def test_asking_for_a_broken_plugins_backend_is_one_error_line(pytester, install):
+    install(_BROKEN_IMPORT, {"broken": "toy_mod:backend"})
+    result = pytester.runpytest_inprocess(
+        "-p", "attnkit_pytest", "--pyargs", "attnkit.suite.test_contract", "--attnkit-backend", "broken"
+    )
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, output
+    assert "INTERNALERROR" not in output and "Traceback" not in output, output
+    result.stderr.fnmatch_lines(
+        ["ERROR: --attnkit-backend broken: attnkit.backends entry point 'broken' = 'toy_mod:backend' "
+         "of distribution 'toy-dist': importing it failed: ImportError('the kernel library is missing')"]
+    )  # fmt: skip
+
+
 def test_declines_show_as_skips_with_the_kernels_reason(pytester, registry_snapshot):
     """A kernel that declines every float32 problem: the pinned float32 cases are skipped with
     its reason, the drawn ones replaced by other draws, and the run ends with the summary."""
@@ -326,3 +376,65 @@ def test_declines_show_as_skips_with_the_kernels_reason(pytester, registry_snaps
             f"*picky declines this problem: backend 'picky' does not support * dtype=float32: {reason}",
         ]
     )
+
+
+def test_bisect_finds_a_built_in_benchmark_beside_a_broken_plugin_and_names_the_broken_one(install):
+    from attnkit_perf.commands.bisect import BisectError, find_case
+    from attnkit_perf.run.backend_choice import grid_cases
+
+    install(_BROKEN_IMPORT, {"broken": "toy_mod:backend"})
+    built_in = grid_cases(None, gpu=True)[0].name
+    with pytest.warns(attnkit.BackendEntryPointWarning):
+        assert find_case(built_in).name == built_in
+    asked = built_in.replace(f"[{built_in.split('[')[1].split('-')[0]}-", "[broken-")
+    with pytest.raises(BisectError, match=r"entry point 'broken'.*importing it failed"):
+        find_case(asked)
+
+
+def test_a_run_of_the_installed_suite_leaves_nothing_behind(tmp_path):
+    """Nothing new in the temporary folder, nothing in the folder pytest starts in but pytest's
+    own cache (pytest-benchmark's storage and hypothesis' database go there or nowhere)."""
+    scratch, start = tmp_path / "tmp", tmp_path / "start"
+    scratch.mkdir()
+    start.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    for profile in ("dev",):  # dev keeps a database; every profile caches the code's constants
+        env["HYPOTHESIS_PROFILE"] = profile
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "--pyargs", "attnkit.suite.test_properties",
+             "--attnkit-backend", "naive", "-q", "-x", "-k", "permut"],
+            cwd=start, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        assert sorted(p.name for p in start.iterdir()) == [".pytest_cache"], list(start.iterdir())
+        assert list(scratch.iterdir()) == [], f"left in the temporary folder: {list(scratch.iterdir())}"
+
+
+def test_declines_that_differ_only_in_their_sizes_are_one_line_with_a_count():
+    from attnkit_pytest import summarize_declines
+
+    problem = "B=1 Hq=2 Hkv=2 N=9 M=9 D={d} Dv=32 causal=True dtype=float32"
+    declined = [
+        ("t1", "k", f"backend 'k' cannot run {problem.format(d=16)}: needs D == Dv, got 16 and 32"),
+        ("t2", "k", f"backend 'k' cannot run {problem.format(d=17)}: needs D == Dv, got 17 and 32"),
+        ("t3", "k", f"backend 'k' does not support {problem.format(d=8)}: no float64"),
+        ("t4", "k", f"backend 'k' does not support {problem.format(d=8)}: no float16"),
+    ]
+    assert summarize_declines(declined) == [
+        "k: 2 problem(s) declined: backend 'k' cannot run <problem>: needs D == Dv, got 16 and 32 "
+        "(the numbers vary; the first shown)",
+        "k: 1 problem(s) declined: backend 'k' does not support <problem>: no float16",
+        "k: 1 problem(s) declined: backend 'k' does not support <problem>: no float64",
+    ]
+
+
+def test_a_perf_worker_reports_a_broken_entry_point_only_for_the_backends_it_times(install):
+    from attnkit_perf.measure.worker import _backend_files
+
+    install(_BROKEN_IMPORT, {"broken": "toy_mod:backend"})
+    with pytest.warns(attnkit.BackendEntryPointWarning):
+        own = _backend_files(["naive"])
+    assert set(own["found"]) == {"naive"}, own
+    asked = _backend_files(["broken"])
+    assert asked["error"].startswith("BackendEntryPointError: attnkit.backends entry point 'broken'"), asked

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import backend_params
 
 from attnkit import UnsupportedProblemError, attention
 from attnkit.testing import assert_close_to_reference, compare_to_reference, error_floor, make_tensor
@@ -83,7 +82,6 @@ def test_rule_rejects_mutant(mutant, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("backend", backend_params())
 def test_rule_accepts_every_correct_path(backend, dtype, device):
     """Control for the mutants above: every path passes the same problem, in the same dtypes."""
     q, k, v, grad_out = _problem(dtype, device)
@@ -108,3 +106,21 @@ def test_floor_holds_one_subnormal_rounding_of_fp16():
         floor = error_floor(tiny_result, term_magnitude=0.0, dtype=dtype, n_terms=1)
         relative = torch.finfo(dtype).eps * 1e-6
         assert floor < 1.01 * relative, f"{dtype}: floor {floor:.3e} beyond one relative rounding"
+
+
+def test_a_failure_where_the_naive_path_is_exact_says_so_instead_of_an_infinite_ratio():
+    from attnkit.testing import QuantityCheck
+
+    exact = QuantityCheck("out", error=3e-3, baseline_error=0.0, bound=1e-6).describe()
+    assert "error 3.0e-03 where the naive path in the same dtype is exact" in exact, exact
+    assert "inf" not in exact, exact
+    ratio = QuantityCheck("out", error=3e-3, baseline_error=1e-3, bound=2e-3).describe()
+    assert "error/naive = 3.00x" in ratio, ratio
+
+
+def test_a_drawn_case_prints_as_the_call_that_makes_it_not_on_the_meta_device():
+    from attnkit.testing.strategies import AttentionCase
+
+    case = AttentionCase.make(q_len=5, kv_len=7, causal=True, seed=3)
+    assert "meta" not in repr(case) and repr(case).startswith("AttentionCase.make("), repr(case)
+    assert eval(repr(case), {"AttentionCase": AttentionCase, "torch": torch}) == case

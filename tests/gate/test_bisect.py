@@ -110,17 +110,19 @@ def test_the_command_refuses_an_unknown_benchmark_naming_the_closest(tmp_path, c
     assert "no benchmark 'fwd[sdpa-fp32-B1-H2-N128-D32-causl]' in the grid" in err and BENCHMARK in err, err
 
 
-def test_a_broken_entry_point_is_an_error_naming_it_not_a_traceback(tmp_path, capsys, monkeypatch):
-    from attnkit import registry
+def test_a_broken_entry_point_is_an_error_naming_it_when_its_benchmark_is_asked_for(
+    tmp_path, capsys, monkeypatch
+):
+    from attnkit import plugins
     from attnkit.plugins import BackendEntryPointError
 
-    def broken():
-        raise BackendEntryPointError("entry point 'broken' of 'toy-dist': importing it failed")
-
-    monkeypatch.setattr(registry, "backend_names", broken)
+    broken = BackendEntryPointError("entry point 'broken' of 'toy-dist': importing it failed")
+    monkeypatch.setattr(plugins, "_read", True)
+    monkeypatch.setattr(plugins, "_broken", {"broken": broken})
     repo, commits = _repo(tmp_path, [1.0, 1.3])
-    err = _error(capsys, repo, commits[0], commits[1], "-k", BENCHMARK)
-    assert "entry point 'broken' of 'toy-dist': importing it failed" in err, err
+    asked = BENCHMARK.replace(BENCHMARK[BENCHMARK.index("[") : BENCHMARK.index("-")], "[broken")
+    err = _error(capsys, repo, commits[0], commits[1], "-k", asked)
+    assert err.strip() == f"error: {broken}", err
 
 
 def test_a_range_whose_bad_end_is_not_slower_has_nothing_to_find(tmp_path, capsys):

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -113,9 +114,13 @@ def test_record_writes_a_valid_baseline_with_samples_and_provenance(gate_run):
     assert info["timing"] == TIMING_PROTOCOL, info
 
 
-def test_unchanged_code_passes(gate_run, pytester):
+def test_unchanged_code_passes_and_leaves_no_scratch_file(gate_run, pytester, tmp_path, monkeypatch):
     _record(gate_run, seed=0)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where this run's scratch files go
     result, verdict = _compare(gate_run, pytester, seed=1)
+    assert list(scratch.iterdir()) == [], f"left in the temporary folder: {list(scratch.iterdir())}"
     assert result.ret == pytest.ExitCode.OK, _output(result)
     assert verdict["passed"] is True and verdict["mode"] == "stored", verdict["counts"]
     assert _outcomes(verdict) == dict.fromkeys(NAMES, "same"), _outcomes(verdict)
@@ -525,6 +530,8 @@ def _run_paired(
     """A paired run of the perf suite's CPU smoke cases; ``head``: the checkout whose ``src`` the
     run imports (this one, or a changed copy)."""
     verdict = tmp_path / "verdict.json"
+    scratch = tmp_path / "tmp"  # the run's temporary folder: it must leave nothing there
+    scratch.mkdir(exist_ok=True)
     # One intra-op thread per process: on a shared 2-core runner, the OpenMP threads of four
     # workers (spinning after each block) would otherwise time each other instead of the code.
     env = {
@@ -533,6 +540,7 @@ def _run_paired(
         "ATTNKIT_TEST_DEVICE": "cpu",
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
+        "TMPDIR": str(scratch),
     }
     env.pop("PYTEST_XDIST_WORKER", None)
     command = [
@@ -564,7 +572,14 @@ def _run_paired(
     validate("verdict", data, str(verdict))
     run = [r["name"] for r in data["benchmarks"]]
     assert run == list(names), f"benchmarks run: {run}\n{output[-4000:]}"
+    left = [p.name for p in scratch.iterdir() if p.name not in _TOOL_CACHES]
+    assert left == [], f"the run left {left} in its temporary folder"
     return result, data
+
+
+#: What other tools keep in the temporary folder by design: torch.compile's cache, reused by later
+#: runs (attnkit's fast path compiles its memo with torch.compile).
+_TOOL_CACHES = {f"torchinductor_{os.environ.get('USER', '')}", "torchinductor_root"}
 
 
 def test_paired_mode_sees_the_head_faster_than_a_slowed_base(tmp_path):

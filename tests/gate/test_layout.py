@@ -377,3 +377,12 @@ def test_only_the_gluon_package_imports_the_experimental_triton_api():
         for path in _python_files(gluon)
         for _, module in _file_imports(path)
     ), "attnkit.gluon no longer imports triton.experimental: the rule above checks nothing"
+
+
+def test_the_readme_names_every_outcome_the_gate_can_give():
+    from attnkit_perf.decide.gate import OUTCOMES
+
+    readme = (REPO / "README.md").read_text()
+    listed = readme.split("says per benchmark one of", 1)[1].split("\n\n", 1)[0]
+    missing = [outcome for outcome in OUTCOMES if outcome not in listed]
+    assert missing == [], f"README's list of the gate's outcomes lacks {missing}"

@@ -140,11 +140,14 @@ class QuantityCheck:
         return self.error <= self.bound
 
     def describe(self) -> str:
-        ratio = self.error / self.baseline_error if self.baseline_error > 0 else math.inf
+        if self.baseline_error > 0:
+            versus = f"error/naive = {self.error / self.baseline_error:.2f}x"
+        else:  # no ratio to give: say what happened instead
+            versus = f"error {self.error:.1e} where the naive path in the same dtype is exact"
         return (
             f"{self.quantity}: error {self.error:.3e} vs bound {self.bound:.3e} "
             f"(= {ERROR_FACTORS[self.quantity]:g} x naive same-dtype error {self.baseline_error:.3e} "
-            f"+ floor); error/naive = {ratio:.2f}x"
+            f"+ floor); {versus}"
         )
 
 

@@ -1,13 +1,16 @@
 """The hypothesis settings profiles of attnkit's test suites, chosen with ``HYPOTHESIS_PROFILE``:
 
-* ``ci``       — derandomised, few examples, no deadline, no shrinking: the same examples every
+* ``ci``       — **the default**, everywhere (the repository's tests, the installed suite, CI):
+                 derandomised, few examples, no deadline, no shrinking: the same examples every
                  run and bounded time on a 2-core CPU or a GPU runner, where shrinking a failure
                  through per-shape kernel compilation can take many minutes; the failing example
-                 is still printed in full (the default under CI=true).
-* ``dev``      — the default locally: random, a moderate number of examples. A failing example
+                 is still printed in full. It keeps no database.
+* ``dev``      — random, a moderate number of examples, for exploring locally. A failing example
                  is saved in hypothesis' database and replayed first on every later run until it
                  passes; replay a whole run with ``--hypothesis-seed=<n>``.
 * ``thorough`` — many examples, for a GPU box or a nightly run.
+
+This module is the one place the default is set; the docs point here.
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ _SUPPRESSED = [
     HealthCheck.filter_too_much,
     HealthCheck.function_scoped_fixture,
 ]
+#: The profile a run without ``HYPOTHESIS_PROFILE`` gets: a gate gives the same answer every run.
+DEFAULT_PROFILE = "ci"
+
 _NO_SHRINK = [Phase.explicit, Phase.generate, Phase.target]
 
 
 def load_profiles(database: ExampleDatabase | None = None) -> str:
     """Register ``ci``, ``dev`` and ``thorough`` (``database``: where dev and thorough keep
     failing examples; None: hypothesis' default, ``.hypothesis/`` in the working directory) and
-    load the one ``HYPOTHESIS_PROFILE`` names (default: ``ci`` under CI=true, else ``dev``)."""
+    load the one ``HYPOTHESIS_PROFILE`` names, else :data:`DEFAULT_PROFILE`."""
     common = {"deadline": None, "suppress_health_check": _SUPPRESSED, "print_blob": True}
     kept = {} if database is None else {"database": database}
     # ci: no database, so a run is exactly the same examples anywhere.
@@ -41,6 +47,6 @@ def load_profiles(database: ExampleDatabase | None = None) -> str:
     )
     settings.register_profile("dev", max_examples=40, **kept, **common)
     settings.register_profile("thorough", max_examples=400, **kept, **common)
-    name = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
+    name = os.environ.get("HYPOTHESIS_PROFILE") or DEFAULT_PROFILE
     settings.load_profile(name)
     return name

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from attnkit.device import test_device  # noqa: F401  (the suites' conftests import it from here)
+from attnkit.plugins import broken_entry_points
 from attnkit.registry import backend_names
 
 #: Where a run keeps (test id, backend, message) of every problem a backend declined.
@@ -25,6 +26,10 @@ def named_backends(config: pytest.Config) -> list[str]:
         return []
     known = backend_names()
     unknown = [name for name in chosen if name not in known]
+    broken = broken_entry_points()
+    for name in unknown:
+        if name in broken:  # the plugin that would register it is installed but broken: say so
+            raise pytest.UsageError(f"--attnkit-backend {name}: {broken[name]}")
     if unknown:
         raise pytest.UsageError(
             f"--attnkit-backend: {', '.join(map(repr, unknown))} is not registered; registered: "

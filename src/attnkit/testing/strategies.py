@@ -156,6 +156,11 @@ class AttentionCase:
         given = ", ".join(f"{name}={getattr(self, name)!r}" for name in _CASE_FIELDS)
         return f"{self.problem.describe()} (as called: {given})"
 
+    def __repr__(self) -> str:
+        # What hypothesis prints for a failing example: the call that makes it again, without the
+        # meta device the problem is described on (the test's device is the run's).
+        return self.as_code()
+
     def as_code(self) -> str:
         """A Python expression that makes this case again (``torch`` and :class:`AttentionCase`
         imported): the same problem, arguments and seed, so the same tensors."""

@@ -113,7 +113,9 @@ def run_after_support_check(q, k, v, problem: AttentionProblem) -> torch.Tensor:
 def _attention(impl: TritonImplementation, q, k, v, problem: AttentionProblem) -> torch.Tensor:
     """``impl`` through the shared autograd function, on head dims padded where the kernels
     need it (:mod:`attnkit.triton.padding`)."""
-    padded = padded_problem(problem)
+    # Traced by torch.compile, the problem is a constant: trace the pure function, not the memo
+    # around it (Dynamo would warn that it ignores a functools.lru_cache wrapper).
+    padded = padded_problem.__wrapped__(problem) if torch.compiler.is_compiling() else padded_problem(problem)
     if padded is None:
         return flash_attention(impl, q, k, v, problem)
     return padded_attention(impl, q, k, v, problem, padded)

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,20 +140,20 @@ def search(commits: list[str], good: str, compare: Compare, say: Callable[[str],
 def find_case(name: str):
     """The grid's benchmark called ``name`` (``BenchCase.name``), a backend registered through an
     entry point included, or a :class:`BisectError` naming the closest ones."""
-    from attnkit.plugins import BackendEntryPointError
+    from attnkit.plugins import broken_entry_points
     from attnkit.registry import OWN_NAMES, backend_names
     from attnkit_perf.run.backend_choice import grid_cases
 
-    try:
-        plugins = [backend for backend in backend_names() if backend not in OWN_NAMES]
-    except BackendEntryPointError as err:
-        raise BisectError(str(err)) from err
+    plugins = [backend for backend in backend_names() if backend not in OWN_NAMES]
     cases = [*grid_cases(None, gpu=True), *grid_cases(None, gpu=False)]
     if plugins:
         cases += [*grid_cases(plugins, gpu=True), *grid_cases(plugins, gpu=False)]
     grid = {c.name: c for c in cases}
     if name in grid:
         return grid[name]
+    for key, err in broken_entry_points().items():  # its cases are named after the backend
+        if re.search(rf"\[{re.escape(key)}-", name):
+            raise BisectError(str(err))
     close = difflib.get_close_matches(name, grid, n=3, cutoff=0.5)
     hint = f"; closest: {', '.join(close)}" if close else ""
     raise BisectError(
@@ -200,6 +203,8 @@ def paired_compare(
         finally:
             session.close()
 
+    # The checkouts live as long as the comparison that measures them.
+    weakref.finalize(compare, shutil.rmtree, scratch, ignore_errors=True)
     return compare
 
 

@@ -147,12 +147,17 @@ def _serve(out) -> None:
 def _backend_files(names: list[str]) -> dict:
     """``{"found": {name: {"module", "file"}}}`` for each of ``names`` this side registers (its
     entry points loaded as any lookup loads them), or ``{"error": why}`` when they fail to load."""
+    from attnkit.plugins import broken_entry_points
     from attnkit.registry import backend_names, get_backend
 
     try:
         known = backend_names()
-    except Exception as err:  # a broken entry point (BackendEntryPointError) or its import
+    except Exception as err:  # importing attnkit's own backends failed on this side
         return {"error": f"{type(err).__name__}: {err}"}
+    broken = broken_entry_points()
+    asked_broken = [str(broken[name]) for name in names if name in broken and name not in known]
+    if asked_broken:  # the entry point of a backend this run times is broken on this side
+        return {"error": "BackendEntryPointError: " + "; ".join(asked_broken)}
     found = {}
     for name in names:
         if name in known:

@@ -33,3 +33,31 @@ def test_the_demo_prints_its_problem_and_each_paths_result(capsys):
         assert re.search(r"\d[\d.]* [kMGTP]?FLOP/s", row), f"{name}: no throughput with a unit in {row!r}"
         assert "ok (worst" in row, f"{name}: not within the tolerance rule: {row!r}"
     assert "0.0 TFLOP/s" not in printed, printed
+
+
+def test_help_is_plain_text_with_every_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    printed = capsys.readouterr().out
+    assert "``" not in printed and "::" not in printed, printed
+    for default in ("(default: 512)", "(default: bf16)", "(default: 5)"):
+        assert default in printed, f"{default} missing from:\n{printed}"
+
+
+def test_on_the_cpu_it_says_why_peak_memory_is_blank_and_warns_of_interpreted_paths(capsys, monkeypatch):
+    import attnkit.registry
+
+    monkeypatch.setattr(
+        attnkit.registry, "auto_skip_reason", lambda name, device: "interpreted" if name == "tiled" else None
+    )
+    status = main(
+        ["--seq-len", "16", "--head-dim", "8", "--heads", "1", "--dtype", "fp32", "--device", "cpu",
+         "--backends", "naive", "tiled", "--reps", "1", "--no-check"]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    assert "warning: tiled runs through Triton's interpreter" in printed, printed
+    assert "warning: naive" not in printed, printed
+    assert "peak MiB: '-' on cpu: extra memory is read from CUDA's allocator statistics only" in printed, (
+        printed
+    )
