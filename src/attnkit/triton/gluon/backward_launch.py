@@ -1,0 +1,158 @@
+"""Host side of the Gluon backward for Hopper: its support rule and one launcher.
+
+:func:`backward` runs the portable preprocess (delta = rowsum(dO * O)), the warp-specialized
+Gluon dK/dV pass (:mod:`.hopper_backward`), then the portable dQ pass
+(:func:`attnkit.triton.launch.bwd_dq`). Every gradient element is written by one program in a
+fixed order, so the result is bitwise deterministic, as the portable backward's is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from attnkit.errors import UnsupportedProblemError
+from attnkit.inputs import AttentionProblem, check_inputs
+from attnkit.triton.gluon.hopper_backward import _attn_bwd_dkdv_kernel
+from attnkit.triton.launch import bwd_dq, bwd_preprocess, launch_setup
+
+_GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+SUPPORTED_HEAD_DIMS = (64, 128)
+#: TMA row coordinates into (B * H * rows, D) are int32.
+_MAX_ROWS = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """Tiles of the Gluon dK/dV pass: each of the two consumer warpgroups owns ``block_n``
+    keys (a program owns ``2 * block_n``); query blocks of ``block_m`` rows stream through a
+    ring of ``stages`` Q/dO slots. Registers: 12 warps at one CTA an SM give ``maxnreg`` =
+    168 a thread; ``setmaxnreg`` moves them from the producer to the consumers, keeping
+    128 * (2 * consumer_regs + producer_regs) <= 384 * maxnreg."""
+
+    block_m: int = 64
+    block_n: int = 64
+    stages: int = 2
+    consumer_regs: int = 240
+    producer_regs: int = 24
+    maxnreg: int = 168
+
+
+def backward_support(problem: AttentionProblem) -> str | None:
+    """None if :func:`backward` takes ``problem`` (whatever the device), else why not."""
+    p = problem
+    if p.dtype not in _GL_DTYPES:
+        return f"dtype {p.dtype} (float16 or bfloat16 only)"
+    if p.head_dim != p.value_dim or p.head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"head dims D={p.head_dim}, Dv={p.value_dim} (D = Dv in {SUPPORTED_HEAD_DIMS} only)"
+    if p.has_window:
+        return f"sliding window {p.window}"
+    if not p.scale > 0:
+        return f"scale {p.scale} (must be > 0)"
+    if p.q_len < 1 or p.kv_len < 1:
+        return f"empty problem (N={p.q_len}, M={p.kv_len})"
+    if p.batch * max(p.q_heads * p.q_len, p.kv_heads * p.kv_len) > _MAX_ROWS:
+        return "B * H * rows exceeds the int32 TMA coordinates"
+    return None
+
+
+def layout_ok(*tensors: torch.Tensor) -> bool:
+    """Whether the kernel reads the tensors as they are: contiguous, 16-byte aligned bases."""
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in tensors)
+
+
+def device_reason(device: torch.device) -> str | None:
+    """None if the kernel can run on ``device``, else why not."""
+    if device.type != "cuda":
+        return f"device {device} (the Gluon backward runs on CUDA sm_90)"
+    capability = torch.cuda.get_device_capability(device)
+    if capability != (9, 0):
+        return f"device {device} is sm_{capability[0]}{capability[1]}, not sm_90"
+    return None
+
+
+def backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    do: torch.Tensor,
+    lse: torch.Tensor,
+    scale: float | None = None,
+    causal: bool = False,
+    config: BackwardConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention backward on an H100/H200.
+
+    Args:
+        q: (B, Hq, N, D) float16 or bfloat16, contiguous, D in :data:`SUPPORTED_HEAD_DIMS`.
+        k, v: (B, Hkv, M, D), Hq a multiple of Hkv (GQA), same dtype, contiguous.
+        o, do: (B, Hq, N, D), the forward's output and its gradient, contiguous.
+        lse: (B, Hq, N) float32, the forward's natural-log log-sum-exp (+inf for rows that see
+            no key), as :func:`attnkit.triton.launch.attention_forward` returns it.
+        scale: softmax scale, > 0; default 1 / sqrt(D).
+        causal: bottom-right causal mask (row i sees key j iff j <= i + M - N).
+        config: overrides :class:`BackwardConfig` (for tuning and A/B runs).
+
+    Returns:
+        ``(dq, dk, dv)`` in q's dtype, contiguous; dk, dv summed over each query-head group.
+    """
+    problem = check_inputs(q, k, v, causal, scale)
+    reason = backward_support(problem) or device_reason(q.device)
+    if reason is None and not layout_ok(q, k, v, o, do):
+        reason = "q, k, v, o and do must be contiguous with 16-byte aligned bases"
+    if reason is None and not (lse.dtype == torch.float32 and lse.is_contiguous()):
+        reason = f"lse: expected contiguous float32, got {lse.dtype} with strides {lse.stride()}"
+    if reason is not None:
+        raise UnsupportedProblemError(f"the Gluon backward does not take this problem: {reason}")
+    for name, x, shape in (
+        ("o", o, (*q.shape[:3], problem.value_dim)),
+        ("do", do, (*q.shape[:3], problem.value_dim)),
+        ("lse", lse, q.shape[:3]),
+    ):
+        if tuple(x.shape) != tuple(shape):
+            raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
+    return launch(q, k, v, o, do, lse, problem, config)
+
+
+def launch(q, k, v, o, do, lse, problem: AttentionProblem, config: BackwardConfig | None = None):
+    """:func:`backward` without its checks, for a caller that made them (``problem`` is
+    q, k, v's, one :func:`backward_support` takes, on an sm_90 device, in layouts
+    :func:`layout_ok` accepts)."""
+    cfg = BackwardConfig() if config is None else config
+    p = problem
+    setup = launch_setup(p)
+    delta = bwd_preprocess(setup, o, do)
+    dk, dv = dkdv(q, k, v, do, lse, delta, p, cfg)
+    dq = bwd_dq(setup, q, k, v, do, lse, delta)
+    return dq, dk, dv
+
+
+def dkdv(q, k, v, do, lse, delta, problem: AttentionProblem, cfg: BackwardConfig):
+    """The Gluon dK/dV pass alone: (dk, dv), (B, Hkv, M, D) in q's dtype."""
+    p = problem
+    d = p.head_dim
+    b, hq, n, hk, m = p.batch, p.q_heads, p.q_len, p.kv_heads, p.kv_len
+    dtype = _GL_DTYPES[p.dtype]
+    q_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, d], dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, d], dtype)
+    q_desc = TensorDescriptor.from_tensor(q.view(b * hq * n, d), [cfg.block_m, d], q_layout)
+    do_desc = TensorDescriptor.from_tensor(do.view(b * hq * n, d), [cfg.block_m, d], q_layout)
+    k_desc = TensorDescriptor.from_tensor(k.view(b * hk * m, d), [cfg.block_n, d], kv_layout)
+    v_desc = TensorDescriptor.from_tensor(v.view(b * hk * m, d), [cfg.block_n, d], kv_layout)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    grid = (triton.cdiv(m, 2 * cfg.block_n) * b * hk,)
+    _attn_bwd_dkdv_kernel[grid](
+        q_desc, do_desc, k_desc, v_desc, lse, delta, dk, dv,
+        n, m, hq, hk, p.group_size, p.causal_offset, p.scale * math.log2(math.e), p.scale,
+        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=p.causal,
+        CONSUMERS=2, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        num_warps=4, maxnreg=cfg.maxnreg,
+    )  # fmt: skip
+    return dk, dv
