@@ -1,9 +1,10 @@
 """Host side of the Gluon backward for Hopper: its support rule and one launcher.
 
-:func:`backward` runs the portable preprocess (delta = rowsum(dO * O)), the warp-specialized
-Gluon dK/dV pass (:mod:`.hopper_backward`), then the portable dQ pass
-(:func:`attnkit.triton.launch.bwd_dq`). Every gradient element is written by one program in a
-fixed order, so the result is bitwise deterministic, as the portable backward's is.
+:func:`backward` runs the portable preprocess (delta = rowsum(dO * O)), then the
+warp-specialized Gluon dK/dV pass and dQ pass (:mod:`.hopper_backward`; with
+``BackwardConfig.gluon_dq`` False, the portable dQ pass :func:`attnkit.triton.launch.bwd_dq`).
+Every gradient element is written by one program in a fixed order, so the result is bitwise
+deterministic, as the portable backward's is.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem, check_inputs
-from attnkit.triton.gluon.hopper_backward import _attn_bwd_dkdv_kernel
+from attnkit.triton.gluon.hopper_backward import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
 from attnkit.triton.launch import bwd_dq, bwd_preprocess, launch_setup
 
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
@@ -38,9 +39,42 @@ class BackwardConfig:
     block_m: int = 64
     block_n: int = 64
     stages: int = 2
+    #: Leave a block's dK and dV products running into the next block (its slot is released
+    #: once the next block's first product retires): the tensor cores stay busy across blocks.
+    pipeline: bool = False
+    #: The dQ pass: each consumer owns ``dq_block_m`` query rows; key blocks of ``dq_block_n``
+    #: stream through ``dq_stages`` K/V slots. False: the portable dQ pass instead.
+    gluon_dq: bool = True
+    dq_block_m: int = 64
+    dq_block_n: int = 64
+    dq_stages: int = 2
     consumer_regs: int = 240
     producer_regs: int = 24
     maxnreg: int = 168
+
+
+#: (head dim, causal) -> the config of the cells where the Gluon backward measured faster than the
+#: portable one, on an H200 (bf16, B * H * D = 4 * 2048 (2 * 2048 at N = 16384), N = 4096, 8192
+#: and 16384, ``do_bench`` medians of both and cuDNN in one process). At D = 64 the Gluon dQ
+#: pass was slower than the portable one, so only dK/dV runs on Gluon there; at D = 128 causal
+#: neither pass was faster (the masked dK/dV blocks spill at 64 query rows, and at 32 rows
+#: the pass only matched the portable one), so that cell keeps the portable backward.
+ROUTED_CELLS: dict[tuple[int, bool], BackwardConfig] = {
+    (64, False): BackwardConfig(gluon_dq=False),
+    (64, True): BackwardConfig(gluon_dq=False),
+    (128, False): BackwardConfig(dq_block_n=128),
+}
+#: The shortest query length measured faster (shorter ones were not measured).
+MIN_Q_LEN = 4096
+
+
+def backward_preferred(problem: AttentionProblem) -> BackwardConfig | None:
+    """The config to run ``problem``'s backward on the Gluon kernels with, where they measured
+    faster than the portable backward (:data:`ROUTED_CELLS`), else None. Pure: the caller also
+    checks :func:`backward_support`, :func:`device_reason` and :func:`layout_ok`."""
+    if problem.q_len < MIN_Q_LEN:
+        return None
+    return ROUTED_CELLS.get((problem.head_dim, problem.causal))
 
 
 def backward_support(problem: AttentionProblem) -> str | None:
@@ -129,7 +163,7 @@ def launch(q, k, v, o, do, lse, problem: AttentionProblem, config: BackwardConfi
     setup = launch_setup(p)
     delta = bwd_preprocess(setup, o, do)
     dk, dv = dkdv(q, k, v, do, lse, delta, p, cfg)
-    dq = bwd_dq(setup, q, k, v, do, lse, delta)
+    dq = dq_pass(q, k, v, do, lse, delta, p, cfg) if cfg.gluon_dq else bwd_dq(setup, q, k, v, do, lse, delta)
     return dq, dk, dv
 
 
@@ -152,7 +186,31 @@ def dkdv(q, k, v, do, lse, delta, problem: AttentionProblem, cfg: BackwardConfig
         q_desc, do_desc, k_desc, v_desc, lse, delta, dk, dv,
         n, m, hq, hk, p.group_size, p.causal_offset, p.scale * math.log2(math.e), p.scale,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=p.causal,
-        CONSUMERS=2, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        CONSUMERS=2, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, PIPELINE=cfg.pipeline,
         num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
     return dk, dv
+
+
+def dq_pass(q, k, v, do, lse, delta, problem: AttentionProblem, cfg: BackwardConfig):
+    """The Gluon dQ pass alone: dq, (B, Hq, N, D) in q's dtype."""
+    p = problem
+    d = p.head_dim
+    b, hq, n, hk, m = p.batch, p.q_heads, p.q_len, p.kv_heads, p.kv_len
+    dtype = _GL_DTYPES[p.dtype]
+    q_layout = gl.NVMMASharedLayout.get_default_for([cfg.dq_block_m, d], dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([cfg.dq_block_n, d], dtype)
+    q_desc = TensorDescriptor.from_tensor(q.view(b * hq * n, d), [cfg.dq_block_m, d], q_layout)
+    do_desc = TensorDescriptor.from_tensor(do.view(b * hq * n, d), [cfg.dq_block_m, d], q_layout)
+    k_desc = TensorDescriptor.from_tensor(k.view(b * hk * m, d), [cfg.dq_block_n, d], kv_layout)
+    v_desc = TensorDescriptor.from_tensor(v.view(b * hk * m, d), [cfg.dq_block_n, d], kv_layout)
+    dq = torch.empty_like(q)
+    grid = (triton.cdiv(n, 2 * cfg.dq_block_m) * b * hq,)
+    _attn_bwd_dq_kernel[grid](
+        q_desc, do_desc, k_desc, v_desc, lse, delta, dq,
+        n, m, b * hq, hq, p.group_size, p.causal_offset, p.scale * math.log2(math.e), p.scale,
+        HEAD_DIM=d, BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, STAGES=cfg.dq_stages, CAUSAL=p.causal,
+        CONSUMERS=2, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+        num_warps=4, maxnreg=cfg.maxnreg,
+    )  # fmt: skip
+    return dq
