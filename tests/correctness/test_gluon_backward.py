@@ -120,8 +120,6 @@ def test_compiles_for_sm90_to_wgmma_and_tma(d, causal, kernel, tmp_path):
         HEAD_DIM=d, BLOCK_M=rows_q, BLOCK_N=rows_k, STAGES=cfg.stages if kernel == "dkdv" else cfg.dq_stages,
         CAUSAL=causal, CONSUMERS=2, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
     )  # fmt: skip
-    if kernel == "dkdv":
-        constants["PIPELINE"] = cfg.pipeline
     signature |= dict.fromkeys(constants, "constexpr")
     compiled = triton.compile(
         GluonASTSource(fn, signature, constants),

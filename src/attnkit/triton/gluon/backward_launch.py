@@ -39,9 +39,6 @@ class BackwardConfig:
     block_m: int = 64
     block_n: int = 64
     stages: int = 2
-    #: Leave a block's dK and dV products running into the next block (its slot is released
-    #: once the next block's first product retires): the tensor cores stay busy across blocks.
-    pipeline: bool = False
     #: The dQ pass: each consumer owns ``dq_block_m`` query rows; key blocks of ``dq_block_n``
     #: stream through ``dq_stages`` K/V slots. False: the portable dQ pass instead.
     gluon_dq: bool = True
@@ -186,7 +183,7 @@ def dkdv(q, k, v, do, lse, delta, problem: AttentionProblem, cfg: BackwardConfig
         q_desc, do_desc, k_desc, v_desc, lse, delta, dk, dv,
         n, m, hq, hk, p.group_size, p.causal_offset, p.scale * math.log2(math.e), p.scale,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=p.causal,
-        CONSUMERS=2, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, PIPELINE=cfg.pipeline,
+        CONSUMERS=2, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
         num_warps=4, maxnreg=cfg.maxnreg,
     )  # fmt: skip
     return dk, dv

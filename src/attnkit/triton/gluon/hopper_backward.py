@@ -41,13 +41,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_init,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
@@ -68,7 +62,7 @@ def _rows_range(n0, q_len, causal_offset, KEYS: gl.constexpr, BLOCK_M: gl.conste
 @gluon.jit
 def _producer(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, PIPELINE: gl.constexpr, WG: gl.constexpr,
+    CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """TMA loads: K and V of each consumer's keys, then Q and dO of every query block."""
     (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, ready, empty,
@@ -104,7 +98,7 @@ def _producer(
 @gluon.jit
 def _consumer(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, PIPELINE: gl.constexpr, WG: gl.constexpr,
+    CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: keys [n0 + WG * BLOCK_N, + BLOCK_N), their dK and dV over every query
     block of the ring, then stored."""
@@ -141,10 +135,6 @@ def _consumer(
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=acc_layout)
     k_buf = k_smem.index(WG)
     v_buf = v_smem.index(WG)
-    if PIPELINE:
-        # The accumulators stay in flight across blocks: the loop carries them as such.
-        dk = warpgroup_mma_init(dk)
-        dv = warpgroup_mma_init(dv)
     mbarrier.wait(kv_ready.index(WG), 0)
     it = 0
     for g in range(group_size):
@@ -161,11 +151,6 @@ def _consumer(
             s_t = warpgroup_mma(k_buf, q_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
             dp_t = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
             s_t = warpgroup_mma_wait(1, deps=(s_t,))
-            if PIPELINE:  # noqa: SIM102 -- a compile-time branch around a runtime one
-                # wgmma groups retire in issue order: S^T retiring retired the previous block's
-                # dK and dV products too, so the previous slot is free.
-                if it > 0:
-                    mbarrier.arrive(empty.index((it - 1) % STAGES), count=1)
             p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
             if CAUSAL:  # noqa: SIM102 -- a compile-time branch around a runtime one
                 if m0 < bare:
@@ -175,13 +160,10 @@ def _consumer(
             dp_t = warpgroup_mma_wait(1, deps=(dp_t,))
             ds_t = p_t * (dp_t - delta[None, :])
             dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), op_layout), q_buf, dk, is_async=True)
-            if not PIPELINE:
-                dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
-                # Every product that read the slot has retired: the producer may refill it.
-                mbarrier.arrive(empty.index(stage), count=1)
+            dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+            # Every product that read the slot has retired: the producer may refill it.
+            mbarrier.arrive(empty.index(stage), count=1)
             it += 1
-    if PIPELINE:
-        dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
 
     out_keys = n0 + WG * BLOCK_N + gl.arange(0, BLOCK_N, layout=row_a)
     cols = gl.arange(0, HEAD_DIM, layout=col_a)
@@ -201,7 +183,6 @@ def _attn_bwd_dkdv_kernel(
     q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, qk_scale, scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    PIPELINE: gl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(M, CONSUMERS * BLOCK_N) * B * Hkv,). q_desc, do_desc: (B * Hq * N, D) with
     (BLOCK_M, D) blocks; k_desc, v_desc: (B * Hkv * M, D) with (BLOCK_N, D) blocks; lse_ptr,
@@ -230,9 +211,9 @@ def _attn_bwd_dkdv_kernel(
     )  # fmt: skip
     gl.warp_specialize(
         [
-            (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, PIPELINE, 0)),
-            (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, PIPELINE, 1)),
-            (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, PIPELINE, 2)),
+            (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 0)),
+            (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 1)),
+            (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 2)),
         ],
         [4, 1],
         [CONSUMER_REGS, PRODUCER_REGS],
