@@ -28,26 +28,32 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 _MAX_ROWS = 2**31 - 1
 
 
+#: Consumer warpgroups -> (consumer_regs, producer_regs, maxnreg). One CTA an SM: 2 consumers
+#: and the producer's warp make 12 warps (rounded up to warpgroups), so ``maxnreg`` = 65536 /
+#: 384 = 168 a thread; 3 make 16 warps and 128. ``setmaxnreg`` moves registers from the
+#: producer to the consumers, keeping 128 * (consumers * consumer_regs + producer_regs) <=
+#: 128 * (consumers + 1) * maxnreg.
+REGISTERS = {2: (240, 24, 168), 3: (160, 32, 128)}
+
+
 @dataclass(frozen=True)
 class BackwardConfig:
-    """Tiles of the Gluon dK/dV pass: each of the two consumer warpgroups owns ``block_n``
-    keys (a program owns ``2 * block_n``); query blocks of ``block_m`` rows stream through a
-    ring of ``stages`` Q/dO slots. Registers: 12 warps at one CTA an SM give ``maxnreg`` =
-    168 a thread; ``setmaxnreg`` moves them from the producer to the consumers, keeping
-    128 * (2 * consumer_regs + producer_regs) <= 384 * maxnreg."""
+    """Tiles of the two Gluon passes. dK/dV: each of ``consumers`` warpgroups owns ``block_n``
+    keys (a program owns ``consumers * block_n``); query blocks of ``block_m`` rows stream
+    through a ring of ``stages`` Q/dO slots. dQ (``gluon_dq``; False: the portable dQ pass):
+    each of ``dq_consumers`` warpgroups owns ``dq_block_m`` query rows; key blocks of
+    ``dq_block_n`` stream through ``dq_stages`` K/V slots. Three consumers fit D = 64 only
+    (their registers: :data:`REGISTERS`)."""
 
     block_m: int = 64
     block_n: int = 64
     stages: int = 2
-    #: The dQ pass: each consumer owns ``dq_block_m`` query rows; key blocks of ``dq_block_n``
-    #: stream through ``dq_stages`` K/V slots. False: the portable dQ pass instead.
+    consumers: int = 2
     gluon_dq: bool = True
     dq_block_m: int = 64
     dq_block_n: int = 64
     dq_stages: int = 2
-    consumer_regs: int = 240
-    producer_regs: int = 24
-    maxnreg: int = 168
+    dq_consumers: int = 2
 
 
 #: (head dim, causal) -> the config of the cells where the Gluon backward measured faster than the
@@ -178,13 +184,14 @@ def dkdv(q, k, v, do, lse, delta, problem: AttentionProblem, cfg: BackwardConfig
     v_desc = TensorDescriptor.from_tensor(v.view(b * hk * m, d), [cfg.block_n, d], kv_layout)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    grid = (triton.cdiv(m, 2 * cfg.block_n) * b * hk,)
+    grid = (triton.cdiv(m, cfg.consumers * cfg.block_n) * b * hk,)
+    consumer_regs, producer_regs, maxnreg = REGISTERS[cfg.consumers]
     _attn_bwd_dkdv_kernel[grid](
         q_desc, do_desc, k_desc, v_desc, lse, delta, dk, dv,
         n, m, hq, hk, p.group_size, p.causal_offset, p.scale * math.log2(math.e), p.scale,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=p.causal,
-        CONSUMERS=2, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-        num_warps=4, maxnreg=cfg.maxnreg,
+        CONSUMERS=cfg.consumers, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
+        num_warps=4, maxnreg=maxnreg,
     )  # fmt: skip
     return dk, dv
 
@@ -202,12 +209,13 @@ def dq_pass(q, k, v, do, lse, delta, problem: AttentionProblem, cfg: BackwardCon
     k_desc = TensorDescriptor.from_tensor(k.view(b * hk * m, d), [cfg.dq_block_n, d], kv_layout)
     v_desc = TensorDescriptor.from_tensor(v.view(b * hk * m, d), [cfg.dq_block_n, d], kv_layout)
     dq = torch.empty_like(q)
-    grid = (triton.cdiv(n, 2 * cfg.dq_block_m) * b * hq,)
+    grid = (triton.cdiv(n, cfg.dq_consumers * cfg.dq_block_m) * b * hq,)
+    consumer_regs, producer_regs, maxnreg = REGISTERS[cfg.dq_consumers]
     _attn_bwd_dq_kernel[grid](
         q_desc, do_desc, k_desc, v_desc, lse, delta, dq,
         n, m, b * hq, hq, p.group_size, p.causal_offset, p.scale * math.log2(math.e), p.scale,
         HEAD_DIM=d, BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, STAGES=cfg.dq_stages, CAUSAL=p.causal,
-        CONSUMERS=2, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-        num_warps=4, maxnreg=cfg.maxnreg,
+        CONSUMERS=cfg.dq_consumers, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
+        num_warps=4, maxnreg=maxnreg,
     )  # fmt: skip
     return dq

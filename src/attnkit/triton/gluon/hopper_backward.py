@@ -209,15 +209,28 @@ def _attn_bwd_dkdv_kernel(
         lse_ptr, delta_ptr, dk_ptr, dv_ptr, q_len, kv_len, q_heads, kv_heads, group_size,
         causal_offset, qk_scale, scale,
     )  # fmt: skip
-    gl.warp_specialize(
-        [
-            (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 0)),
-            (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 1)),
-            (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 2)),
-        ],
-        [4, 1],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )  # fmt: skip
+    # The partitions' constexprs after ``args``; the last one is the partition's warpgroup.
+    if CONSUMERS == 3:
+        gl.warp_specialize(
+            [
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 0)),
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 1)),
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 2)),
+                (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 3)),
+            ],
+            [4, 4, 1],
+            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 0)),
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 1)),
+                (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 2)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
 
 
 # -- The dQ pass ------------------------------------------------------------------------------
@@ -383,12 +396,25 @@ def _attn_bwd_dq_kernel(
         lse_ptr, delta_ptr, dq_ptr, q_len, kv_len, n_bh, q_heads, group_size, causal_offset,
         qk_scale, scale,
     )  # fmt: skip
-    gl.warp_specialize(
-        [
-            (_dq_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 0)),
-            (_dq_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 1)),
-            (_dq_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 2)),
-        ],
-        [4, 1],
-        [CONSUMER_REGS, PRODUCER_REGS],
-    )  # fmt: skip
+    # The partitions' constexprs after ``args``; the last one is the partition's warpgroup.
+    if CONSUMERS == 3:
+        gl.warp_specialize(
+            [
+                (_dq_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 0)),
+                (_dq_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 1)),
+                (_dq_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 2)),
+                (_dq_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 3)),
+            ],
+            [4, 4, 1],
+            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_dq_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 0)),
+                (_dq_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 1)),
+                (_dq_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 2)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, PRODUCER_REGS],
+        )  # fmt: skip
