@@ -19,6 +19,7 @@ from attnkit.testing import assert_close_to_reference, compare_to_reference
 from attnkit.triton.gluon import backward_launch
 from attnkit.triton.gluon.backward_launch import (
     REGISTERS,
+    ROUTED_CELLS,
     BackwardConfig,
     backward_preferred,
     backward_support,
@@ -60,7 +61,7 @@ def test_support_rule_takes_gqa_and_either_mask(d, causal):
 def test_routes_only_the_measured_cells():
     assert backward_preferred(_problem(n=4096, m=4096, d=128)) == BackwardConfig(dq_block_n=128)
     assert backward_preferred(_problem(n=4096, m=4096, d=64, causal=True)) == BackwardConfig(gluon_dq=False)
-    assert backward_preferred(_problem(n=4096, m=4096, d=128, causal=True)) is None
+    assert backward_preferred(_problem(n=4096, m=4096, d=128, causal=True)).split_masked
     assert backward_preferred(_problem(n=2048, m=2048, d=128)) is None
 
 
@@ -90,8 +91,8 @@ else:
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_compiles_for_sm90_to_wgmma_and_tma(d, causal, kernel, tmp_path):
-    """Without a GPU: each pass lowers for sm_90 to TMA copies, wgmma, mbarriers and register
-    reallocation; the routed configs' dQ pass and the dK/dV pass at D = 64 without spills."""
+    """Without a GPU: each pass of each routed config lowers for sm_90 to TMA copies, wgmma,
+    mbarriers and register reallocation; the dQ pass and the dK/dV pass at D = 64 without spills."""
     import re
     import subprocess
     from pathlib import Path
@@ -103,7 +104,7 @@ def test_compiles_for_sm90_to_wgmma_and_tma(d, causal, kernel, tmp_path):
 
     from attnkit.triton.gluon.hopper_backward import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
 
-    cfg = BackwardConfig()
+    cfg = ROUTED_CELLS[(d, causal)]
     fn = _attn_bwd_dkdv_kernel if kernel == "dkdv" else _attn_bwd_dq_kernel
     rows_q, rows_k = (cfg.block_m, cfg.block_n) if kernel == "dkdv" else (cfg.dq_block_m, cfg.dq_block_n)
     consumer_regs, producer_regs, maxnreg = REGISTERS[2]
@@ -126,6 +127,8 @@ def test_compiles_for_sm90_to_wgmma_and_tma(d, causal, kernel, tmp_path):
         HEAD_DIM=d, BLOCK_M=rows_q, BLOCK_N=rows_k, STAGES=cfg.stages if kernel == "dkdv" else cfg.dq_stages,
         CAUSAL=causal, CONSUMERS=2, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
     )  # fmt: skip
+    if kernel == "dkdv":
+        constants["SPLIT_MASKED"] = cfg.split_masked
     signature |= dict.fromkeys(constants, "constexpr")
     compiled = triton.compile(
         GluonASTSource(fn, signature, constants),
@@ -182,6 +185,7 @@ STAGES = {
     "dkdv+dq": BackwardConfig(),
     "dkdv+dq-n128": BackwardConfig(dq_block_n=128),
     "3wg": BackwardConfig(block_m=32, consumers=3, dq_consumers=3),
+    "split-masked": BackwardConfig(dq_block_n=128, split_masked=True),
 }
 
 

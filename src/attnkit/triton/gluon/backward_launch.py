@@ -49,6 +49,9 @@ class BackwardConfig:
     block_n: int = 64
     stages: int = 2
     consumers: int = 2
+    #: Causal: the masked row blocks in a loop of their own (else one loop, masking by a
+    #: runtime branch).
+    split_masked: bool = False
     gluon_dq: bool = True
     dq_block_m: int = 64
     dq_block_n: int = 64
@@ -59,13 +62,15 @@ class BackwardConfig:
 #: (head dim, causal) -> the config of the cells where the Gluon backward measured faster than the
 #: portable one, on an H200 (bf16, B * H * D = 4 * 2048 (2 * 2048 at N = 16384), N = 4096, 8192
 #: and 16384, ``do_bench`` medians of both and cuDNN in one process). At D = 64 the Gluon dQ
-#: pass was slower than the portable one, so only dK/dV runs on Gluon there; at D = 128 causal
-#: neither pass was faster (the masked dK/dV blocks spill at 64 query rows, and at 32 rows
-#: the pass only matched the portable one), so that cell keeps the portable backward.
+#: pass was slower than the portable one, so only dK/dV runs on Gluon there, and three
+#: consumer warpgroups were no faster than two. At D = 128 causal the dK/dV pass beats the
+#: portable one only with the masked row blocks in a loop of their own (``split_masked``),
+#: which made the D = 64 causal pass slower.
 ROUTED_CELLS: dict[tuple[int, bool], BackwardConfig] = {
     (64, False): BackwardConfig(gluon_dq=False),
     (64, True): BackwardConfig(gluon_dq=False),
     (128, False): BackwardConfig(dq_block_n=128),
+    (128, True): BackwardConfig(dq_block_n=128, split_masked=True),
 }
 #: The shortest query length measured faster (shorter ones were not measured).
 MIN_Q_LEN = 4096
@@ -191,7 +196,7 @@ def dkdv(q, k, v, do, lse, delta, problem: AttentionProblem, cfg: BackwardConfig
         n, m, hq, hk, p.group_size, p.causal_offset, p.scale * math.log2(math.e), p.scale,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=p.causal,
         CONSUMERS=cfg.consumers, CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs,
-        num_warps=4, maxnreg=maxnreg,
+        SPLIT_MASKED=cfg.split_masked, num_warps=4, maxnreg=maxnreg,
     )  # fmt: skip
     return dk, dv
 

@@ -62,7 +62,7 @@ def _rows_range(n0, q_len, causal_offset, KEYS: gl.constexpr, BLOCK_M: gl.conste
 @gluon.jit
 def _producer(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, WG: gl.constexpr,
+    CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT_MASKED: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """TMA loads: K and V of each consumer's keys, then Q and dO of every query block."""
     (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, kv_ready, ready, empty,
@@ -98,11 +98,12 @@ def _producer(
 @gluon.jit
 def _dkdv_block(
     q_smem, do_smem, k_buf, v_buf, ready, empty, lse_ptr, delta_ptr, head_rows, m0, it, keys, s_init, dk, dv,
-    q_len, causal_offset, qk_scale, col_s: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-    STAGES: gl.constexpr, MASKED: gl.constexpr,
+    q_len, causal_offset, bare, qk_scale, col_s: gl.constexpr, op_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+    STAGES: gl.constexpr, MASK: gl.constexpr,
 ):  # fmt: skip
     """dK, dV += query rows [m0, m0 + BLOCK_M), the ring's ``it``-th block; releases its slot.
-    ``MASKED`` zeroes P^T where row i does not see key j (j > i + causal_offset)."""
+    ``MASK`` 1 zeroes P^T where row i does not see key j (j > i + causal_offset); 2 does so
+    when the block starts before ``bare`` (a runtime branch); 0 never."""
     dtype: gl.constexpr = q_smem.dtype
     stage = it % STAGES
     rows = m0 + gl.arange(0, BLOCK_M, layout=col_s)
@@ -116,8 +117,11 @@ def _dkdv_block(
     dp_t = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
     s_t = warpgroup_mma_wait(1, deps=(s_t,))
     p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
-    if MASKED:
+    if MASK == 1:
         p_t = gl.where(keys[:, None] <= rows[None, :] + causal_offset, p_t, 0.0)
+    if MASK == 2:  # noqa: SIM102 -- a compile-time branch around a runtime one
+        if m0 < bare:
+            p_t = gl.where(keys[:, None] <= rows[None, :] + causal_offset, p_t, 0.0)
     dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), op_layout), do_buf, dv, is_async=True)
     dp_t = warpgroup_mma_wait(1, deps=(dp_t,))
     ds_t = p_t * (dp_t - delta[None, :])
@@ -131,7 +135,7 @@ def _dkdv_block(
 @gluon.jit
 def _consumer(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, WG: gl.constexpr,
+    CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, SPLIT_MASKED: gl.constexpr, WG: gl.constexpr,
 ):  # fmt: skip
     """One warpgroup: keys [n0 + WG * BLOCK_N, + BLOCK_N), their dK and dV over every query
     block of the ring, then stored."""
@@ -169,27 +173,39 @@ def _consumer(
     k_buf = k_smem.index(WG)
     v_buf = v_smem.index(WG)
     mbarrier.wait(kv_ready.index(WG), 0)
-    # The masked row blocks (the causal diagonal) run in a loop of their own, so that the bare
-    # blocks' loop carries no mask arithmetic (at D = 128 the masked body needs more registers).
-    if CAUSAL:  # noqa: SIM108 -- a compile-time branch
-        mid = gl.minimum(hi, lo + gl.cdiv(gl.maximum(bare - lo, 0), BLOCK_M) * BLOCK_M)
-    else:
-        mid = lo
     it = 0
-    for g in range(group_size):
-        head_rows = (batch * q_heads + kv_head * group_size + g).to(gl.int64) * q_len
-        for m0 in range(lo, mid, BLOCK_M):
-            dk, dv = _dkdv_block(
-                q_smem, do_smem, k_buf, v_buf, ready, empty, lse_ptr, delta_ptr, head_rows, m0, it, keys,
-                s_init, dk, dv, q_len, causal_offset, qk_scale, col_s, op_layout, BLOCK_M, STAGES, True,
-            )  # fmt: skip
-            it += 1
-        for m0 in range(mid, hi, BLOCK_M):
-            dk, dv = _dkdv_block(
-                q_smem, do_smem, k_buf, v_buf, ready, empty, lse_ptr, delta_ptr, head_rows, m0, it, keys,
-                s_init, dk, dv, q_len, causal_offset, qk_scale, col_s, op_layout, BLOCK_M, STAGES, False,
-            )  # fmt: skip
-            it += 1
+    if SPLIT_MASKED and CAUSAL:
+        # The masked row blocks (the causal diagonal) in a loop of their own, so that the bare
+        # blocks' loop carries no mask arithmetic: faster at D = 128, slower at D = 64.
+        mid = gl.minimum(hi, lo + gl.cdiv(gl.maximum(bare - lo, 0), BLOCK_M) * BLOCK_M)
+        for g in range(group_size):
+            head_rows = (batch * q_heads + kv_head * group_size + g).to(gl.int64) * q_len
+            for m0 in range(lo, mid, BLOCK_M):
+                dk, dv = _dkdv_block(
+                    q_smem, do_smem, k_buf, v_buf, ready, empty, lse_ptr, delta_ptr, head_rows, m0, it, keys,
+                    s_init, dk, dv, q_len, causal_offset, bare, qk_scale, col_s, op_layout, BLOCK_M, STAGES,
+                    1,
+                )  # fmt: skip
+                it += 1
+            for m0 in range(mid, hi, BLOCK_M):
+                dk, dv = _dkdv_block(
+                    q_smem, do_smem, k_buf, v_buf, ready, empty, lse_ptr, delta_ptr, head_rows, m0, it, keys,
+                    s_init, dk, dv, q_len, causal_offset, bare, qk_scale, col_s, op_layout, BLOCK_M, STAGES,
+                    0,
+                )  # fmt: skip
+                it += 1
+    else:
+        # One loop; with CAUSAL, blocks before ``bare`` take the mask (a runtime branch).
+        MASK: gl.constexpr = 2 if CAUSAL else 0
+        for g in range(group_size):
+            head_rows = (batch * q_heads + kv_head * group_size + g).to(gl.int64) * q_len
+            for m0 in range(lo, hi, BLOCK_M):
+                dk, dv = _dkdv_block(
+                    q_smem, do_smem, k_buf, v_buf, ready, empty, lse_ptr, delta_ptr, head_rows, m0, it, keys,
+                    s_init, dk, dv, q_len, causal_offset, bare, qk_scale, col_s, op_layout, BLOCK_M, STAGES,
+                    MASK,
+                )  # fmt: skip
+                it += 1
 
     out_keys = n0 + WG * BLOCK_N + gl.arange(0, BLOCK_N, layout=row_a)
     cols = gl.arange(0, HEAD_DIM, layout=col_a)
@@ -209,6 +225,7 @@ def _attn_bwd_dkdv_kernel(
     q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, qk_scale, scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    SPLIT_MASKED: gl.constexpr,
 ):  # fmt: skip
     """Grid (cdiv(M, CONSUMERS * BLOCK_N) * B * Hkv,). q_desc, do_desc: (B * Hq * N, D) with
     (BLOCK_M, D) blocks; k_desc, v_desc: (B * Hkv * M, D) with (BLOCK_N, D) blocks; lse_ptr,
@@ -239,10 +256,10 @@ def _attn_bwd_dkdv_kernel(
     if CONSUMERS == 3:
         gl.warp_specialize(
             [
-                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 0)),
-                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 1)),
-                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 2)),
-                (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 3)),
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, SPLIT_MASKED, 0)),
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, SPLIT_MASKED, 1)),
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, SPLIT_MASKED, 2)),
+                (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, SPLIT_MASKED, 3)),
             ],
             [4, 4, 1],
             [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS],
@@ -250,9 +267,9 @@ def _attn_bwd_dkdv_kernel(
     else:
         gl.warp_specialize(
             [
-                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 0)),
-                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 1)),
-                (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, 2)),
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, SPLIT_MASKED, 0)),
+                (_consumer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, SPLIT_MASKED, 1)),
+                (_producer, (args, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONSUMERS, SPLIT_MASKED, 2)),
             ],
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
