@@ -109,9 +109,15 @@ def layout_ok(*tensors: torch.Tensor) -> bool:
 
 
 def device_reason(device: torch.device) -> str | None:
-    """None if the kernel can run on ``device``, else why not."""
+    """None if the kernel can run on ``device``, else why not: a CUDA sm_90 device, and the
+    Gluon API the kernels are written against (:func:`attnkit.gluon.unavailable_reason`)."""
+    import attnkit.gluon as gluon  # the optional package: importing it never fails
+
     if device.type != "cuda":
         return f"device {device} (the Gluon backward runs on CUDA sm_90)"
+    reason = gluon.unavailable_reason()
+    if reason is not None:
+        return reason
     capability = torch.cuda.get_device_capability(device)
     if capability != (9, 0):
         return f"device {device} is sm_{capability[0]}{capability[1]}, not sm_90"
@@ -139,7 +145,8 @@ def backward(
             no key), as :func:`attnkit.triton.launch.attention_forward` returns it.
         scale: softmax scale, > 0; default 1 / sqrt(D).
         causal: bottom-right causal mask (row i sees key j iff j <= i + M - N).
-        config: overrides :class:`BackwardConfig` (for tuning and A/B runs).
+        config: overrides the problem's entry of :data:`ROUTED_CELLS` (for tuning and A/B
+            runs); a cell without one runs :class:`BackwardConfig`'s defaults.
 
     Returns:
         ``(dq, dk, dv)`` in q's dtype, contiguous; dk, dv summed over each query-head group.
@@ -166,7 +173,7 @@ def launch(q, k, v, o, do, lse, problem: AttentionProblem, config: BackwardConfi
     """:func:`backward` without its checks, for a caller that made them (``problem`` is
     q, k, v's, one :func:`backward_support` takes, on an sm_90 device, in layouts
     :func:`layout_ok` accepts)."""
-    cfg = BackwardConfig() if config is None else config
+    cfg = ROUTED_CELLS.get((problem.head_dim, problem.causal), BackwardConfig()) if config is None else config
     p = problem
     setup = launch_setup(p)
     delta = bwd_preprocess(setup, o, do)

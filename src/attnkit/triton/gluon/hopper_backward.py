@@ -27,7 +27,8 @@ dQ is not computed here: the portable dQ pass follows (:func:`attnkit.triton.lau
 which keeps every gradient element owned by one program.
 
 Masks: rows that see no key of the block are never loaded (the causal start); a block of rows
-whose first row does not see the block's last key is masked (the causal diagonal); rows past N
+whose first row does not see the block's last key is masked (the causal diagonal: by a
+runtime branch in the one loop, or with SPLIT_MASKED in a loop of its own); rows past N
 load lse = +inf and delta = 0, so P = dS = 0 for them, whatever their Q and dO tiles hold
 (TMA reads the next head's rows there, or zeros past the tensor). Keys past M read the next
 head's keys: their dK, dV rows are never stored.
