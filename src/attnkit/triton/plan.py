@@ -1,0 +1,77 @@
+"""Which kernels run a problem on the Triton path, decided once per problem, here.
+
+A :class:`KernelPlan` names the kind of kernel of each pass:
+
+* forward: ``"split_kv"`` (the split-KV decode forward, :func:`attnkit.triton.decode.use_split_kv`),
+  ``"gluon"`` (the warp-specialized Hopper forward, :func:`attnkit.triton.gluon.route.routed`),
+  else ``"plain"`` (the fused FlashAttention-2 forward of :mod:`attnkit.triton.forward_kernels`);
+* backward: ``"plain"`` (:mod:`attnkit.triton.backward_kernels`).
+
+The rules are tried in order (:data:`FORWARD_KINDS`, :data:`BACKWARD_KINDS`); the first that
+accepts the problem names the kind, and ``"plain"`` takes the rest. Adding a kind of kernel is
+an entry there (a rule from the kernel's package: its support rule and its routed cells) and a
+branch in :class:`attnkit.triton.TritonImplementation`, which runs what the plan names.
+
+:func:`plan_kernels` is pure (the problem, the device's table, ``$ATTNKIT_GLUON``); the Triton
+path asks it once per problem (:class:`attnkit.triton.PlannedKernels`, memoised, and carried by
+the registry's :class:`~attnkit.prepared.PreparedRun` as its ``plan``), so a training call runs
+the decision instead of making it again; :func:`attnkit.triton.forget_plans` makes a changed
+switch or table take effect.
+
+The thresholds the rules compare against live beside them: the split-KV policy in
+:data:`attnkit.triton.decode.DEFAULT_DECODE_CONFIG`, the Gluon size floor in
+:data:`attnkit.triton.gluon.route.GLUON_MIN_SCORES`, the Gluon routed cells per GPU in its
+config table (:func:`attnkit.triton.gluon.config.routed_cells`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from attnkit.inputs import AttentionProblem
+from attnkit.triton.decode import use_split_kv
+from attnkit.triton.gluon.route import routed
+
+Rule = Callable[[AttentionProblem], bool]
+
+#: Forward kinds other than ``"plain"``, in the order they are tried.
+FORWARD_KINDS: tuple[tuple[str, Rule], ...] = (
+    ("split_kv", use_split_kv),
+    ("gluon", partial(routed, pass_name="forward")),
+)
+#: Backward kinds other than ``"plain"``, in the order they are tried (a Gluon backward adds
+#: ``("gluon", partial(routed, pass_name="backward"))`` with its routed cells).
+BACKWARD_KINDS: tuple[tuple[str, Rule], ...] = ()
+
+FORWARDS = ("plain", *(name for name, _ in FORWARD_KINDS))
+BACKWARDS = ("plain", *(name for name, _ in BACKWARD_KINDS))
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """The kind of kernel each pass of one problem runs (module docstring)."""
+
+    forward: str = "plain"
+    backward: str = "plain"
+
+    def __post_init__(self) -> None:
+        if self.forward not in FORWARDS:
+            raise ValueError(f"KernelPlan.forward: expected one of {FORWARDS}, got {self.forward!r}")
+        if self.backward not in BACKWARDS:
+            raise ValueError(f"KernelPlan.backward: expected one of {BACKWARDS}, got {self.backward!r}")
+
+
+#: The plan of a run with an explicit tile config or TMA choice (a tuner's, a test's): the
+#: plain kernels, which are what such a run times.
+PLAIN = KernelPlan()
+
+
+def plan_kernels(problem: AttentionProblem) -> KernelPlan:
+    """The plan of ``problem`` (head dims as the kernels run them, :mod:`attnkit.triton.padding`)."""
+    return KernelPlan(forward=_first(FORWARD_KINDS, problem), backward=_first(BACKWARD_KINDS, problem))
+
+
+def _first(kinds: tuple[tuple[str, Rule], ...], problem: AttentionProblem) -> str:
+    return next((name for name, rule in kinds if rule(problem)), "plain")
