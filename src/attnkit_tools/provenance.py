@@ -2,25 +2,50 @@
 
 A page in docs/ is trusted only as far as it says how to reproduce it, so each tool that writes
 one heads it with :func:`produced_by` and :func:`provenance_table` (GPU, driver, CUDA, torch,
-triton, commit: :func:`attnkit_perf.machine.provenance`'s keys).
+triton, commit: :func:`attnkit_perf.machine.provenance`'s keys). A page names no scratch
+path: an absolute path in its command or its provenance is written relative to the working
+directory when it lies inside it, else as its file name (:func:`public_path`).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 from collections.abc import Sequence
 
 import torch
 
 
+def public_path(text: str) -> str:
+    """``text`` with every absolute path in it made public: relative to the working directory
+    when inside it, else its file name (a scratch directory means nothing to a reader)."""
+    here = os.getcwd()
+
+    def shorten(match: re.Match) -> str:
+        path = match.group(0)
+        if path == here or path.startswith(here + os.sep):
+            return os.path.relpath(path, here)
+        return os.path.basename(path.rstrip(os.sep)) or path
+
+    return _ABSOLUTE_PATH.sub(shorten, text)
+
+
+#: An absolute POSIX path of two parts or more (``/tmp/w/x.json``), not a lone ``/`` or a ratio.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[\w.+-]+/)+[\w.+-]*")
+
+
 def produced_by(module: str, argv: Sequence[str]) -> str:
-    """``python -m attnkit_tools.<module> <argv>``, quoted for a shell, as a page states it."""
-    return shlex.join(["python", "-m", f"attnkit_tools.{module}", *argv])
+    """``python -m attnkit_tools.<module> <argv>``, quoted for a shell, as a page states it
+    (scratch paths made public: :func:`public_path`)."""
+    return public_path(shlex.join(["python", "-m", f"attnkit_tools.{module}", *map(str, argv)]))
 
 
 def provenance_table(info: dict) -> list[str]:
-    """The provenance as a two-column Markdown table, one key a row, in ``info``'s order."""
-    return ["| | |", "| --- | --- |", *(f"| {key} | {value} |" for key, value in info.items())]
+    """The provenance as a two-column Markdown table, one key a row, in ``info``'s order
+    (scratch paths made public: :func:`public_path`)."""
+    rows = (f"| {key} | {public_path(str(value))} |" for key, value in info.items())
+    return ["| | |", "| --- | --- |", *rows]
 
 
 def require_cuda(tool: str) -> None:

@@ -1,0 +1,433 @@
+"""Regenerate every generated page of the GPU this runs on, in one command.
+
+    python -m attnkit_tools.pages                       # every page, over every visible GPU
+    python -m attnkit_tools.pages --dry-run             # the plan: commands, GPUs, estimated time
+    python -m attnkit_tools.pages --smoke --docs DIR    # CPU: the same runner, tiny or saved inputs
+
+Pages go to ``docs/<gpu_key>/`` (:func:`attnkit.device.gpu_key`): PERFORMANCE (the grid, with
+its plot), AUTO and AUTO_CHECK (the auto table, written to ``src/attnkit/auto_tables/<gpu_key>.json``,
+and the check of ``auto`` against the fastest path), DECODE, PROFILE (Nsight Compute: skipped
+with the reason when ``ncu`` is not installed), PER_CALL and YARDSTICK. Each tool's raw
+measurement is kept in ``docs/<gpu_key>/data/`` so a page renders again without a GPU (the
+tools' ``--render`` / ``--from-json``); ncu's counters, which are large, stay in a scratch
+directory. Each page heads itself with its command and provenance (GPU, driver, CUDA, torch,
+triton, commit), without scratch paths (:mod:`attnkit_tools.provenance`).
+
+Every job is a sequence of tool commands (``python -m attnkit_tools.<tool> ...``) run as
+subprocesses of this one, with the checkout's ``src`` first on ``PYTHONPATH``. Jobs are spread
+over the visible GPUs, one job per GPU at a time (``CUDA_VISIBLE_DEVICES``) and the CPU cores
+split between them (each job's processes pinned to its share, so host timings do not compete),
+longest first by :data:`ESTIMATE_S` (measured sizes and budgets, below), respecting the order
+AUTO before AUTO_CHECK (the check reads the table just written) and the grid's two parts before
+its page. ``--deadline-s`` stops every job still running then (default 540 s: a command limit
+of 10 minutes with a minute to spare) and says which pages did not finish; the rest are written.
+
+``--smoke`` runs the same scheduler, subprocesses and page checks on the CPU
+(``TRITON_INTERPRET=1``): the tools that measure on a CPU run their measuring path at tiny sizes
+(per_call, yardstick); the CUDA-only ones (grid, auto_table, decode_table, profile) render their
+page from the saved measurements under ``tests/tools/data`` and ``src/attnkit/auto_tables``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: The pages this command writes, by file name under ``docs/<gpu_key>/``.
+PAGES = (
+    "PERFORMANCE.md",
+    "AUTO.md",
+    "AUTO_CHECK.md",
+    "DECODE.md",
+    "PROFILE.md",
+    "PER_CALL.md",
+    "YARDSTICK.md",
+)
+
+#: Estimated seconds of each job on one H200 (fresh Triton cache), from its grid and budget:
+#: grid part: 5 N x 2 causal x 2 passes x 4 providers = 40 timings of ~0.4 s (budget 0.2 s,
+#: warm-up, 16K backward ~30 ms x 10 rounds) plus compiling the Triton kernels (~60 s) and
+#: flex once per cell (20 compiles, ~8 s each); auto: 20 cells x 2 passes x 4 paths x 3 rounds
+#: x ~0.2 s plus compiles; the check (2 rounds) times ``auto`` too; decode: 4 table rows and 9 contexts x
+#: 4 paths, eager and graph; per_call: 5 sizes x 2 passes x ~12 rows x 3 loops of 40-200
+#: calls, the paired calls and the profiler; yardstick: 8 problems x 2 seeds x 3 dtypes x every
+#: path, forward and backward against float64; profile: 32 cases, ~100 kernels replayed
+#: ~15 times each by ncu. The fast path's build (per_call's first step) is ~60 s.
+#: The profile's lengths: the shortest and the longest of the tool's default, where kernels
+#: set the time (two thirds of its cases, for the time limit).
+PROFILE_SEQ_LENS = "4096,16384"
+
+ESTIMATE_S = {
+    "grid-d64": 330,
+    "grid-d128": 330,
+    "performance": 10,
+    "auto": 200,
+    "auto_check": 170,
+    "decode": 120,
+    "profile": 220,
+    "per_call": 150,
+    "yardstick": 150,
+}
+
+
+#: ncu's options for ``attnkit_tools.profile run`` (its docstring): clocks as they run, only the
+#: profiled call's kernels, raw CSV of the sections the summary reads.
+NCU_ARGS = (
+    "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw",
+    "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
+    "--section", "WarpStateStats", "--section", "ComputeWorkloadAnalysis",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One command of a job: ``python -m <module> <argv>`` (``module`` None: ``argv`` as it
+    is); ``stdout``: a file its standard output goes to; ``optional``: a failure is logged, and
+    the job goes on (the fast path's build: the page then says it is off)."""
+
+    argv: tuple[str, ...]
+    module: str | None = "attnkit_tools"
+    stdout: Path | None = None
+    optional: bool = False
+
+    def command(self) -> list[str]:
+        if self.module is None:
+            return list(self.argv)
+        tool, *rest = self.argv
+        return [sys.executable, "-m", f"{self.module}.{tool}" if self.module else tool, *rest]
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """Commands run in order on one GPU (``gpu`` False: on no GPU, e.g. a page rendered from
+    saved parts), after the jobs named in ``after``; writes ``pages``."""
+
+    name: str
+    steps: tuple[Step, ...]
+    pages: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    gpu: bool = True
+    skip_reason: str | None = None
+
+
+def plan_jobs(docs: Path, key: str, scratch: Path, smoke: bool = False) -> list[Job]:
+    """The jobs writing every page of GPU ``key`` under ``docs/<key>/`` (module docstring)."""
+    out = docs / key
+    data = out / "data"
+    auto_table = REPO / "src" / "attnkit" / "auto_tables" / f"{key}.json"
+    saved = REPO / "tests" / "tools" / "data"
+
+    def tool(*argv, **kw) -> Step:
+        return Step(tuple(str(a) for a in argv), **kw)
+
+    if smoke:  # the CPU: render the CUDA-only tools' pages from saved measurements
+        grid_parts = {
+            "grid-d64": [
+                tool("grid", "--render", saved / "grid_h100.json", "--out", scratch / "grid-d64.md")
+            ],
+            "grid-d128": [
+                tool("grid", "--render", saved / "grid_h200.json", "--out", scratch / "grid-d128.md")
+            ],
+        }
+        performance = tool("grid", "--render", saved / "grid_h100.json", "--out", out / "PERFORMANCE.md")
+        packaged = REPO / "src" / "attnkit" / "auto_tables" / "nvidia-h100-80gb-hbm3.json"
+        auto = [tool("auto_table", "--render", packaged, "--md", out / "AUTO.md")]
+        auto_check = [
+            tool("auto_table", "--render", saved / "auto_check_h100.json", "--md", out / "AUTO_CHECK.md")
+        ]
+        decode = [tool("decode_table", "--from-json", saved / "decode_h100.json", "--md", out / "DECODE.md")]
+        per_call = [
+            tool(
+                "per_call", "--device", "cpu", "--sizes", "B1-H1-N8-D16", "--calls", "4", "--repeats", "1",
+                "--paired-calls", "8", "--out", data / "per_call.json", "--md", out / "PER_CALL.md",
+            )
+        ]  # fmt: skip
+        yardstick = [
+            tool(
+                "yardstick", "--device", "cpu", "--seeds", "1", "--backends", "tiled",
+                "--doc", out / "YARDSTICK.md", "--out", data / "yardstick.json",
+            )
+        ]  # fmt: skip
+        profile: list[Step] = []
+        profile_skip = "the CPU smoke run has no Nsight Compute"
+    else:
+        grid_parts = {
+            f"grid-d{d}": [tool("grid", "--head-dims", d, "--json", data / f"grid-d{d}.json")]
+            for d in (64, 128)
+        }
+        performance = tool(
+            "grid",
+            "--render",
+            data / "grid-d64.json",
+            data / "grid-d128.json",
+            "--out",
+            out / "PERFORMANCE.md",
+        )
+        auto = [tool("auto_table", "--out", auto_table, "--md", out / "AUTO.md")]
+        auto_check = [
+            tool(
+                "auto_table",
+                "--verify",
+                "--rounds",
+                "2",
+                "--out",
+                data / "auto_check.json",
+                "--md",
+                out / "AUTO_CHECK.md",
+            )
+        ]
+        decode = [tool("decode_table", "--out", data / "decode.json", "--md", out / "DECODE.md")]
+        per_call = [
+            Step(("fastpath", "build"), module="attnkit", optional=True),
+            tool("per_call", "--repeats", "3", "--out", data / "per_call.json", "--md", out / "PER_CALL.md"),
+        ]
+        yardstick = [
+            tool(
+                "yardstick", "--device", "cuda", "--seeds", "2",
+                "--doc", out / "YARDSTICK.md", "--out", data / "yardstick.json",
+            )
+        ]  # fmt: skip
+        cases, counters = scratch / "profile_cases.json", scratch / "profile_counters.csv"
+        ncu = shutil.which("ncu") or "ncu"
+        profile = [
+            tool("profile", "list", "--cases", cases, "--seq-lens", PROFILE_SEQ_LENS),
+            Step(
+                (
+                    str(ncu),
+                    *NCU_ARGS,
+                    sys.executable,
+                    "-m",
+                    "attnkit_tools.profile",
+                    "run",
+                    "--seq-lens",
+                    PROFILE_SEQ_LENS,
+                ),
+                module=None,
+                stdout=counters,
+            ),
+            tool("profile", "summarize", counters, "--cases", cases, "--out", out / "PROFILE.md"),
+        ]
+        profile_skip = None if shutil.which("ncu") else "ncu (Nsight Compute) is not installed here"
+    return [
+        *(Job(name, tuple(steps)) for name, steps in grid_parts.items()),
+        Job("performance", (performance,), ("PERFORMANCE.md",), after=tuple(grid_parts), gpu=False),
+        Job("auto", tuple(auto), ("AUTO.md",)),
+        Job("auto_check", tuple(auto_check), ("AUTO_CHECK.md",), after=("auto",)),
+        Job("decode", tuple(decode), ("DECODE.md",)),
+        Job("profile", tuple(profile), ("PROFILE.md",), skip_reason=profile_skip),
+        Job("per_call", tuple(per_call), ("PER_CALL.md",)),
+        Job("yardstick", tuple(yardstick), ("YARDSTICK.md",)),
+    ]
+
+
+def critical_path_s(jobs: list[Job]) -> dict[str, float]:
+    """Each job's estimate plus the longest chain of jobs that wait for it: the order in which
+    free GPUs take jobs (longest first), so that a chain such as auto -> auto_check starts early."""
+    by_name = {job.name: job for job in jobs}
+    waiting = {job.name: [j.name for j in jobs if job.name in j.after] for job in jobs}
+
+    def chain(name: str) -> float:
+        rest = max((chain(n) for n in waiting[name]), default=0.0)
+        return (ESTIMATE_S.get(name, 60) if by_name[name].gpu else 0.0) + rest
+
+    return {job.name: chain(job.name) for job in jobs}
+
+
+def simulate(jobs: list[Job], gpus: int) -> tuple[dict[str, tuple[int | None, float, float]], float]:
+    """The schedule the runner makes if every job takes its :data:`ESTIMATE_S`: {job: (GPU or
+    None, start s, end s)} and the total wall time."""
+    priority = critical_path_s(jobs)
+    free_at = [0.0] * gpus
+    placed: dict[str, tuple[int | None, float, float]] = {}
+    pending = [job for job in jobs if job.skip_reason is None]
+    while pending:
+        ready = [j for j in pending if all(a in placed for a in j.after)]
+        job = max(ready, key=lambda j: priority[j.name])
+        after = max((placed[a][2] for a in job.after), default=0.0)
+        if job.gpu:
+            gpu = min(range(gpus), key=lambda g: max(free_at[g], after))
+            start = max(free_at[gpu], after)
+            free_at[gpu] = start + ESTIMATE_S.get(job.name, 60)
+            placed[job.name] = (gpu, start, free_at[gpu])
+        else:
+            placed[job.name] = (None, after, after + ESTIMATE_S.get(job.name, 10))
+        pending.remove(job)
+    return placed, max((end for _, _, end in placed.values()), default=0.0)
+
+
+@dataclasses.dataclass
+class _Running:
+    job: Job
+    slot: int | None
+    step: int
+    process: subprocess.Popen
+    started: float
+    log: Path
+
+
+def _core_shares(slots: int) -> list[set[int]]:
+    cores = sorted(os.sched_getaffinity(0))
+    size = max(1, len(cores) // max(1, slots))
+    return [set(cores[i * size : (i + 1) * size]) or set(cores) for i in range(slots)]
+
+
+def run_jobs(jobs: list[Job], slots: list[str], env: dict, deadline_s: float, logs: Path, log=print) -> dict:
+    """Run ``jobs`` over ``slots`` (CUDA_VISIBLE_DEVICES values, one job each at a time);
+    returns {job: "ok" | "failed: ..." | "skipped: ..." | "stopped: ..."}."""
+    cores = _core_shares(len(slots))
+    priority = critical_path_s(jobs)
+    status: dict[str, str] = {j.name: f"skipped: {j.skip_reason}" for j in jobs if j.skip_reason}
+    pending = [j for j in jobs if j.skip_reason is None]
+    running: list[_Running] = []
+    start = time.monotonic()
+
+    def launch(job: Job, slot: int | None, step: int) -> _Running:
+        command = job.steps[step]
+        job_env = dict(env)
+        if slot is not None:
+            job_env["CUDA_VISIBLE_DEVICES"] = slots[slot]
+        share = cores[slot] if slot is not None else set(os.sched_getaffinity(0))
+        path = logs / f"{job.name}.log"
+        with open(path, "a") as out:
+            out.write(f"$ {' '.join(command.command())}\n")
+            out.flush()
+            stdout = open(command.stdout, "w") if command.stdout else out  # noqa: SIM115
+            process = subprocess.Popen(
+                command.command(),
+                cwd=REPO,
+                env=job_env,
+                stdout=stdout,
+                stderr=out,
+                start_new_session=True,  # its own process group: stopped whole at the deadline
+                preexec_fn=lambda: os.sched_setaffinity(0, share),
+            )
+            if command.stdout:
+                stdout.close()
+        where = f"GPU {slots[slot]}" if slot is not None else "CPU"
+        log(f"[{time.monotonic() - start:6.0f} s] {job.name} step {step + 1}/{len(job.steps)} on {where}")
+        return _Running(job, slot, step, process, time.monotonic(), path)
+
+    while pending or running:
+        busy = {r.slot for r in running}
+        for job in sorted(pending, key=lambda j: -priority[j.name]):
+            failed_before = [a for a in job.after if a in status and status[a] != "ok"]
+            if failed_before:
+                status[job.name] = f"skipped: {', '.join(failed_before)} did not finish"
+                pending.remove(job)
+                continue
+            if not all(status.get(a) == "ok" for a in job.after):
+                continue
+            if not job.gpu:
+                running.append(launch(job, None, 0))
+                pending.remove(job)
+                continue
+            free = [s for s in range(len(slots)) if s not in busy]
+            if free:
+                running.append(launch(job, free[0], 0))
+                busy.add(free[0])
+                pending.remove(job)
+        time.sleep(0.2)
+        if time.monotonic() - start > deadline_s:
+            for r in running:
+                os.killpg(r.process.pid, signal.SIGTERM)
+                r.process.wait()
+                status[r.job.name] = f"stopped: still running at the {deadline_s:.0f} s deadline"
+            for job in pending:
+                status[job.name] = "stopped: not started by the deadline"
+            break
+        for r in list(running):
+            rc = r.process.poll()
+            if rc is None:
+                continue
+            running.remove(r)
+            step = r.job.steps[r.step]
+            if rc != 0 and not step.optional:
+                status[r.job.name] = f"failed: step {r.step + 1} exited {rc} (log: {r.log})"
+                continue
+            if r.step + 1 < len(r.job.steps):
+                running.append(launch(r.job, r.slot, r.step + 1))
+            else:
+                status[r.job.name] = "ok"
+                log(f"[{time.monotonic() - start:6.0f} s] {r.job.name} done")
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attnkit_tools.pages", description=__doc__.split("\n")[0])
+    parser.add_argument("--docs", type=Path, default=REPO / "docs", help="pages go to DOCS/<gpu_key>/")
+    parser.add_argument("--gpus", type=int, help="GPUs to spread the jobs over (default: every visible one)")
+    parser.add_argument("--only", nargs="+", choices=list(ESTIMATE_S), help="run these jobs alone")
+    parser.add_argument("--deadline-s", type=float, default=540.0, help="stop what still runs then")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and the commands; run nothing")
+    parser.add_argument("--smoke", action="store_true", help="the CPU run (module docstring)")
+    args = parser.parse_args(argv)
+    import torch
+
+    from attnkit.device import gpu_key
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),
+    }
+    if args.smoke:
+        key, slots = gpu_key("cpu"), ["", ""]
+        env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    else:
+        if not torch.cuda.is_available() and not args.dry_run:
+            raise SystemExit("pages measures on CUDA GPUs and none is visible (--smoke runs on the CPU)")
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 4
+        models = {gpu_key(f"cuda:{i}") for i in range(torch.cuda.device_count())}
+        if len(models) > 1:
+            raise SystemExit(f"the visible GPUs are of several models {sorted(models)}: pages are per model")
+        key = models.pop() if models else "<gpu_key>"
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(i) for i in range(count)]
+        slots = ids[: args.gpus or len(ids)]
+    scratch = Path(tempfile.mkdtemp(prefix="attnkit-pages-"))
+    jobs = plan_jobs(args.docs.resolve(), key, scratch, smoke=args.smoke)
+    if args.only:
+        jobs = [dataclasses.replace(j, after=tuple(a for a in j.after if a in args.only)) for j in jobs]
+        jobs = [j for j in jobs if j.name in args.only]
+    placed, total = simulate(jobs, len(slots))
+    print(f"pages of {key} into {args.docs / key}; {len(slots)} GPU(s); estimated {total:.0f} s on an H200")
+    for job in jobs:
+        where = placed.get(job.name)
+        when = (
+            f"GPU slot {where[0]}, {where[1]:.0f}-{where[2]:.0f} s" if where and where[0] is not None
+            else (f"CPU, {where[1]:.0f} s" if where else f"skipped: {job.skip_reason}")
+        )  # fmt: skip
+        print(f"  {job.name} ({when})")
+        for step in job.steps:
+            redirect = f" > {step.stdout}" if step.stdout else ""
+            print(f"    {' '.join(step.command())}{redirect}")
+    if args.dry_run:
+        return 0
+    (args.docs / key / "data").mkdir(parents=True, exist_ok=True)
+    status = run_jobs(jobs, slots, env, args.deadline_s, scratch)
+    print(f"logs in {scratch}")
+    for name, verdict in status.items():
+        print(f"  {name}: {verdict}")
+    missing = [
+        page for job in jobs if status.get(job.name) == "ok" for page in job.pages
+        if not (args.docs / key / page).exists()
+    ]  # fmt: skip
+    if missing:
+        print(f"finished, but these pages were not written: {missing}")
+    # A job the plan skipped (no ncu here) is said above; anything else unfinished is a failure.
+    planned_skips = {job.name for job in jobs if job.skip_reason}
+    finished = all(verdict == "ok" or name in planned_skips for name, verdict in status.items())
+    return 0 if finished and not missing else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
