@@ -2,7 +2,7 @@
 
     python -m attnkit_tools.pages                       # every page, over every visible GPU
     python -m attnkit_tools.pages --dry-run             # the plan: commands, GPUs, estimated time
-    python -m attnkit_tools.pages --smoke --docs DIR    # CPU: the same runner, tiny or saved inputs
+    python -m attnkit_tools.pages --smoke --saved DIR --docs OUT   # CPU: the same runner, tiny inputs
 
 Pages go to ``docs/<gpu_key>/`` (:func:`attnkit.device.gpu_key`): PERFORMANCE (the grid, with
 its plot), AUTO and AUTO_CHECK (the auto table, written to ``src/attnkit/auto_tables/<gpu_key>.json``,
@@ -24,8 +24,9 @@ of 10 minutes with a minute to spare) and says which pages did not finish; the r
 
 ``--smoke`` runs the same scheduler, subprocesses and page checks on the CPU
 (``TRITON_INTERPRET=1``): the tools that measure on a CPU run their measuring path at tiny sizes
-(per_call, yardstick); the CUDA-only ones (grid, auto_table, decode_table, profile) render their
-page from the saved measurements under ``tests/tools/data`` and ``src/attnkit/auto_tables``.
+(per_call, yardstick); the CUDA-only ones (grid, auto_table, decode_table) render their page
+from saved measurements (``--saved DIR``: the JSONs those tools write, and a packaged auto
+table), and the profile is skipped.
 """
 
 from __future__ import annotations
@@ -120,32 +121,38 @@ class Job:
     skip_reason: str | None = None
 
 
-def plan_jobs(docs: Path, key: str, scratch: Path, smoke: bool = False) -> list[Job]:
-    """The jobs writing every page of GPU ``key`` under ``docs/<key>/`` (module docstring)."""
+def plan_jobs(
+    docs: Path, key: str, scratch: Path, smoke: bool = False, saved: Path | None = None
+) -> list[Job]:
+    """The jobs writing every page of GPU ``key`` under ``docs/<key>/`` (module docstring);
+    with ``smoke``, the CUDA-only tools render from the saved measurements in ``saved``
+    (``grid_*.json``, ``auto_check_*.json``, ``decode_*.json``, as those tools write them)."""
     out = docs / key
     data = out / "data"
     auto_table = REPO / "src" / "attnkit" / "auto_tables" / f"{key}.json"
-    saved = REPO / "tests" / "tools" / "data"
+    if smoke and saved is None:
+        raise ValueError("saved: a smoke run renders the CUDA-only pages from saved measurements")
 
     def tool(*argv, **kw) -> Step:
         return Step(tuple(str(a) for a in argv), **kw)
 
     if smoke:  # the CPU: render the CUDA-only tools' pages from saved measurements
+        grids = sorted(saved.glob("grid_*.json")) or [_one(saved, "grid_*.json")]
         grid_parts = {
-            "grid-d64": [
-                tool("grid", "--render", saved / "grid_h100.json", "--out", scratch / "grid-d64.md")
-            ],
-            "grid-d128": [
-                tool("grid", "--render", saved / "grid_h200.json", "--out", scratch / "grid-d128.md")
-            ],
+            f"grid-d{d}": [
+                tool("grid", "--render", grids[i % len(grids)], "--out", scratch / f"grid-d{d}.md")
+            ]
+            for i, d in enumerate((64, 128))
         }
-        performance = tool("grid", "--render", saved / "grid_h100.json", "--out", out / "PERFORMANCE.md")
-        packaged = REPO / "src" / "attnkit" / "auto_tables" / "nvidia-h100-80gb-hbm3.json"
+        performance = tool("grid", "--render", grids[0], "--out", out / "PERFORMANCE.md")
+        packaged = sorted((REPO / "src" / "attnkit" / "auto_tables").glob("*.json"))[0]
         auto = [tool("auto_table", "--render", packaged, "--md", out / "AUTO.md")]
         auto_check = [
-            tool("auto_table", "--render", saved / "auto_check_h100.json", "--md", out / "AUTO_CHECK.md")
+            tool("auto_table", "--render", _one(saved, "auto_check_*.json"), "--md", out / "AUTO_CHECK.md")
         ]
-        decode = [tool("decode_table", "--from-json", saved / "decode_h100.json", "--md", out / "DECODE.md")]
+        decode = [
+            tool("decode_table", "--from-json", _one(saved, "decode_*.json"), "--md", out / "DECODE.md")
+        ]
         per_call = [
             tool(
                 "per_call", "--device", "cpu", "--sizes", "B1-H1-N8-D16", "--calls", "4", "--repeats", "1",
@@ -228,6 +235,13 @@ def plan_jobs(docs: Path, key: str, scratch: Path, smoke: bool = False) -> list[
         Job("per_call", tuple(per_call), ("PER_CALL.md",)),
         Job("yardstick", tuple(yardstick), ("YARDSTICK.md",)),
     ]
+
+
+def _one(folder: Path, pattern: str) -> Path:
+    found = sorted(folder.glob(pattern))
+    if not found:
+        raise SystemExit(f"--saved {folder}: no {pattern} there to render from")
+    return found[0]
 
 
 def critical_path_s(jobs: list[Job]) -> dict[str, float]:
@@ -370,6 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, default=540.0, help="stop what still runs then")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and the commands; run nothing")
     parser.add_argument("--smoke", action="store_true", help="the CPU run (module docstring)")
+    parser.add_argument(
+        "--saved",
+        type=Path,
+        help="with --smoke: a folder of saved grid, auto check and decode JSONs to render",
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -394,7 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         ids = visible.split(",") if visible else [str(i) for i in range(count)]
         slots = ids[: args.gpus or len(ids)]
     scratch = Path(tempfile.mkdtemp(prefix="attnkit-pages-"))
-    jobs = plan_jobs(args.docs.resolve(), key, scratch, smoke=args.smoke)
+    if args.smoke and args.saved is None:
+        parser.error("--smoke renders the CUDA-only pages from saved measurements: give --saved DIR")
+    jobs = plan_jobs(args.docs.resolve(), key, scratch, smoke=args.smoke, saved=args.saved)
     if args.only:
         jobs = [dataclasses.replace(j, after=tuple(a for a in j.after if a in args.only)) for j in jobs]
         jobs = [j for j in jobs if j.name in args.only]

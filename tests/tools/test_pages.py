@@ -18,8 +18,11 @@ REPO = Path(__file__).resolve().parents[2]
 KEY = "nvidia-h200"
 
 
+SAVED = Path(__file__).parent / "data"
+
+
 def _plan(tmp_path, smoke=False):
-    return pages.plan_jobs(REPO / "docs", KEY, tmp_path, smoke=smoke)
+    return pages.plan_jobs(REPO / "docs", KEY, tmp_path, smoke=smoke, saved=SAVED if smoke else None)
 
 
 def test_every_page_is_written_under_its_gpu_folder_and_nothing_outside(tmp_path):
@@ -109,7 +112,7 @@ def test_the_smoke_run_writes_every_page_with_provenance_and_no_scratch_path(tmp
     """The CPU run of the same runner: real subprocesses of every tool (measuring at tiny
     sizes where a CPU can, rendering saved measurements where it cannot)."""
     docs = tmp_path / "docs"
-    assert pages.main(["--smoke", "--docs", str(docs)]) == 0
+    assert pages.main(["--smoke", "--saved", str(SAVED), "--docs", str(docs)]) == 0
     folder = next(docs.iterdir())
     written = {p.name for p in folder.glob("*.md")}
     assert written == set(pages.PAGES) - {"PROFILE.md"}, written
@@ -131,3 +134,17 @@ def test_every_relative_link_in_the_docs_resolves():
             if not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(REPO)} -> {target}")
     assert not broken, "links that resolve to nothing:\n" + "\n".join(broken)
+
+
+def test_a_page_names_no_scratch_path(monkeypatch, tmp_path):
+    from attnkit_tools.provenance import produced_by, provenance_table, public_path
+
+    monkeypatch.chdir(tmp_path)
+    inside = tmp_path / "docs" / "nvidia-h200" / "PER_CALL.md"
+    command = produced_by("per_call", ["--out", "/tmp/w/per_call.json", "--md", inside])
+    assert command == "python -m attnkit_tools.per_call --out per_call.json --md docs/nvidia-h200/PER_CALL.md"
+    rows = provenance_table(
+        {"compiled_call_memo": "on: /root/.cache/attnkit/x/fast_calls.so", "ratio": "3/4"}
+    )
+    assert rows[2:] == ["| compiled_call_memo | on: fast_calls.so |", "| ratio | 3/4 |"]
+    assert public_path("https://github.com/a/b") == "https://github.com/a/b"
