@@ -9,8 +9,12 @@ A :class:`KernelPlan` names the kind of kernel of each pass:
 
 The rules are tried in order (:data:`FORWARD_KINDS`, :data:`BACKWARD_KINDS`); the first that
 accepts the problem names the kind, and ``"plain"`` takes the rest. Adding a kind of kernel is
-an entry there (a rule from the kernel's package: its support rule and its routed cells) and a
-branch in :class:`attnkit.triton.TritonImplementation`, which runs what the plan names.
+an entry there and a branch in :class:`attnkit.triton.PlannedKernels`, which runs what the plan
+names. A Gluon backward, for example: its problem rule in
+:data:`attnkit.triton.gluon.support.PASS_SUPPORT` (``"backward"``), ``"backward"`` in
+:data:`attnkit.triton.gluon.config.PASSES` (its tiles and routed cells in each GPU's table,
+measured by ``tune --gluon``), ``("gluon", partial(routed, pass_name="backward"))`` in
+:data:`BACKWARD_KINDS`, and ``PlannedKernels.backward`` launching it.
 
 :func:`plan_kernels` is pure (the problem, the device's table, ``$ATTNKIT_GLUON``); the Triton
 path asks it once per problem (:class:`attnkit.triton.PlannedKernels`, memoised, and carried by

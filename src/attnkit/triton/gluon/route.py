@@ -4,7 +4,7 @@ On an H100/H200 the Gluon forward is faster than the plain Triton one in the cel
 measured so (the GPU's table, :mod:`attnkit.triton.gluon.config`); everything else keeps the
 plain kernels. A pass (``forward``; a backward adds its own) is routed when:
 
-* the kernels take the problem (:func:`attnkit.triton.gluon.support.problem_support`);
+* the pass's kernel takes the problem (:data:`attnkit.triton.gluon.support.PASS_SUPPORT`);
 * :func:`preferred`: the problem is in a routed cell (head dim, causal) from the cell's N on,
   and has at least :data:`GLUON_MIN_SCORES` score pairs;
 * :func:`switch`: ``$ATTNKIT_GLUON`` is not ``0`` and the kernels can run on the device
@@ -28,7 +28,7 @@ import torch
 
 from attnkit.inputs import AttentionProblem
 from attnkit.triton.gluon.config import device_section, routed_cells
-from attnkit.triton.gluon.support import device_support, problem_support
+from attnkit.triton.gluon.support import PASS_SUPPORT, device_support
 
 #: Set to ``0`` to run every pass on the plain Triton kernels (for A/B runs and bisecting).
 ENV_SWITCH = "ATTNKIT_GLUON"
@@ -61,7 +61,7 @@ def routed(problem: AttentionProblem, pass_name: str) -> bool:
     as they are). The device's cells are read from its table here: a GPU without measured
     cells routes nothing."""
     return (
-        problem_support(problem) is None
+        PASS_SUPPORT[pass_name](problem) is None
         and switch(problem.device) is None
         and preferred(problem, routed_cells(device_section(problem.device), pass_name))
     )

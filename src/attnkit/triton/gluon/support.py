@@ -49,6 +49,10 @@ def problem_support(problem: AttentionProblem) -> str | None:
     return None
 
 
+#: The problem rule of each pass that has a Gluon kernel (a backward kernel adds its own).
+PASS_SUPPORT = {"forward": problem_support}
+
+
 def layout_ok(*tensors: torch.Tensor) -> bool:
     """Whether the kernels read ``tensors`` as they are: contiguous (B, H, rows, D), 16-byte
     aligned bases (TMA). Another layout runs the plain kernels rather than paying a copy."""
