@@ -2,7 +2,7 @@
 
     python -m attnkit_tools.grid --out docs/<gpu>/PERFORMANCE.md --json grid.json       # on a GPU
     python -m attnkit_tools.grid --render grid.json --out docs/<gpu>/PERFORMANCE.md     # anywhere
-    python -m attnkit_tools.grid --head-dims 64 --json d64.json     # a part (one GPU each), then
+    python -m attnkit_tools.grid --head-dims 64 --passes fwd --json d64.json   # a part, then
     python -m attnkit_tools.grid --render d64.json d128.json --out docs/<gpu>/PERFORMANCE.md
 
 bf16, B=4, H*D=2048, N in 1024..16384, D in {64, 128}, causal and not, forward and backward:
@@ -58,11 +58,11 @@ def _compiled_peer(provider: str):
         yield
 
 
-def measure(seq_lens=SEQ_LENS, head_dims=HEAD_DIMS, log=print, on_row=None) -> list[dict]:
+def measure(seq_lens=SEQ_LENS, head_dims=HEAD_DIMS, log=print, on_row=None, passes=PASSES) -> list[dict]:
     """The grid's rows; ``on_row(rows)`` after each (a run stopped midway keeps what it measured)."""
     rows = []
     for head_dim in head_dims:
-        for pass_name in PASSES:
+        for pass_name in passes:
             for causal in (False, True):
                 for n in seq_lens:
                     row = {"D": head_dim, "pass": pass_name, "causal": causal, "N": n}
@@ -216,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         default=list(HEAD_DIMS),
         help="head dims to measure (default: %(default)s)",
     )
+    parser.add_argument(
+        "--passes",
+        nargs="+",
+        choices=PASSES,
+        default=list(PASSES),
+        help="passes to measure (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.render:
         if not args.out:
@@ -246,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps({"provenance": info, "rows": rows}, indent=1))
 
-    rows = measure(head_dims=args.head_dims, log=lambda s: print(s, flush=True), on_row=save)
+    rows = measure(
+        head_dims=args.head_dims, passes=args.passes, log=lambda s: print(s, flush=True), on_row=save
+    )
     if args.out:
         write_report(rows, info, Path(args.out))
         print(f"wrote {args.out}")

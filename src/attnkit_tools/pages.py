@@ -17,10 +17,11 @@ Every job is a sequence of tool commands (``python -m attnkit_tools.<tool> ...``
 subprocesses of this one, with the checkout's ``src`` first on ``PYTHONPATH``. Jobs are spread
 over the visible GPUs, one job per GPU at a time (``CUDA_VISIBLE_DEVICES``) and the CPU cores
 split between them (each job's processes pinned to its share, so host timings do not compete),
-longest first by :data:`ESTIMATE_S` (measured sizes and budgets, below), respecting the order
-AUTO before AUTO_CHECK (the check reads the table just written) and the grid's two parts before
-its page. ``--deadline-s`` stops every job still running then (default 540 s: a command limit
-of 10 minutes with a minute to spare) and says which pages did not finish; the rest are written.
+longest first by :data:`ESTIMATE_S` (estimated from sizes and budgets), respecting the order
+AUTO before AUTO_CHECK (the check reads the table just written) and the grid's four parts
+(head dim x pass) before its page. ``--deadline-s`` stops every job still running then
+(default 540 s: a command limit of 10 minutes with a minute to spare) and says which pages did
+not finish; the rest are written.
 
 ``--smoke`` runs the same scheduler, subprocesses and page checks on the CPU
 (``TRITON_INTERPRET=1``): the tools that measure on a CPU run their measuring path at tiny sizes
@@ -55,22 +56,29 @@ PAGES = (
     "YARDSTICK.md",
 )
 
-#: Estimated seconds of each job on one H200 (fresh Triton cache), from its grid and budget:
-#: grid part: 5 N x 2 causal x 2 passes x 4 providers = 40 timings of ~0.4 s (budget 0.2 s,
-#: warm-up, 16K backward ~30 ms x 10 rounds) plus compiling the Triton kernels (~60 s) and
-#: flex once per cell (20 compiles, ~8 s each); auto: 20 cells x 2 passes x 4 paths x 3 rounds
-#: x ~0.2 s plus compiles; the check (2 rounds) times ``auto`` too; decode: 4 table rows and 9 contexts x
-#: 4 paths, eager and graph; per_call: 5 sizes x 2 passes x ~12 rows x 3 loops of 40-200
-#: calls, the paired calls and the profiler; yardstick: 8 problems x 2 seeds x 3 dtypes x every
-#: path, forward and backward against float64; profile: 32 cases, ~100 kernels replayed
-#: ~15 times each by ncu. The fast path's build (per_call's first step) is ~60 s.
+#: The grid's parts, one GPU each: (head dim, pass); the page renders from all of them.
+GRID_PARTS = {f"grid-d{d}-{p}": (d, p) for d in (64, 128) for p in ("fwd", "bwd")}
+
 #: The profile's lengths: the shortest and the longest of the tool's default, where kernels
 #: set the time (two thirds of its cases, for the time limit).
 PROFILE_SEQ_LENS = "4096,16384"
 
+#: Estimated seconds of each job on one H200 (fresh Triton cache), from its sizes and budget
+#: (not measured: the first run's log gives each job's time):
+#: grid part (a head dim and a pass): 5 N x 2 causal x 4 providers = 40 timings of ~0.4 s
+#: (budget 0.2 s, warm-up, 16K backward ~30 ms x 10 rounds), compiling the Triton kernels
+#: (~40 s) and flex once per cell (10 compiles, ~8 s each; the backward's longer);
+#: auto: 20 cells x 2 passes x 4 paths x 3 rounds x ~0.2 s plus compiles; the check (2 rounds)
+#: times ``auto`` too; decode: 4 table rows and 9 contexts x 4 paths, eager and graph;
+#: per_call: the fast path's build (~60 s), 5 sizes x 2 passes x ~12 rows x 3 loops of 40-200
+#: calls, the paired calls and the profiler; yardstick: 8 problems x 2 seeds x 3 dtypes x every
+#: path, forward and backward against float64; profile: 32 cases, ~100 kernels replayed ~15
+#: times each by ncu.
 ESTIMATE_S = {
-    "grid-d64": 330,
-    "grid-d128": 330,
+    "grid-d64-fwd": 150,
+    "grid-d64-bwd": 180,
+    "grid-d128-fwd": 150,
+    "grid-d128-bwd": 180,
     "performance": 10,
     "auto": 200,
     "auto_check": 170,
@@ -139,10 +147,8 @@ def plan_jobs(
     if smoke:  # the CPU: render the CUDA-only tools' pages from saved measurements
         grids = sorted(saved.glob("grid_*.json")) or [_one(saved, "grid_*.json")]
         grid_parts = {
-            f"grid-d{d}": [
-                tool("grid", "--render", grids[i % len(grids)], "--out", scratch / f"grid-d{d}.md")
-            ]
-            for i, d in enumerate((64, 128))
+            name: [tool("grid", "--render", grids[i % len(grids)], "--out", scratch / f"{name}.md")]
+            for i, name in enumerate(GRID_PARTS)
         }
         performance = tool("grid", "--render", grids[0], "--out", out / "PERFORMANCE.md")
         packaged = sorted((REPO / "src" / "attnkit" / "auto_tables").glob("*.json"))[0]
@@ -169,14 +175,13 @@ def plan_jobs(
         profile_skip = "the CPU smoke run has no Nsight Compute"
     else:
         grid_parts = {
-            f"grid-d{d}": [tool("grid", "--head-dims", d, "--json", data / f"grid-d{d}.json")]
-            for d in (64, 128)
+            name: [tool("grid", "--head-dims", d, "--passes", pass_name, "--json", data / f"{name}.json")]
+            for name, (d, pass_name) in GRID_PARTS.items()
         }
         performance = tool(
             "grid",
             "--render",
-            data / "grid-d64.json",
-            data / "grid-d128.json",
+            *(data / f"{name}.json" for name in GRID_PARTS),
             "--out",
             out / "PERFORMANCE.md",
         )

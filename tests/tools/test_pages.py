@@ -39,7 +39,7 @@ def test_every_page_is_written_under_its_gpu_folder_and_nothing_outside(tmp_path
                     ), f"{job.name} writes or reads {arg}"
     order = {job.name: job.after for job in jobs}
     assert order["auto_check"] == ("auto",), "the check must read the table written just before"
-    assert set(order["performance"]) == {"grid-d64", "grid-d128"}
+    assert set(order["performance"]) == set(pages.GRID_PARTS)
 
 
 class _Parsed(Exception):
