@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or f"src/attnkit/triton/configs/{gpu_key(device)}.json"
     if args.gluon:
         cells = None if not args.cells else [parse_cell(key) for key in args.cells]
-        merge_measured(out, measure_section(args.seq_lens, _log, cells))
+        merge_measured(out, measure_section(args.seq_lens, _log, cells, workers=args.jobs))
         print(f"wrote the measured Gluon cells into {out}", flush=True)
         return 0
     previous = _previous_table(out, args.kernels)

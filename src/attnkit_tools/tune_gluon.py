@@ -22,7 +22,9 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import multiprocessing
 from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 
 import torch
@@ -85,8 +87,7 @@ def carried_section(source: Mapping, source_path: str, target_gpu_key: str) -> d
 def write_section(path: str, section: dict) -> None:
     """Set the Gluon section of the table at ``path`` (its Triton families kept as they are)."""
     with _locked(path):
-        with open(path) as f:
-            table = json.load(f)
+        table = _read(path)
         table[SECTION] = section
         _write(path, table)
 
@@ -97,8 +98,7 @@ def merge_measured(path: str, measured: dict) -> None:
     replace the old; the other cells stay. Several processes (one a GPU) may merge into one
     table: each holds a lock on it while it reads and writes."""
     with _locked(path):
-        with open(path) as f:
-            table = json.load(f)
+        table = _read(path)
         section = table.get(SECTION, {})
         if "source" in section.get("provenance", {}):  # carried over: measured here from now on
             section = {"forward": section.get("forward", {}), "routed": section.get("routed", {})}
@@ -119,13 +119,18 @@ def write_families(path: str, table: dict) -> None:
     """Write a Triton tuning run's ``table`` to ``path``, keeping the Gluon section the file
     has at that moment (measured by ``--gluon``, perhaps in another process)."""
     with _locked(path):
-        with open(path) as f:
-            text = f.read()
-        on_disk = json.loads(text) if text.strip() else {}
+        on_disk = _read(path)
         table = {key: value for key, value in table.items() if key != SECTION}
         if SECTION in on_disk:
             table[SECTION] = on_disk[SECTION]
         _write(path, table)
+
+
+def _read(path: str) -> dict:
+    """The table at ``path``; {} for the empty file :func:`_locked` creates where there was none."""
+    with open(path) as f:
+        text = f.read()
+    return json.loads(text) if text.strip() else {}
 
 
 def _write(path: str, table: dict) -> None:
@@ -184,9 +189,32 @@ def outside_tolerance_rule(head_dim: int, causal: bool, cfg: HopperForwardConfig
     return "; ".join(c.describe() for c in checks if not c.ok)
 
 
-def measure_section(seq_lens, log, cells=None, budget_s: float = 0.05) -> dict:
+def _check(job: tuple[int, bool, str]) -> str:
+    """In a worker process: compile one candidate of one cell and check it against the oracle.
+    '' when usable, else 'failed: ...' or 'wrong: ...'."""
+    head_dim, causal, label = job
+    try:
+        wrong = outside_tolerance_rule(head_dim, causal, FORWARD_CANDIDATES[label])
+    except Exception as error:  # does not compile, or out of resources
+        return f"failed: {type(error).__name__}: {str(error)[:200]}"
+    return f"wrong: {wrong}" if wrong else ""
+
+
+def check_all(jobs: list[tuple[int, bool, str]], workers: int) -> dict:
+    """{job: '' or why not} for every (head dim, causal, candidate) job, compiled and checked by
+    ``workers`` processes (here when ``workers`` <= 1); Triton's on-disk cache then holds the
+    binaries the timing runs."""
+    if workers <= 1:
+        return {job: _check(job) for job in jobs}
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+        return dict(zip(jobs, pool.map(_check, jobs, chunksize=1), strict=True))
+
+
+def measure_section(seq_lens, log, cells=None, budget_s: float = 0.05, workers: int = 1) -> dict:
     """The Gluon section of ``cells`` ((head dim, causal) pairs; default :data:`CELLS`)
-    measured on the current CUDA GPU (module docstring)."""
+    measured on the current CUDA GPU (module docstring); candidates are compiled and checked
+    by ``workers`` processes first, then timed here one at a time."""
     from attnkit.triton.gluon import unavailable_reason
     from attnkit.triton.launch import attention_forward, launch_setup
     from attnkit_perf.machine import provenance
@@ -200,16 +228,15 @@ def measure_section(seq_lens, log, cells=None, budget_s: float = 0.05) -> dict:
     section = {"provenance": provenance(device), "seq_lens": list(seq_lens)}
     section["routing_seq_lens"] = list(ROUTING_SEQ_LENS)
     section["forward"], routed, timings = {}, {}, {}
-    for head_dim, causal in CELLS if cells is None else cells:
+    cells = CELLS if cells is None else cells
+    verdicts = check_all([(d, causal, label) for d, causal in cells for label in FORWARD_CANDIDATES], workers)
+    log(f"compiled and checked {len(verdicts)} candidates")
+    for head_dim, causal in cells:
         key = cell_key(head_dim, causal)
         cell_timings = timings[key] = {}
         usable = []
-        for label, cfg in FORWARD_CANDIDATES.items():
-            try:
-                verdict = outside_tolerance_rule(head_dim, causal, cfg)
-                verdict = f"wrong: {verdict}" if verdict else ""
-            except Exception as error:  # does not compile, or out of resources
-                verdict = f"failed: {type(error).__name__}: {str(error)[:200]}"
+        for label in FORWARD_CANDIDATES:
+            verdict = verdicts[head_dim, causal, label]
             cell_timings[label] = verdict or {}
             if verdict:
                 log(f"  {key} {label:28s} {verdict[:100]}")

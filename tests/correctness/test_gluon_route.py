@@ -287,3 +287,24 @@ def test_the_switch_off_runs_the_plain_forward(gluon_calls, monkeypatch):
     assert planned_kernels(problem).plan.forward == "plain"
     checks = compare_to_reference(lambda *_: out, q, k, v, causal=False, scale=None)
     assert_close_to_reference("plain forward with the Gluon switch off", checks)
+
+
+def test_training_calls_run_the_plan_made_when_the_problem_was_prepared(monkeypatch):
+    """attention() with gradients, twice: the kernels are planned once, on the first call."""
+    decided = []
+    real = kernel_plan.plan_kernels
+    monkeypatch.setattr(
+        "attnkit.triton.plan_kernels", lambda problem: decided.append(problem) or real(problem)
+    )
+    forget_plans()
+    attnkit.api._forget_plans()
+    try:
+        gen = torch.Generator().manual_seed(0)
+        kw = {"dtype": torch.float32, "device": DEVICE, "generator": gen}
+        q, k, v = (make_tensor((1, 2, 24, 16), **kw).requires_grad_() for _ in range(3))
+        for _ in range(2):
+            attnkit.attention(q, k, v, causal=True, backend="triton").sum().backward()
+        assert len(decided) == 1, f"planned {len(decided)} times"
+    finally:
+        forget_plans()
+        attnkit.api._forget_plans()

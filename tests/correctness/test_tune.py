@@ -97,3 +97,19 @@ def test_the_packaged_tables_carry_the_h100_gluon_measurement():
     assert forward_configs(h100) == forward_configs(h200) and routed_cells(h100) == routed_cells(h200)
     assert "not measured on nvidia-h200" in h200["provenance"]["source"]
     assert set(forward_configs(h100)) == {(d, c) for d in (64, 128) for c in (False, True)}
+
+
+def test_a_gluon_candidate_that_fails_to_compile_or_is_wrong_is_recorded_not_timed(monkeypatch):
+    from attnkit_tools import tune_gluon
+
+    def rule(head_dim, causal, cfg):
+        if cfg.consumers == 3:
+            raise RuntimeError("out of resources: shared memory")
+        return "out: 3.1x the yardstick" if cfg.persistent else ""
+
+    monkeypatch.setattr(tune_gluon, "outside_tolerance_rule", rule)
+    jobs = [(128, True, label) for label in tune_gluon.FORWARD_CANDIDATES]
+    verdicts = tune_gluon.check_all(jobs, workers=1)
+    assert verdicts[128, True, "2wg-s2"] == ""
+    assert verdicts[128, True, "3wg-n128-s3"].startswith("failed: RuntimeError: out of resources")
+    assert verdicts[128, True, "2wg-persistent-s2"] == "wrong: out: 3.1x the yardstick"
