@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attnkit_tools import pages
+from attnkit_tools import gpu_jobs, pages
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "nvidia-h200"
@@ -69,26 +69,26 @@ def test_each_tool_accepts_the_arguments_it_is_given(smoke, tmp_path, monkeypatc
 
 def test_the_estimated_schedule_fits_the_time_limit_on_four_gpus(tmp_path):
     jobs = [job for job in _plan(tmp_path) if job.name != "profile"]
-    jobs.append(pages.Job("profile", (), ("PROFILE.md",)))  # as where ncu is installed
-    placed, total = pages.simulate(jobs, 4)
+    jobs.append(gpu_jobs.Job("profile", (), ("PROFILE.md",)))  # as where ncu is installed
+    placed, total = gpu_jobs.simulate(jobs, 4)
     assert total <= 540, f"estimated {total:.0f} s on 4 GPUs: {placed}"
     assert placed["auto_check"][1] >= placed["auto"][2], "the check started before the table was written"
-    on_one, _ = pages.simulate(jobs, 1)
+    on_one, _ = gpu_jobs.simulate(jobs, 1)
     assert {gpu for gpu, _, _ in on_one.values()} <= {0, None}
 
 
-def _python(code: str) -> pages.Step:
-    return pages.Step((sys.executable, "-c", code), module=None)
+def _python(code: str) -> gpu_jobs.Step:
+    return gpu_jobs.Step((sys.executable, "-c", code), module=None)
 
 
 def test_a_failed_job_skips_what_waits_for_it_and_the_deadline_stops_the_rest(tmp_path):
     jobs = [
-        pages.Job("broken", (_python("raise SystemExit(3)"),)),
-        pages.Job("after_broken", (_python("pass"),), after=("broken",)),
-        pages.Job("fine", (pages.Step((sys.executable, "-c", "pass"), module=None, optional=False),)),
-        pages.Job("slow", (_python("import time; time.sleep(60)"),)),
+        gpu_jobs.Job("broken", (_python("raise SystemExit(3)"),)),
+        gpu_jobs.Job("after_broken", (_python("pass"),), after=("broken",)),
+        gpu_jobs.Job("fine", (gpu_jobs.Step((sys.executable, "-c", "pass"), module=None, optional=False),)),
+        gpu_jobs.Job("slow", (_python("import time; time.sleep(60)"),)),
     ]
-    status = pages.run_jobs(jobs, ["", ""], {}, deadline_s=5.0, logs=tmp_path, log=lambda _: None)
+    status = gpu_jobs.run_jobs(jobs, ["", ""], {}, deadline_s=5.0, logs=tmp_path, log=lambda _: None)
     assert status["broken"].startswith("failed: step 1 exited 3"), status
     assert status["after_broken"].startswith("skipped: broken"), status
     assert status["fine"] == "ok", status
@@ -97,14 +97,14 @@ def test_a_failed_job_skips_what_waits_for_it_and_the_deadline_stops_the_rest(tm
 
 def test_an_optional_step_that_fails_lets_the_job_go_on(tmp_path):
     marker = tmp_path / "ran"
-    job = pages.Job(
+    job = gpu_jobs.Job(
         "build_then_measure",
         (
-            pages.Step((sys.executable, "-c", "raise SystemExit(1)"), module=None, optional=True),
+            gpu_jobs.Step((sys.executable, "-c", "raise SystemExit(1)"), module=None, optional=True),
             _python(f"open({str(marker)!r}, 'w').close()"),
         ),
     )
-    status = pages.run_jobs([job], [""], {}, deadline_s=60.0, logs=tmp_path, log=lambda _: None)
+    status = gpu_jobs.run_jobs([job], [""], {}, deadline_s=60.0, logs=tmp_path, log=lambda _: None)
     assert status == {"build_then_measure": "ok"} and marker.exists()
 
 
