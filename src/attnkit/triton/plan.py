@@ -22,10 +22,10 @@ the registry's :class:`~attnkit.prepared.PreparedRun` as its ``plan``), so a tra
 the decision instead of making it again; :func:`attnkit.triton.forget_plans` makes a changed
 switch or table take effect.
 
-The thresholds the rules compare against live beside them: the split-KV policy in
-:data:`attnkit.triton.decode.DEFAULT_DECODE_CONFIG`, the Gluon size floor in
-:data:`attnkit.triton.gluon.route.GLUON_MIN_SCORES`, the Gluon routed cells per GPU in its
-config table (:func:`attnkit.triton.gluon.config.routed_cells`).
+The thresholds the rules compare against live beside them and are importable from here, for
+tests of the dispatch boundaries: :data:`SPLIT_KV_POLICY` (the split-KV rule's
+:class:`~attnkit.triton.decode.DecodeConfig`), :data:`GLUON_MIN_SCORES` (the Gluon size floor)
+and :func:`gluon_routed_cells` (a GPU's measured cells, from its config table).
 """
 
 from __future__ import annotations
@@ -34,9 +34,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+import torch
+
 from attnkit.inputs import AttentionProblem
-from attnkit.triton.decode import use_split_kv
-from attnkit.triton.gluon.route import routed
+from attnkit.triton.decode import DEFAULT_DECODE_CONFIG, use_split_kv
+from attnkit.triton.gluon.config import device_section, routed_cells
+from attnkit.triton.gluon.route import GLUON_MIN_SCORES, routed
+
+#: The split-KV rule's policy (:func:`attnkit.triton.decode.use_split_kv`).
+SPLIT_KV_POLICY = DEFAULT_DECODE_CONFIG
+__all__ = [
+    "BACKWARD_KINDS", "FORWARD_KINDS", "GLUON_MIN_SCORES", "PLAIN", "SPLIT_KV_POLICY", "KernelPlan",
+    "gluon_routed_cells", "plan_kernels",
+]  # fmt: skip
+
+
+def gluon_routed_cells(device: torch.device, pass_name: str = "forward") -> dict[tuple[int, bool], int]:
+    """(head dim, causal) -> the smallest N whose ``pass_name`` runs on the Gluon kernel on
+    ``device`` (its table's measured cells; {} off a GPU with a table)."""
+    return routed_cells(device_section(device), pass_name)
+
 
 Rule = Callable[[AttentionProblem], bool]
 
