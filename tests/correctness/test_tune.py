@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+
+import pytest
 
 from attnkit.triton.config import KernelConfig
 from attnkit.triton.gluon.config import forward_configs, packaged_section, routed_cells
@@ -113,3 +116,29 @@ def test_a_gluon_candidate_that_fails_to_compile_or_is_wrong_is_recorded_not_tim
     assert verdicts[128, True, "2wg-s2"] == ""
     assert verdicts[128, True, "3wg-n128-s3"].startswith("failed: RuntimeError: out of resources")
     assert verdicts[128, True, "2wg-persistent-s2"] == "wrong: out: 3.1x the yardstick"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--jobs", "40"],
+        ["--gluon", "--cells", "d64-full", "d64-causal", "--jobs", "14"],
+        ["--gluon", "--cells", "d128-causal", "--jobs", "14"],
+    ],
+)
+def test_the_tuning_commands_parse(argv, monkeypatch):
+    """The commands a GPU run is given parse (stopped right after parsing, with no GPU)."""
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        parsed = real(self, args, namespace)
+        raise _Parsed(parsed)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    with pytest.raises(_Parsed) as parsed:
+        tune_main(argv)
+    assert parsed.value.args[0].jobs == int(argv[-1])
+
+
+class _Parsed(Exception):
+    pass
