@@ -13,6 +13,10 @@ of the signature ran:
 
 A backend fills what it knows; the fast path reads only these fields, and a run with neither is
 simply called. Nothing here decides anything: the types are the contract between the two sides.
+
+``plan``: which kernels the run launches, as the backend decided them when it prepared the
+problem (the Triton path: :class:`attnkit.triton.plan.KernelPlan`), for a reader (tests,
+tools); None where a backend does not say.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ class PlainSdpaCall(NamedTuple):
 
 
 class NativeLaunch(NamedTuple):
-    """One kernel launch of a :class:`NativeProgram` (:func:`attnkit.fastpath.native.native_launch`).
+    """One kernel launch of a :class:`NativeProgram` (:func:`attnkit.triton.native_launch.native_launch`).
     ``params`` are the kernel's parameters in order: ``("tensor", slot, aligned)`` (the address
     of the program's tensor ``slot``, which must be 16-byte aligned if ``aligned`` is, and must
     not be if it is not: the kernel was specialised on it), ``("i32" | "i64" | "u64", int)``,
@@ -84,7 +88,7 @@ class PreparedRun:
     Callers on the hot path call ``prepared.run`` directly (one call, no extra frame); calling
     the object itself does the same through ``__call__``."""
 
-    __slots__ = ("native_forward", "plain_sdpa_call", "run")
+    __slots__ = ("native_forward", "plain_sdpa_call", "plan", "run")
 
     def __init__(
         self,
@@ -92,6 +96,7 @@ class PreparedRun:
         *,
         plain_sdpa_call: PlainSdpaCall | None = None,
         native_forward: NativeForward | None = None,
+        plan: object | None = None,
     ) -> None:
         if not callable(run):
             raise TypeError(f"run: expected a callable, got {type(run).__name__}")
@@ -102,12 +107,13 @@ class PreparedRun:
         self.run = run
         self.plain_sdpa_call = plain_sdpa_call
         self.native_forward = native_forward
+        self.plan = plan
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem):
         return self.run(q, k, v, problem)
 
     def __repr__(self) -> str:
         described = [
-            name for name in ("plain_sdpa_call", "native_forward") if getattr(self, name) is not None
+            name for name in ("plain_sdpa_call", "native_forward", "plan") if getattr(self, name) is not None
         ]
         return f"PreparedRun({self.run!r}{''.join(f', {name}=...' for name in described)})"

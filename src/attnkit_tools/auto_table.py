@@ -1,7 +1,7 @@
 """The dispatch table ``backend="auto"`` reads (:mod:`attnkit.auto`), measured on this GPU.
 
-    python -m attnkit_tools.auto_table --out src/attnkit/auto_tables/<gpu_key>.json --md docs/AUTO.md
-    python -m attnkit_tools.auto_table --verify --out verify.json --md docs/AUTO_CHECK.md
+    python -m attnkit_tools.auto_table --out src/attnkit/auto_tables/<gpu_key>.json --md docs/<gpu>/AUTO.md
+    python -m attnkit_tools.auto_table --verify --out verify.json --md docs/<gpu>/AUTO_CHECK.md
 
 Every cell (bf16, B=4, H*D=2048, N in 1024..16384, D in {64, 128}, causal and not; inference
 forward and a training step's forward and backward) times each path side by side in one process

@@ -1,8 +1,8 @@
 """Decode / KV-cache throughput on one GPU: a table of decode shapes, and tokens/s against
 context length, side by side with SDPA.
 
-    python -m attnkit_tools.decode_table --out decode.json --md docs/DECODE.md [--sweep] [--sweep-paged]
-    python -m attnkit_tools.decode_table --from-json decode.json --md docs/DECODE.md   # no GPU
+    python -m attnkit_tools.decode_table --out decode.json --md docs/<gpu>/DECODE.md [--sweep] [--sweep-paged]
+    python -m attnkit_tools.decode_table --from-json decode.json --md docs/<gpu>/DECODE.md   # no GPU
 
 Shapes: Hq 32, Hkv 8, D 128, bf16, causal (bottom-right). Every time is the median of the
 gate's timing protocol (:func:`attnkit_perf.measure.timing.median_time_s`: L2 flushed before

@@ -1,7 +1,9 @@
 """The performance grid of the Triton path against SDPA's flash and cuDNN backends.
 
-    python -m attnkit_tools.grid --out docs/PERFORMANCE.md --json grid.json        # on a GPU
-    python -m attnkit_tools.grid --render grid.json --out docs/PERFORMANCE.md      # anywhere
+    python -m attnkit_tools.grid --out docs/<gpu>/PERFORMANCE.md --json grid.json       # on a GPU
+    python -m attnkit_tools.grid --render grid.json --out docs/<gpu>/PERFORMANCE.md     # anywhere
+    python -m attnkit_tools.grid --head-dims 64 --passes fwd --json d64.json   # a part, then
+    python -m attnkit_tools.grid --render d64.json d128.json --out docs/<gpu>/PERFORMANCE.md
 
 bf16, B=4, H*D=2048, N in 1024..16384, D in {64, 128}, causal and not, forward and backward:
 every cell times triton, sdpa-flash, sdpa-cudnn and flex (FlexAttention, compiled) side by side in
@@ -11,8 +13,8 @@ flushed, CUDA events, median) on random
 inputs, through :func:`attnkit_perf.measure.cases.build_runner` so every provider is timed the same
 way. Prints TFLOP/s and the ratios to both peers, and writes a Markdown report with provenance,
 the floor the Triton path is held to (forward >= 1.2x sdpa-flash, backward >= 1.0x, at
-N >= 2048) and a plot. ``--render`` writes the report and plot again from a saved ``--json``,
-without a GPU.
+N >= 2048) and a plot. ``--render`` writes the report and plot again from saved ``--json``
+files (several: the parts of one grid measured apart, on one machine and commit), without a GPU.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 from attnkit_perf.measure.cases import BenchCase, build_runner
 from attnkit_perf.measure.machine import provenance
 from attnkit_perf.measure.timing import median_time_s
-from attnkit_tools.provenance import provenance_table, require_cuda
+from attnkit_tools.provenance import produced_by, provenance_table, require_cuda
 
 PROVIDERS = ("triton", "sdpa-flash", "sdpa-cudnn", "flex")
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
@@ -56,11 +58,11 @@ def _compiled_peer(provider: str):
         yield
 
 
-def measure(seq_lens=SEQ_LENS, head_dims=HEAD_DIMS, log=print, on_row=None) -> list[dict]:
+def measure(seq_lens=SEQ_LENS, head_dims=HEAD_DIMS, log=print, on_row=None, passes=PASSES) -> list[dict]:
     """The grid's rows; ``on_row(rows)`` after each (a run stopped midway keeps what it measured)."""
     rows = []
     for head_dim in head_dims:
-        for pass_name in PASSES:
+        for pass_name in passes:
             for causal in (False, True):
                 for n in seq_lens:
                     row = {"D": head_dim, "pass": pass_name, "causal": causal, "N": n}
@@ -104,11 +106,11 @@ def meets_floor(row: dict) -> bool | None:
     return ratio is not None and ratio >= FLOOR[row["pass"]]
 
 
-def report(rows: list[dict], info: dict, plot_name: str | None, out: str = "docs/PERFORMANCE.md") -> str:
+def report(rows: list[dict], info: dict, plot_name: str | None, out: str = "PERFORMANCE.md") -> str:
     lines = [
         "# Performance of the Triton path",
         "",
-        f"Produced by `python -m attnkit_tools.grid --out {out}`. bf16, B=4, H*D=2048, "
+        f"Produced by `{produced_by('grid', ['--out', out])}`. bf16, B=4, H*D=2048, "
         "TFLOP/s = 4*B*H*N^2*D (halved when causal, x2.5 for the backward alone), "
         "median of the gate's timing protocol (L2 flushed, CUDA events), random inputs, all "
         "providers timed in one run (flex: FlexAttention, compiled).",
@@ -202,20 +204,47 @@ def write_report(rows: list[dict], info: dict, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnkit_tools.grid", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="docs/PERFORMANCE.md", help="Markdown report to write")
+    parser.add_argument("--out", help="Markdown report to write (docs/<gpu>/PERFORMANCE.md)")
     parser.add_argument("--json", help="also write the raw rows here")
     parser.add_argument(
-        "--render", metavar="FILE.json", help="write the report from these saved rows; no GPU"
+        "--render", metavar="FILE.json", nargs="+", help="write the report from these saved rows; no GPU"
+    )
+    parser.add_argument(
+        "--head-dims",
+        type=int,
+        nargs="+",
+        default=list(HEAD_DIMS),
+        help="head dims to measure (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--passes",
+        nargs="+",
+        choices=PASSES,
+        default=list(PASSES),
+        help="passes to measure (default: %(default)s)",
     )
     args = parser.parse_args(argv)
     if args.render:
-        saved = json.loads(Path(args.render).read_text())
-        missing = {"provenance", "rows"} - set(saved)
-        if missing:
-            parser.error(f"{args.render} is not a saved grid (--json): it has no {sorted(missing)}")
-        write_report(saved["rows"], saved["provenance"], Path(args.out))
+        if not args.out:
+            parser.error("--render writes a report: give --out")
+        rows, info = [], None
+        for path in args.render:
+            saved = json.loads(Path(path).read_text())
+            missing = {"provenance", "rows"} - set(saved)
+            if missing:
+                parser.error(f"{path} is not a saved grid (--json): it has no {sorted(missing)}")
+            if info is not None and _run_of(saved["provenance"]) != _run_of(info):
+                parser.error(f"{path} was measured on another GPU or commit than {args.render[0]}")
+            info = info or saved["provenance"]
+            rows += saved["rows"]
+        write_report(_in_grid_order(rows), info, Path(args.out))
         print(f"wrote {args.out}")
         return 0
+    if not args.out and not args.json:
+        parser.error("give --out (the report) or --json (the rows), or both")
+    unknown = sorted(set(args.head_dims) - set(HEAD_DIMS))
+    if unknown:
+        parser.error(f"--head-dims: {unknown} not in the grid's {list(HEAD_DIMS)}")
     require_cuda("attnkit_tools.grid")
     info = provenance(torch.device("cuda"))
     print(" | ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
@@ -224,10 +253,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps({"provenance": info, "rows": rows}, indent=1))
 
-    rows = measure(log=lambda s: print(s, flush=True), on_row=save)
-    write_report(rows, info, Path(args.out))
-    print(f"wrote {args.out}")
+    rows = measure(
+        head_dims=args.head_dims, passes=args.passes, log=lambda s: print(s, flush=True), on_row=save
+    )
+    if args.out:
+        write_report(rows, info, Path(args.out))
+        print(f"wrote {args.out}")
     return 0
+
+
+def _run_of(info: dict) -> tuple:
+    """What the parts of one grid share: the machine's model and the commit measured."""
+    return info.get("device_name"), info.get("commit")
+
+
+def _in_grid_order(rows: list[dict]) -> list[dict]:
+    """Rows in :func:`measure`'s order (head dim, pass, causal, N), whichever part they came from."""
+    return sorted(rows, key=lambda r: (HEAD_DIMS.index(r["D"]), PASSES.index(r["pass"]), r["causal"], r["N"]))
 
 
 if __name__ == "__main__":

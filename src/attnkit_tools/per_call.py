@@ -1,7 +1,7 @@
 """Per-call cost of attnkit's paths against raw ``F.scaled_dot_product_attention``.
 
-    python -m attnkit_tools.per_call --out per_call.json --md docs/PER_CALL.md      # on a GPU
-    python -m attnkit_tools.per_call --from-json per_call.json --md docs/PER_CALL.md  # anywhere
+    python -m attnkit_tools.per_call --out per_call.json --md docs/<gpu>/PER_CALL.md      # on a GPU
+    python -m attnkit_tools.per_call --from-json per_call.json --md docs/<gpu>/PER_CALL.md  # anywhere
 
 For each path and size, forward and forward+backward, three figures per call:
 
@@ -52,7 +52,7 @@ import attnkit
 from attnkit_perf.decide.stats import median_interval
 from attnkit_perf.measure.machine import provenance
 from attnkit_tools.per_call_report import PAIRED, console_table, markdown, targets
-from attnkit_tools.provenance import produced_by, without_local_paths
+from attnkit_tools.provenance import produced_by, public_path
 
 SIZES = {  # name: (B, Hq, Hkv, N, M, D), causal, bf16
     # Host cost alone on any device: on the CPU even N=128 takes the kernels hundreds of
@@ -244,7 +244,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m attnkit_tools.per_call", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--out", help="JSON file to write (required unless --from-json)")
-    parser.add_argument("--md", help="Markdown page to write (docs/PER_CALL.md)")
+    parser.add_argument("--md", help="Markdown page to write (docs/<gpu>/PER_CALL.md)")
     parser.add_argument("--from-json", help="render this saved report as --md instead of measuring")
     parser.add_argument("--calls", type=int, default=200, help="calls per timed loop")
     parser.add_argument("--repeats", type=int, default=5, help="timed loops per row (the minimum is kept)")
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             report = json.load(f)
         # A report saved without its command was measured by the canonical one.
         canonical = produced_by("per_call", ["--out", "per_call.json", "--md", args.md])
-        command = without_local_paths(report.get("command", canonical))  # a report saved by an older tool
+        command = public_path(report.get("command", canonical))  # a report saved by an older tool
     else:
         report = run(args)
         command = produced_by("per_call", sys.argv[1:] if argv is None else argv)

@@ -1,5 +1,5 @@
 """The per-call report of :mod:`attnkit_tools.per_call`: targets decided on the paired
-comparisons, the console table and the Markdown page (docs/PER_CALL.md). No GPU needed: a saved
+comparisons, the console table and the Markdown page (docs/<gpu>/PER_CALL.md). No GPU needed: a saved
 report renders again with ``python -m attnkit_tools.per_call --from-json FILE --md PAGE``.
 
 The targets, each decided on the 95% bootstrap interval of a paired median (PASS when the whole

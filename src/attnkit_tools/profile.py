@@ -5,7 +5,7 @@
         --section SpeedOfLight --section Occupancy --section LaunchStats \\
         --section WarpStateStats --section ComputeWorkloadAnalysis \\
         python -m attnkit_tools.profile run > counters.csv
-    python -m attnkit_tools.profile summarize counters.csv --cases cases.json --out docs/PROFILE.md
+    python -m attnkit_tools.profile summarize counters.csv --cases cases.json --out docs/<gpu>/PROFILE.md
 
 Each case is a path x pass x head dim x causal x sequence length at the grid's shape (B=4,
 H*D=2048, bf16). ``--seq-lens`` defaults to the long lengths where the kernels, not launches,
@@ -223,7 +223,7 @@ def summarize(counters_csv: str, cases_json: str) -> str:
         "Produced by `python -m attnkit_tools.profile` (list, run under ncu, summarize; see its "
         "docstring). bf16, B=4, H*D=2048, one call of each case; durations are ncu's (each kernel "
         "replayed alone, caches flushed, clocks not locked), so they read higher than "
-        "docs/PERFORMANCE.md's timings.",
+        "the grid's timings (PERFORMANCE.md).",
         "",
         "| | |",
         "| --- | --- |",

@@ -2,55 +2,50 @@
 
 A page in docs/ is trusted only as far as it says how to reproduce it, so each tool that writes
 one heads it with :func:`produced_by` and :func:`provenance_table` (GPU, driver, CUDA, torch,
-triton, commit: :func:`attnkit_perf.measure.machine.provenance`'s keys).
+triton, commit: :func:`attnkit_perf.machine.provenance`'s keys). A page names no scratch
+path: an absolute path in its command or its provenance is written relative to the working
+directory when it lies inside it, else as its file name (:func:`public_path`).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
 
+def public_path(text: str) -> str:
+    """``text`` with every absolute path in it made public: relative to the working directory
+    when inside it, else its file name (a scratch directory means nothing to a reader)."""
+    here = os.getcwd()
+
+    def shorten(match: re.Match) -> str:
+        path = match.group(0)
+        if path == here or path.startswith(here + os.sep):
+            return os.path.relpath(path, here)
+        return os.path.basename(path.rstrip(os.sep)) or path
+
+    return _ABSOLUTE_PATH.sub(shorten, text)
+
+
+#: An absolute POSIX path of two parts or more (``/tmp/w/x.json``), not a lone ``/`` or a ratio.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[\w.+-]+/)+[\w.+-]*")
+
+
 def produced_by(module: str, argv: Sequence[str]) -> str:
-    """``python -m attnkit_tools.<module> <argv>``, quoted for a shell, as a page states it: a
-    path inside the working directory relative to it, any other absolute path (a scratch folder
-    of the machine that ran it, ``/tmp/w/per_call.json``) by its file name alone."""
-    return shlex.join(["python", "-m", f"attnkit_tools.{module}", *map(_portable_argument, argv)])
+    """``python -m attnkit_tools.<module> <argv>``, quoted for a shell, as a page states it
+    (scratch paths made public: :func:`public_path`)."""
+    return public_path(shlex.join(["python", "-m", f"attnkit_tools.{module}", *map(str, argv)]))
 
 
 def provenance_table(info: dict) -> list[str]:
-    """The provenance as a two-column Markdown table, one key a row, in ``info``'s order; absolute
-    paths of the machine that ran it are shown by their file name."""
-    return [
-        "| | |",
-        "| --- | --- |",
-        *(f"| {key} | {without_local_paths(str(value))} |" for key, value in info.items()),
-    ]
-
-
-#: An absolute path of at least two parts, not inside a word (a URL's path is left alone).
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[\w.+-]+/)+([\w.+-]+)")
-
-
-def without_local_paths(text: str) -> str:
-    """``text`` with each absolute path replaced by its last part."""
-    return _ABSOLUTE_PATH.sub(lambda match: match.group(1), text)
-
-
-def _portable_argument(argument: str) -> str:
-    option, equals, value = argument.partition("=") if argument.startswith("--") else ("", "", argument)
-    path = Path(value)
-    if not path.is_absolute():
-        return argument
-    try:
-        value = str(path.relative_to(Path.cwd()))
-    except ValueError:  # outside the working directory: a scratch path of that machine
-        value = path.name
-    return f"{option}{equals}{value}"
+    """The provenance as a two-column Markdown table, one key a row, in ``info``'s order
+    (scratch paths made public: :func:`public_path`)."""
+    rows = (f"| {key} | {public_path(str(value))} |" for key, value in info.items())
+    return ["| | |", "| --- | --- |", *rows]
 
 
 def require_cuda(tool: str) -> None:

@@ -21,6 +21,11 @@ run alone: ``--jobs`` worker processes first compile and check every candidate i
 
 ``--kernels fwd`` re-tunes only the forward (after a forward-only change); the other kernels keep
 their entries from the existing table, whose provenance is kept as ``previous_provenance``.
+
+The table's ``gluon`` section (the Gluon Hopper kernels' tiles and routed cells,
+:mod:`attnkit_tools.tune_gluon`) is kept as it is by a Triton tuning run; ``--gluon`` measures
+it on this GPU (and leaves the Triton families as they are), ``--gluon-carry-over TABLE``
+copies another GPU's section, saying so in its provenance, until this GPU measures its own.
 """
 
 from __future__ import annotations
@@ -39,9 +44,18 @@ import torch
 from attnkit.device import gpu_key
 from attnkit.inputs import check_inputs
 from attnkit.triton.config import AttentionConfig, KernelConfig, default_config, family_key
+from attnkit.triton.gluon.config import cell_key, parse_cell
 from attnkit.triton.launch import LaunchSetup, attention_forward, bwd_dkdv, bwd_dq, bwd_preprocess
 from attnkit_perf.measure.machine import provenance
 from attnkit_perf.measure.timing import median_time_s
+from attnkit_tools.tune_gluon import CELLS as GLUON_CELLS
+from attnkit_tools.tune_gluon import (
+    carried_section,
+    measure_section,
+    merge_measured,
+    write_families,
+    write_section,
+)
 
 #: (block_m, block_n, num_warps, num_stages) tried per kernel. block_m is the query tile,
 #: block_n the key tile, in every kernel. Candidates that cannot fit (shared memory) fail to
@@ -230,6 +244,15 @@ def _previous_table(path: str, kernels: list[str]) -> dict:
         ) from None
 
 
+def _existing_table(path: str) -> dict:
+    """The table at ``path``, or {} if there is none yet."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
 def _log(text: str) -> None:
     print(text, flush=True)
 
@@ -253,12 +276,42 @@ def main(argv: list[str] | None = None) -> int:
         default=max(1, min(16, (os.cpu_count() or 2) - 1)),
         help="worker processes that compile and check candidates before the timing (1: none)",
     )
+    parser.add_argument(
+        "--gluon",
+        action="store_true",
+        help="measure only the Gluon section (tiles and routed cells) into the existing table",
+    )
+    parser.add_argument(
+        "--cells",
+        nargs="+",
+        choices=[cell_key(d, causal) for d, causal in GLUON_CELLS],
+        help="with --gluon: measure only these cells (processes on other GPUs may measure the others)",
+    )
+    parser.add_argument(
+        "--gluon-carry-over",
+        metavar="TABLE",
+        help="copy TABLE's Gluon section into the table at --out, marked as carried over (no GPU needed)",
+    )
     args = parser.parse_args(argv)
+    if args.gluon_carry_over:
+        if not args.out:
+            parser.error("--gluon-carry-over needs --out (the table to write into)")
+        with open(args.gluon_carry_over) as f:
+            source = json.load(f)
+        target = _existing_table(args.out).get("gpu_key", "?")
+        write_section(args.out, carried_section(source, args.gluon_carry_over, target))
+        print(f"wrote the Gluon section of {args.gluon_carry_over} into {args.out}", flush=True)
+        return 0
     if not torch.cuda.is_available():
         print("tune needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     out = args.out or f"src/attnkit/triton/configs/{gpu_key(device)}.json"
+    if args.gluon:
+        cells = None if not args.cells else [parse_cell(key) for key in args.cells]
+        merge_measured(out, measure_section(args.seq_lens, _log, cells, workers=args.jobs))
+        print(f"wrote the measured Gluon cells into {out}", flush=True)
+        return 0
     previous = _previous_table(out, args.kernels)
     table = {"gpu_key": gpu_key(device), "provenance": provenance(device), "seq_lens": args.seq_lens}
     table["kernels_tuned"] = args.kernels
@@ -282,10 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         AttentionConfig.from_dict(entry)  # every kernel must have a config
         table["families"][key] = entry
         table["timings_ms"][key] = {**previous.get("timings_ms", {}).get(key, {}), **timings}
-        # Written after every family, so an interrupted run still leaves what it finished.
-        with open(out, "w") as f:
-            json.dump(table, f, indent=1)
-            f.write("\n")
+        # Written after every family, so an interrupted run still leaves what it finished; the
+        # Gluon section as it is on disk then (``--gluon`` may be measuring it on another GPU).
+        write_families(out, table)
         print(f"{key}: chosen {entry}; wrote {out}", flush=True)
     return 0
 

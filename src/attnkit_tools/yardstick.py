@@ -14,7 +14,7 @@ quantity (out, dq, dk, dv), on a fixed set of problems (``PROBLEMS`` in the modu
 Usage (CPU or GPU; no network; < 4 min on a GPU, ~1 min on a CPU, the Triton path left out
 when interpreted):
 
-    python -m attnkit_tools.yardstick --seeds 3 --doc docs/YARDSTICK.md [--out results.json] [--device cuda]
+    python -m attnkit_tools.yardstick --seeds 3 --doc docs/<gpu>/YARDSTICK.md [--out r.json] [--device cuda]
 
 Prints a Markdown table; ``--doc`` writes it as a page with its provenance, ``--out`` the
 numbers as JSON. Exits 1 when a path falls outside the rule on some problem.

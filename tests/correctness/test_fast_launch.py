@@ -20,8 +20,8 @@ from conftest import DEVICE, python_functions_run
 import attnkit
 import attnkit.api
 from attnkit import fastpath
-from attnkit.fastpath.native import native_launch, native_layout
 from attnkit.prepared import NativeLaunch, NativeProgram, PreparedRun
+from attnkit.triton.native_launch import native_launch, native_layout
 
 triton = pytest.importorskip("triton")
 
@@ -34,7 +34,7 @@ from attnkit.triton.backward_kernels import (  # noqa: E402
 )
 from attnkit.triton.decode_kernels import _decode_combine_kernel, _decode_split_kernel  # noqa: E402
 from attnkit.triton.fast_launch import KernelLaunch, launch_key  # noqa: E402
-from attnkit.triton.forward_kernels import _attn_fwd_kernel  # noqa: E402
+from attnkit.triton.forward_kernels import _plain_fwd_kernel  # noqa: E402
 
 ON_GPU = DEVICE.type == "cuda"
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="the direct launch path runs on CUDA only")
@@ -96,7 +96,7 @@ def _triton_specialisation(kernel, backend=None):
 
 #: Runtime ints after the 16 strides (sizes, offsets), read from the kernel's signature so
 #: that arguments added to the kernel need no change here.
-_FORWARD_INTS = sum(not p.is_constexpr for p in _jit_function(_attn_fwd_kernel).params) - 5 - 16 - 1
+_FORWARD_INTS = sum(not p.is_constexpr for p in _jit_function(_plain_fwd_kernel).params) - 5 - 16 - 1
 
 
 def _forward_args(q, k, v, out, lse, sizes=(33, 40, 2, 1, 2, 7), scale=0.125):
@@ -132,7 +132,7 @@ _FORWARD_CONSTANTS = dict(
     HEAD_DIM=16, HEAD_PAD=16, VALUE_DIM=16, VALUE_PAD=16, BLOCK_M=16, BLOCK_N=16, CAUSAL=True,
     WINDOW=False, DOT_PRECISION="ieee", TMA=False, NEGATE_Q=False, STORE_LSE=True,
 )  # fmt: skip
-_FORWARD_PARAMS = _jit_function(_attn_fwd_kernel).params
+_FORWARD_PARAMS = _jit_function(_plain_fwd_kernel).params
 FORWARD_CONSTEXPRS = {p.name: _FORWARD_CONSTANTS.get(p.name, 16) for p in _FORWARD_PARAMS if p.is_constexpr}
 
 
@@ -151,7 +151,7 @@ def _assert_key_refines_triton(kernel, arg_sets, kwargs, backend=None):
 def test_launch_key_never_merges_what_triton_specialises_apart():
     """The forward kernel over layouts (misaligned bases, strides not divisible by 16, strides
     of 1 in size-1 dims, zero strides), dtypes, do_not_specialize ints of 1 and past int32."""
-    _assert_key_refines_triton(_attn_fwd_kernel, _forward_arg_sets("cpu"), FORWARD_CONSTEXPRS)
+    _assert_key_refines_triton(_plain_fwd_kernel, _forward_arg_sets("cpu"), FORWARD_CONSTEXPRS)
 
 
 @pytest.mark.parametrize(
@@ -543,7 +543,7 @@ def test_launch_key_refines_triton_with_the_cuda_backend():
     from triton.runtime.driver import driver
 
     backend = make_backend(driver.active.get_current_target())
-    _assert_key_refines_triton(_attn_fwd_kernel, _forward_arg_sets(DEVICE), FORWARD_CONSTEXPRS, backend)
+    _assert_key_refines_triton(_plain_fwd_kernel, _forward_arg_sets(DEVICE), FORWARD_CONSTEXPRS, backend)
 
 
 def _run(problem_tensors, causal, backward):
@@ -559,7 +559,7 @@ def _run(problem_tensors, causal, backward):
 def _count_normal_launches(monkeypatch):
     """Counts launches through ``JITFunction.run`` (the normal path) of every attnkit kernel."""
     counts = {"normal": 0}
-    for kernel in (_attn_fwd_kernel, _attn_bwd_preprocess, _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel,
+    for kernel in (_plain_fwd_kernel, _attn_bwd_preprocess, _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel,
                    _decode_split_kernel, _decode_combine_kernel):  # fmt: skip
         run = kernel.run
 
@@ -667,7 +667,7 @@ def test_bound_forward_launches_match_normal_launches_bitwise(monkeypatch, dims,
 
 
 # ---------------------------------------------------------------------------------------------
-# Native launches: a bound launch described as data (NativeLaunch, attnkit.fastpath.native) for
+# Native launches: a bound launch described as data (NativeLaunch, attnkit.triton.native_launch) for
 # the compiled fast path, which makes it from C++. On the CPU: what the description holds, and how
 # the compiled memo keeps, checks and declines programs. On the GPU: that the programs it runs
 # give the bound path's results bit for bit, run no Python but the readiness checks, and replay

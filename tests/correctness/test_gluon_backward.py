@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import DEVICE
 
-import attnkit.gluon as gluon
 from attnkit import UnsupportedProblemError
 from attnkit.inputs import check_inputs
 from attnkit.testing import assert_close_to_reference, compare_to_reference
+from attnkit.triton import gluon
 from attnkit.triton.gluon import backward_launch
 from attnkit.triton.gluon.backward_launch import (
     REGISTERS,

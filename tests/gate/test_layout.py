@@ -269,7 +269,7 @@ def test_there_is_one_home_for_tools():
     ("module", "private"),
     [
         ("attnkit.triton.launch._DOT_PRECISION", ["_DOT_PRECISION"]),
-        ("attnkit.triton.forward_kernels._attn_fwd_kernel", ["_attn_fwd_kernel"]),
+        ("attnkit.triton.forward_kernels._plain_fwd_kernel", ["_plain_fwd_kernel"]),
         ("attnkit.triton.__init__", []),
         ("attnkit.testing.compare_to_reference", []),
     ],
@@ -324,13 +324,11 @@ def test_the_sdpa_package_imports_one_way():
     assert not bad, "attnkit.sdpa's modules import only modules listed before them:\n" + "\n".join(bad)
 
 
-#: Who may import the compiled fast path, and what: the dispatcher its memo; the Triton path the
-#: description of its bound launches. Everything else reaches it through attnkit.prepared.
+#: Who may import the compiled fast path, and what: the dispatcher its memo. Everything else
+#: reaches it through attnkit.prepared (the Triton path describes its launches there, with
+#: attnkit.triton.native_launch).
 FASTPATH_IMPORTERS = {
     "attnkit/api.py": {"attnkit.fastpath"},
-    "attnkit/triton/fast_launch.py": {"attnkit.fastpath.native", "attnkit.fastpath.native.native_layout"},
-    "attnkit/triton/launch.py": {"attnkit.fastpath.native", "attnkit.fastpath.native.native_launch"},
-    "attnkit/triton/decode.py": {"attnkit.fastpath.native", "attnkit.fastpath.native.native_launch"},
 }
 
 
@@ -360,25 +358,23 @@ def test_the_fast_path_is_one_package_entered_through_the_prepared_run():
 
 
 def test_only_the_gluon_package_imports_the_experimental_triton_api():
-    """``triton.experimental`` (Gluon) changes between triton releases: the Gluon packages own it
-    (:mod:`attnkit.gluon`, imported so that it never fails, and the backward's
-    :mod:`attnkit.triton.gluon`, whose package module imports none of it), and the rest of the
-    library reaches it only through their availability checks."""
-    gluon = SRC / "attnkit" / "gluon"
-    owners = (gluon, SRC / "attnkit" / "triton" / "gluon")
-    files = [p for p in _python_files(SRC) if not any(p.is_relative_to(owner) for owner in owners)]
+    """``triton.experimental`` (Gluon) changes between triton releases: one package owns it, is
+    imported so that it never fails (:mod:`attnkit.triton.gluon`), and the rest of the library
+    reaches it only through that package's availability check."""
+    gluon = SRC / "attnkit" / "triton" / "gluon"
+    files = [p for p in _python_files(SRC) if not p.is_relative_to(gluon)]
     bad = [
         f"{path.relative_to(REPO)}:{line} imports {module}"
         for path in files
         for line, module in _file_imports(path)
         if module == "triton.experimental" or module.startswith("triton.experimental.")
     ]
-    assert not bad, "only attnkit.gluon may import triton.experimental:\n" + "\n".join(bad)
+    assert not bad, "only attnkit.triton.gluon may import triton.experimental:\n" + "\n".join(bad)
     assert any(
         module.startswith("triton.experimental")
         for path in _python_files(gluon)
         for _, module in _file_imports(path)
-    ), "attnkit.gluon no longer imports triton.experimental: the rule above checks nothing"
+    ), "attnkit.triton.gluon no longer imports triton.experimental: the rule above checks nothing"
 
 
 def test_the_readme_names_every_outcome_the_gate_can_give():

@@ -22,7 +22,8 @@ def test_the_page_renders_from_saved_rows_with_its_provenance(saved, tmp_path):
     page = out.read_text()
     for key in ("device_name", "driver", "cuda", "torch", "triton", "commit"):
         assert f"| {key} | {rows['provenance'][key]} |" in page, f"provenance {key} missing"
-    assert f"Produced by `python -m attnkit_tools.grid --out {out}`" in page
+    # The page names no scratch path: the report's own file name, outside the working directory.
+    assert "Produced by `python -m attnkit_tools.grid --out PERFORMANCE.md`" in page
     first = rows["rows"][0]  # D=64 fwd full N=1024: triton TFLOP/s and both ratios
     cell = f"{first['triton']:.0f} ({first['triton'] / first['sdpa-flash']:.2f}x, "
     assert f"| 64 | fwd | no | {cell}" in page, f"{cell!r} not in the D=64 forward row"
@@ -58,3 +59,27 @@ def test_a_file_that_is_not_a_saved_grid_is_refused(tmp_path, capsys):
 def test_measuring_on_a_machine_with_no_gpu_is_refused_with_the_reason(tmp_path):
     with pytest.raises(SystemExit, match="none is visible here"):
         grid.main(["--out", str(tmp_path / "P.md")])
+
+
+def test_the_parts_of_one_grid_render_as_one_page_in_grid_order(tmp_path):
+    """The grid measured by head dim on two GPUs renders as the page of one run."""
+    saved = json.loads((DATA / "grid_h100.json").read_text())
+    parts = []
+    for d in (128, 64):  # the parts in either order
+        part = tmp_path / f"d{d}.json"
+        part.write_text(
+            json.dumps({"provenance": saved["provenance"], "rows": [r for r in saved["rows"] if r["D"] == d]})
+        )
+        parts.append(str(part))
+    whole, merged = tmp_path / "whole.md", tmp_path / "merged.md"
+    assert grid.main(["--render", str(DATA / "grid_h100.json"), "--out", str(whole)]) == 0
+    assert grid.main(["--render", *parts, "--out", str(merged)]) == 0
+    assert merged.read_text().replace("merged.md", "whole.md") == whole.read_text()
+
+
+def test_parts_of_two_runs_are_refused(tmp_path):
+    saved = json.loads((DATA / "grid_h100.json").read_text())
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**saved, "provenance": {**saved["provenance"], "commit": "0000000"}}))
+    with pytest.raises(SystemExit):
+        grid.main(["--render", str(DATA / "grid_h100.json"), str(other), "--out", str(tmp_path / "x.md")])

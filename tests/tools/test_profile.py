@@ -18,7 +18,7 @@ WAIT = "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"
 
 #: (case, kernel, us, tensor pipe %, occupancy %, registers, barrier, wait), in launch order.
 KERNELS = [
-    ("fwd[triton-D128-full-N4096]", "_attn_fwd_kernel", 100.0, 50.0, 12.5, 139, 1.3, 1.2),
+    ("fwd[triton-D128-full-N4096]", "_plain_fwd_kernel", 100.0, 50.0, 12.5, 139, 1.3, 1.2),
     ("fwd[sdpa-cudnn-D128-full-N4096]", "cudnn_fprop", 80.0, 70.0, 14.0, 168, 1.4, 0.9),
     ("bwd[triton-D128-full-N4096]", "_attn_bwd_preprocess", 10.0, 0.0, 90.0, 32, 0.1, 0.2),
     ("bwd[triton-D128-full-N4096]", "_attn_bwd_dkdv_kernel", 300.0, 60.0, 12.3, 255, 2.4, 1.4),

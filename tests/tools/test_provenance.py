@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnkit_tools.provenance import produced_by, provenance_table, without_local_paths
+from attnkit_tools.provenance import produced_by, provenance_table, public_path
 
 
 def test_the_command_names_scratch_files_by_their_name_and_keeps_repository_paths(monkeypatch, tmp_path):
@@ -24,6 +24,6 @@ def test_the_provenance_table_shows_a_local_file_by_its_name():
         {"compiled_call_memo": "on: /tmp/cache/attnkit/torch-2.11/memo_a4cc.so", "gpu": "H100"}
     )
     assert rows[2:] == ["| compiled_call_memo | on: memo_a4cc.so |", "| gpu | H100 |"], rows
-    assert without_local_paths("see https://example.org/a/b and docs/X.md") == (
+    assert public_path("see https://example.org/a/b and docs/X.md") == (
         "see https://example.org/a/b and docs/X.md"
     )

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+
+import pytest
+
 from attnkit.triton.config import KernelConfig
+from attnkit.triton.gluon.config import forward_configs, packaged_section, routed_cells
 from attnkit_tools.tune import _label, closest_to_best
+from attnkit_tools.tune import main as tune_main
+from attnkit_tools.tune_gluon import carried_section, merge_measured, routed_from, write_families
 
 SEQ_LENS = (1024, 4096, 16384)
 SPRINTER = KernelConfig(128, 128, 8, 3)  # fastest at the longest length, poor at the shortest
@@ -25,3 +33,112 @@ def test_a_config_best_everywhere_is_chosen_and_none_without_candidates():
     timings = _timings(sprinter=(0.9, 0.9, 9.0), steady=(1.0, 1.0, 10.0), slow=(3.0, 3.0, 30.0))
     assert closest_to_best([SLOW, STEADY, SPRINTER], timings, SEQ_LENS) == SPRINTER
     assert closest_to_best([], {}, SEQ_LENS) is None
+
+
+def test_a_cell_is_routed_from_where_gluon_stays_faster_to_the_longest_length():
+    plain = {1024: 1.0, 2048: 2.0, 4096: 4.0, 8192: 8.0, 16384: 16.0}
+    assert routed_from({1024: 1.2, 2048: 1.9, 4096: 4.1, 8192: 7.0, 16384: 15.0}, plain) == 8192
+    assert routed_from({n: t * 0.9 for n, t in plain.items()}, plain) == 1024
+    assert routed_from({**{n: t * 0.9 for n, t in plain.items()}, 16384: 16.5}, plain) is None
+
+
+def _table(path, gpu_key, section=None):
+    table = {"gpu_key": gpu_key, "families": {"16bit-d64-full": {"fwd": {"block_m": 64}}}}
+    if section is not None:
+        table["gluon"] = section
+    path.write_text(json.dumps(table))
+    return path
+
+
+MEASURED_CELL = {"block_m": 64, "block_n": 128, "stages": 2, "overlap": True, "pingpong": False,
+                 "persistent": False, "consumer_regs": 240, "producer_regs": 24, "maxnreg": 168}  # fmt: skip
+
+
+def test_a_carried_over_section_says_where_it_was_measured_and_keeps_the_families(tmp_path):
+    section = {"provenance": {"gpu_key": "gpu-a", "commit": "abc"}, "forward": {"d128-full": MEASURED_CELL},
+               "routed": {"forward": {"d128-full": 4096}}}  # fmt: skip
+    source = _table(tmp_path / "a.json", "gpu-a", section)
+    target = _table(tmp_path / "b.json", "gpu-b")
+    assert tune_main(["--gluon-carry-over", str(source), "--out", str(target)]) == 0
+    written = json.loads(target.read_text())
+    assert written["families"] == {"16bit-d64-full": {"fwd": {"block_m": 64}}}
+    assert (
+        written["gluon"]["forward"] == section["forward"] and written["gluon"]["routed"] == section["routed"]
+    )
+    note = written["gluon"]["provenance"]["source"]
+    assert "carried over from the gpu-a measurement" in note and "not measured on gpu-b" in note
+    # Carried again: still the first GPU's measurement, not nested.
+    again = _table(tmp_path / "c.json", "gpu-c")
+    carry = carried_section(json.loads(target.read_text()), str(target), "gpu-c")
+    assert carry["provenance"]["measured"] == {"gpu_key": "gpu-a", "commit": "abc"}, carry
+    assert routed_cells(carry) == {(128, False): 4096} and forward_configs(carry)[128, False].block_n == 128
+    assert again.exists()
+
+
+def test_measured_cells_replace_the_carried_ones_and_keep_the_others(tmp_path):
+    cells = {"d64-full": MEASURED_CELL, "d128-full": MEASURED_CELL}
+    routed = {"forward": {"d64-full": 4096, "d128-full": 4096}}
+    measured_on_a = {"provenance": {"gpu_key": "gpu-a"}, "forward": cells, "routed": routed}
+    section = carried_section({"gluon": measured_on_a}, "a.json", "gpu-b")
+    path = _table(tmp_path / "b.json", "gpu-b", section)
+    measured = {"provenance": {"gpu_key": "gpu-b"}, "seq_lens": [4096], "routing_seq_lens": [4096],
+                "forward": {"d64-full": {**MEASURED_CELL, "stages": 3}}, "routed": {"forward": {}},
+                "timings_ms": {"d64-full": {}}}  # fmt: skip
+    merge_measured(str(path), measured)
+    written = json.loads(path.read_text())["gluon"]
+    assert written["provenance"] == {"gpu_key": "gpu-b"}
+    assert written["forward"]["d64-full"]["stages"] == 3 and written["forward"]["d128-full"] == MEASURED_CELL
+    assert written["routed"]["forward"] == {"d128-full": 4096}, (
+        "a cell measured slower must leave the routing"
+    )
+    write_families(str(path), {"gpu_key": "gpu-b", "families": {}})
+    assert json.loads(path.read_text())["gluon"] == written, "a Triton tuning run dropped the Gluon section"
+
+
+def test_the_packaged_tables_carry_the_h100_gluon_measurement():
+    h100, h200 = (packaged_section(key) for key in ("nvidia-h100-80gb-hbm3", "nvidia-h200"))
+    assert forward_configs(h100) == forward_configs(h200) and routed_cells(h100) == routed_cells(h200)
+    assert "not measured on nvidia-h200" in h200["provenance"]["source"]
+    assert set(forward_configs(h100)) == {(d, c) for d in (64, 128) for c in (False, True)}
+
+
+def test_a_gluon_candidate_that_fails_to_compile_or_is_wrong_is_recorded_not_timed(monkeypatch):
+    from attnkit_tools import tune_gluon
+
+    def rule(head_dim, causal, cfg):
+        if cfg.consumers == 3:
+            raise RuntimeError("out of resources: shared memory")
+        return "out: 3.1x the yardstick" if cfg.persistent else ""
+
+    monkeypatch.setattr(tune_gluon, "outside_tolerance_rule", rule)
+    jobs = [(128, True, label) for label in tune_gluon.FORWARD_CANDIDATES]
+    verdicts = tune_gluon.check_all(jobs, workers=1)
+    assert verdicts[128, True, "2wg-s2"] == ""
+    assert verdicts[128, True, "3wg-n128-s3"].startswith("failed: RuntimeError: out of resources")
+    assert verdicts[128, True, "2wg-persistent-s2"] == "wrong: out: 3.1x the yardstick"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--jobs", "40"],
+        ["--gluon", "--cells", "d64-full", "d64-causal", "--jobs", "14"],
+        ["--gluon", "--cells", "d128-causal", "--jobs", "14"],
+    ],
+)
+def test_the_tuning_commands_parse(argv, monkeypatch):
+    """The commands a GPU run is given parse (stopped right after parsing, with no GPU)."""
+    real = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        parsed = real(self, args, namespace)
+        raise _Parsed(parsed)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    with pytest.raises(_Parsed) as parsed:
+        tune_main(argv)
+    assert parsed.value.args[0].jobs == int(argv[-1])
+
+
+class _Parsed(Exception):
+    pass

@@ -9,7 +9,7 @@ reads only the prepared run's typed fields (:mod:`attnkit.prepared`):
 * ``plain_sdpa_call``: it makes the layout test, sets the forced kernel's enable-flags and makes
   the SDPA call itself;
 * ``native_forward``: for a forward without gradients it allocates the outputs and launches the
-  kernels a layout's first call bound (:mod:`attnkit.fastpath.native`), through the CUDA driver,
+  kernels a layout's first call bound (:mod:`attnkit.triton.native_launch`), through the CUDA driver,
   after asking each launch whether Triton's knobs and hooks still allow it.
 
 Every other call, and every first call of a signature, goes through the Python memo, with the
@@ -18,7 +18,7 @@ and whether a call records a backward); ``tests/correctness/test_fastpath_parity
 over one table of cases per rule.
 
 Modules: ``loader`` (build, find and load the extension; :data:`memo` and :data:`status`),
-``native`` (Triton launches as data), ``__main__`` (``python -m attnkit.fastpath [build|status]``),
+``__main__`` (``python -m attnkit.fastpath [build|status]``),
 ``csrc/fast_calls.cpp`` (the extension).
 
 It is a C++ extension built against the installed torch, so it is built on the machine that

@@ -6,12 +6,17 @@ Layers, one module each:
 * ``launch``: host launchers over one shared setup (shapes, strides, scale, grid, config);
 * ``fast_launch`` / ``runtime``: each kernel launched without Triton's per-call binding once a
   layout was seen, and the Triton internals that needs;
+* ``native_launch``: a bound launch described as data for the compiled fast path;
+* ``softmax``: the online-softmax step both kinds of Triton forward share;
 * ``decode_kernels`` / ``decode``: the split-KV forward for few queries against many keys;
-* ``gluon_route``: which forwards run on the warp-specialized Gluon kernel for Hopper
-  (:mod:`attnkit.gluon`) instead of the plain one (``$ATTNKIT_GLUON=0``: none);
+* ``gluon/``: the warp-specialized Gluon kernels for Hopper, their support rule, per-GPU
+  tiles and routed cells (``$ATTNKIT_GLUON=0``: none runs);
+* ``plan``: which kind of kernel runs each pass of a problem (:class:`~attnkit.triton.plan.KernelPlan`),
+  decided once per problem;
 * ``config``: per-GPU tile configs, read from ``configs/<gpu>.json`` (written by ``tune``);
-* this module: :class:`TritonImplementation` for the shared autograd function, the public
-  :func:`triton_attention`, and the support checks the registry asks before dispatch.
+* this module: :class:`TritonImplementation` for the shared autograd function,
+  :class:`PlannedKernels` (a problem's plan, run), the public :func:`triton_attention`, and
+  the support checks the registry asks before dispatch.
 
 Supports bottom-right causal with N != M, GQA/MQA, any strides, any N, M >= 1, head dims
 1..256 (zero-padded to whole 16-byte rows before the launch, :mod:`~attnkit.triton.padding`, and
@@ -22,6 +27,7 @@ on CUDA GPUs, and on the CPU through ``TRITON_INTERPRET=1``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -29,23 +35,30 @@ import torch
 from attnkit.errors import UnsupportedProblemError
 from attnkit.flash_autograd import PATHS, flash_attention
 from attnkit.inputs import AttentionProblem
-from attnkit.prepared import PreparedRun
+from attnkit.prepared import NativeForward, PreparedRun
 from attnkit.triton.config import AttentionConfig, KernelConfig
 from attnkit.triton.decode import (
     decode_forward,
     decode_forward_only,
     decode_native_forward_only,
     dense_plan,
-    use_split_kv,
 )
-from attnkit.triton.forward_kernels import _attn_fwd_kernel
-from attnkit.triton.gluon_route import gluon_forward, gluon_layout_ok
-from attnkit.triton.launch import attention_backward, attention_forward, launch_setup
+from attnkit.triton.forward_kernels import _plain_fwd_kernel
+from attnkit.triton.gluon.route import gluon_forward
+from attnkit.triton.gluon.support import layout_ok as gluon_layout_ok
+from attnkit.triton.launch import (
+    LaunchSetup,
+    attention_backward,
+    attention_forward,
+    forget_setups,
+    launch_setup,
+)
 from attnkit.triton.padding import padded_attention, padded_problem
+from attnkit.triton.plan import KernelPlan, plan_kernels
 
 #: Whether @triton.jit built interpreter kernels: Triton reads TRITON_INTERPRET once, when the
 #: kernels are decorated (at import), so availability follows the kernels, not today's variable.
-_KERNELS_INTERPRETED = type(_attn_fwd_kernel).__name__ == "InterpretedFunction"
+_KERNELS_INTERPRETED = type(_plain_fwd_kernel).__name__ == "InterpretedFunction"
 
 MAX_HEAD_DIM = 256
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -57,7 +70,11 @@ _MIN_BLOCK = 16
 
 
 class TritonImplementation:
-    """Forward and backward kernels; see :class:`attnkit.flash_autograd.FlashImplementation`."""
+    """Forward and backward kernels; see :class:`attnkit.flash_autograd.FlashImplementation`.
+
+    The default (no ``config``, no ``tma``) runs each problem's plan (:class:`PlannedKernels`);
+    an explicit config or TMA choice runs the plain kernels with it, which is what a tuner or a
+    test of those kernels times."""
 
     def __init__(self, config: AttentionConfig | None = None, tma: bool | None = None) -> None:
         """``config`` overrides the GPU's tuned table; ``tma`` forces TMA descriptors (True) or
@@ -76,16 +93,92 @@ class TritonImplementation:
         return torch.float32
 
     def forward(self, q, k, v, problem):
-        if self.config is None and self.tma is None and use_split_kv(problem):  # decode-shaped
-            return decode_forward(q, k, v, problem)
-        setup = launch_setup(problem, self.config)
-        if setup.gluon and self.tma is None and gluon_layout_ok(q, k, v):
-            # The Gluon kernel's log-sum-exp is the plain forward's, for the same backward.
-            return gluon_forward(q, k, v, problem)
-        return attention_forward(q, k, v, setup, self.tma)
+        if self.op_name is not None:
+            return planned_kernels(problem).forward(q, k, v, problem)
+        return attention_forward(q, k, v, launch_setup(problem, self.config), self.tma)
 
     def backward(self, grad_out, q, k, v, out, lse, problem):
+        if self.op_name is not None:
+            return planned_kernels(problem).backward(grad_out, q, k, v, out, lse, problem)
         return attention_backward(grad_out, q, k, v, out, lse, launch_setup(problem, self.config), self.tma)
+
+
+class PlannedKernels:
+    """One problem's :class:`~attnkit.triton.plan.KernelPlan` with what its kernels need,
+    looked up once (:func:`planned_kernels`): the default implementation of that problem, whose
+    forward and backward run what the plan names without deciding anything per call."""
+
+    op_name = "triton"
+    lse_dtype = TritonImplementation.lse_dtype
+
+    def __init__(self, problem: AttentionProblem) -> None:
+        self.problem = problem
+        self.plan: KernelPlan = plan_kernels(problem)
+        #: The plain kernels' setup: the plain forward, the fallback of a layout the Gluon
+        #: forward does not read, and the plain backward.
+        self.setup: LaunchSetup = launch_setup(problem)
+        #: The forward of a call no backward follows (output only), and that forward as a
+        #: NativeProgram per layout (None: the run stays in Python), chosen once by the plan:
+        #: bound launches of the split-KV or plain kernels; the Gluon launch is not a bound
+        #: Triton launch, so it has no native program.
+        self.forward_only: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+        self.native_forward: NativeForward | None
+        if self.plan.forward == "split_kv":
+            split_plan = dense_plan(problem)
+            self.forward_only = partial(_split_kv_forward_only, problem, split_plan)
+            self.native_forward = partial(_split_kv_native_forward_only, problem, split_plan)
+        elif self.plan.forward == "gluon":
+            self.forward_only, self.native_forward = self._forward_only, None
+        else:
+            self.forward_only = self.setup.forward_only
+            self.native_forward = self.setup.native_forward_only
+
+    def forward(self, q, k, v, problem):
+        kind = self.plan.forward
+        if kind == "split_kv":
+            return decode_forward(q, k, v, problem)
+        if kind == "gluon" and gluon_layout_ok(q, k, v):
+            # The Gluon kernel's log-sum-exp is the plain forward's, for the same backward.
+            return gluon_forward(q, k, v, problem)
+        return attention_forward(q, k, v, self.setup)
+
+    def backward(self, grad_out, q, k, v, out, lse, problem):
+        return attention_backward(grad_out, q, k, v, out, lse, self.setup)
+
+    def _forward_only(self, q, k, v) -> torch.Tensor:
+        # Chosen once per plan in __init__: the Gluon forward for layouts it reads as they are.
+        if gluon_layout_ok(q, k, v):
+            return gluon_forward(q, k, v, self.problem)[0]
+        return self.setup.forward_only(q, k, v)
+
+
+def _split_kv_forward_only(problem, split_plan, q, k, v) -> torch.Tensor:
+    return decode_forward_only(q, k, v, problem, split_plan)
+
+
+def _split_kv_native_forward_only(problem, split_plan, q, k, v):
+    return decode_native_forward_only(q, k, v, problem, split_plan)
+
+
+_PLANNED: dict[AttentionProblem, PlannedKernels] = {}
+
+
+def planned_kernels(problem: AttentionProblem) -> PlannedKernels:
+    """:class:`PlannedKernels` of ``problem``, made once per problem in a process."""
+    planned = _PLANNED.get(problem)
+    if planned is None:
+        if len(_PLANNED) >= 4096:  # a bound for programs that sweep shapes; refilled on demand
+            _PLANNED.clear()
+        planned = _PLANNED[problem] = PlannedKernels(problem)
+    return planned
+
+
+def forget_plans() -> None:
+    """Drop every memoised plan and launch setup (after changing ``$ATTNKIT_GLUON``,
+    ``$ATTNKIT_TRITON_CONFIG`` or a table); prepared runs of :func:`attnkit.attention` keep
+    theirs until its own memo is dropped."""
+    _PLANNED.clear()
+    forget_setups()
 
 
 def triton_attention(
@@ -123,45 +216,19 @@ def _attention(impl: TritonImplementation, q, k, v, problem: AttentionProblem) -
 
 def prepare(problem: AttentionProblem) -> PreparedRun:
     """The registry's eager run of ``problem`` (supported: checked before), made once per call
-    signature: :func:`run_after_support_check`, except that a call no backward follows runs
-    the forward without the log-sum-exp, through launches bound per layout: the split-KV
-    forward for decode-shaped problems (:func:`~attnkit.triton.decode.decode_forward_only`),
-    else :meth:`~attnkit.triton.launch.LaunchSetup.forward_only` of the problem's setup,
-    looked up here once. Those bound launches, per layout, are its ``native_forward``, except
-    for a problem whose head dims are padded (:mod:`attnkit.triton.padding`): a native program
-    would launch on the caller's unpadded operands, so that run stays in Python; and except for
-    a problem whose forward runs on the Gluon kernel (:mod:`attnkit.triton.gluon_route`), which
-    stays in Python too."""
+    signature: :func:`run_after_support_check` with the problem's :class:`PlannedKernels`, whose
+    plan the run carries (``PreparedRun.plan``). A call no backward follows runs
+    :meth:`PlannedKernels.forward_only`, whose bound launches, per layout, are the run's
+    ``native_forward``, except for a problem whose head dims are padded
+    (:mod:`attnkit.triton.padding`): a native program would launch on the caller's unpadded
+    operands, so that run stays in Python."""
     padded = padded_problem(problem)
-    kernel_problem = problem if padded is None else padded
-    if use_split_kv(kernel_problem):
-        plan = dense_plan(kernel_problem)
-
-        def forward_only(q, k, v):
-            return decode_forward_only(q, k, v, kernel_problem, plan)
-
-        def native_forward(q, k, v):
-            return decode_native_forward_only(q, k, v, kernel_problem, plan)
-
-    else:
-        setup = launch_setup(kernel_problem)
-        forward_only, native_forward = setup.forward_only, setup.native_forward_only
-        if setup.gluon:
-            # No native program: the Gluon launch is not a bound Triton launch.
-            forward_only, native_forward = partial(_gluon_forward_only, setup), None
+    planned = planned_kernels(problem if padded is None else padded)
     if padded is not None:
-        run = partial(padded_attention, _DEFAULT_IMPLEMENTATION, padded=padded, forward_only=forward_only)
-        return PreparedRun(run)
-    run = partial(flash_attention, _DEFAULT_IMPLEMENTATION, forward_only=forward_only)
-    return PreparedRun(run, native_forward=native_forward)
-
-
-def _gluon_forward_only(setup, q, k, v) -> torch.Tensor:
-    """The forward of a Gluon-routed problem without gradients: the Gluon kernel for layouts it
-    reads as they are, the plain kernels for the others."""
-    if gluon_layout_ok(q, k, v):
-        return gluon_forward(q, k, v, setup.problem)[0]
-    return setup.forward_only(q, k, v)
+        run = partial(padded_attention, planned, padded=padded, forward_only=planned.forward_only)
+        return PreparedRun(run, plan=planned.plan)
+    run = partial(flash_attention, planned, forward_only=planned.forward_only)
+    return PreparedRun(run, native_forward=planned.native_forward, plan=planned.plan)
 
 
 def triton_device_support(device: torch.device) -> str | None:
@@ -209,7 +276,11 @@ _DEFAULT_IMPLEMENTATION = TritonImplementation()
 __all__ = [
     "AttentionConfig",
     "KernelConfig",
+    "KernelPlan",
+    "PlannedKernels",
     "TritonImplementation",
+    "forget_plans",
+    "planned_kernels",
     "triton_attention",
     "triton_device_support",
     "triton_problem_support",

@@ -131,7 +131,7 @@ def default_config(
 
 
 @functools.cache
-def _load_table(path: str) -> dict:
+def load_table(path: str) -> dict:
     with open(path) as f:
         table = json.load(f)
     if "families" not in table:
@@ -161,6 +161,17 @@ def get_config(
     return _lookup_config(index, os.environ.get(CONFIG_ENV), dtype, head_dim, value_dim, causal)
 
 
+def gpu_table(device: torch.device) -> dict | None:
+    """The whole config table of ``device`` (:func:`table_path`; the Gluon kernels' section
+    included, :mod:`attnkit.triton.gluon.config`), or None: the CPU, or a GPU with no table.
+    Read once per (device, override)."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    path = table_path(torch.device("cuda", index))
+    return None if path is None else load_table(str(path))
+
+
 @functools.cache
 def _lookup_config(
     cuda_index: int | None,
@@ -173,7 +184,7 @@ def _lookup_config(
     interpreted = cuda_index is None
     path = None if interpreted else table_path(torch.device("cuda", cuda_index))
     if path is not None:
-        entry = _load_table(str(path))["families"].get(family_key(dtype, head_dim, value_dim, causal))
+        entry = load_table(str(path))["families"].get(family_key(dtype, head_dim, value_dim, causal))
         if entry is not None:
             return AttentionConfig.from_dict(entry)
     return default_config(dtype, head_dim, value_dim, interpreted)

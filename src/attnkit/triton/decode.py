@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 import torch
 import triton
 
-from attnkit.fastpath.native import native_launch
 from attnkit.inputs import AttentionProblem
 from attnkit.prepared import NativeProgram
 from attnkit.triton.config import next_power_of_2, padded_dim
 from attnkit.triton.decode_kernels import _decode_combine_kernel, _decode_split_kernel, _merge_pair_kernel
 from attnkit.triton.fast_launch import KernelLaunch
 from attnkit.triton.launch import _capability, _dot_precision
+from attnkit.triton.native_launch import native_launch
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from attnkit.triton.forward_kernels import LN2, _dot, _load_tile, _visible
+from attnkit.triton.softmax import _online_softmax_step
 
 #: Runtime ints Triton must not specialise (a value of 1 would become a compile-time constant).
 DECODE_DYNAMIC_INTS = ["q_len", "kv_len", "group_size", "kv_heads", "chunk", "block_size", "lse_offset"]
@@ -134,7 +135,7 @@ def _decode_split_kernel(
             HEAD_PAD,
             True,
         )
-        s = _dot(q, tl.trans(k), None, DOT_PRECISION) * qk_scale
+        qk = _dot(q, tl.trans(k), None, DOT_PRECISION)
         # Keys of this chunk and of the sequence, rows of the group; causally, the forward's band
         # (no window) with the sequence's own offset.
         visible = col_ok[None, :] & row_ok[:, None]
@@ -142,13 +143,7 @@ def _decode_split_kernel(
             visible = visible & _visible(
                 query[:, None], cols[None, :], 0, causal_offset, 0, False, True, False
             )
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row with nothing visible so far keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
-        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_new, l_i = _online_softmax_step(qk, qk_scale, visible, m_i, l_i, True)
         v_rows = _kv_rows(
             TABLE, stride_tb, batch, start, cols, end_n, stride_vb, stride_vn, block_size, PAGED, PAGE_ALIGNED
         )

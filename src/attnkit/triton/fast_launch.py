@@ -45,8 +45,8 @@ with the fixed arguments unchanged (the tensors' dtypes and alignment, the devic
 and hooks, the kernel's globals) and launches nothing when any did; the caller takes its
 normal path.
 
-Native launches. :mod:`attnkit.fastpath.native` describes a bound launch as data for the
-compiled fast path (:func:`attnkit.fastpath.native.native_launch`); each entry keeps what that
+Native launches. :mod:`attnkit.triton.native_launch` describes a bound launch as data for the
+compiled fast path (:func:`attnkit.triton.native_launch.native_launch`); each entry keeps what that
 needs of its compiled kernel (``native_layout``).
 
 Tensor descriptors (TMA). A :class:`KernelLaunch` built with ``tensor_descriptors={position:
@@ -91,7 +91,7 @@ from typing import Any
 
 import torch
 
-from attnkit.fastpath.native import native_layout
+from attnkit.triton.native_launch import native_layout
 from attnkit.triton.runtime import TritonRuntime, find_runtime
 
 #: Entries per :class:`KernelLaunch` before its cache is cleared (a program sweeping layouts).
@@ -164,7 +164,7 @@ class _Entry:
     raw_launch: Callable | None = None
     raw_flags: tuple = ()
     tma_plan: tuple = ()
-    #: triton 3.6, no descriptors: :func:`attnkit.fastpath.native.native_layout`; None elsewhere.
+    #: triton 3.6, no descriptors: :func:`attnkit.triton.native_launch.native_layout`; None elsewhere.
     native_layout: tuple | None = None
 
     def globals_unchanged(self) -> bool:

@@ -50,6 +50,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from attnkit.triton.softmax import _online_softmax_step
+
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
 
@@ -222,23 +224,12 @@ def _attn_fwd_inner(
         )  # fmt: skip
         qk = _dot(q, tl.trans(k), None, DOT_PRECISION)
         if MASKED:
-            s = qk * qk_scale
             visible = _visible(
                 rows[:, None], cols[None, :], kv_len, causal_offset, lower_offset, True, CAUSAL, WINDOW
             )
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # A row with nothing visible so far keeps max -inf: shift by 0 so exp2 gives 0, not NaN.
-            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - shift[:, None])
-            alpha = tl.exp2(m_i - shift)
         else:
-            # qk_scale >= 0, so the row max of the scaled scores is the scaled row max, and
-            # scaling and shifting a score is one FMA.
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            p = tl.exp2(qk * qk_scale - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+            visible = None
+        p, alpha, m_new, l_i = _online_softmax_step(qk, qk_scale, visible, m_i, l_i, MASKED)
         v = _head_rows_tile(
             V, v_offs, stride_vn, batch, kv_head, start, cols, kv_len, offs_dv,
             VALUE_DIM, VALUE_PAD, BLOCK_N, MASKED, TMA,
@@ -251,7 +242,7 @@ def _attn_fwd_inner(
 
 
 @triton.jit(do_not_specialize=DYNAMIC_INTS)
-def _attn_fwd_kernel(
+def _plain_fwd_kernel(
     Q, K, V, O, LSE,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,

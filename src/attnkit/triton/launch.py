@@ -20,14 +20,13 @@ from enum import Enum
 import torch
 import triton
 
-from attnkit.fastpath.native import native_launch
 from attnkit.inputs import AttentionProblem
 from attnkit.prepared import NativeProgram
 from attnkit.triton.backward_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_bwd_preprocess
 from attnkit.triton.config import AttentionConfig, get_config, padded_dim
 from attnkit.triton.fast_launch import KernelLaunch
-from attnkit.triton.forward_kernels import _attn_fwd_kernel
-from attnkit.triton.gluon_route import use_gluon
+from attnkit.triton.forward_kernels import _plain_fwd_kernel
+from attnkit.triton.native_launch import native_launch
 
 #: Host-side TMA descriptors arrived in triton 3.4; older versions keep the pointer path.
 _HAS_DESCRIPTORS = importlib.util.find_spec("triton.tools.tensor_descriptor") is not None
@@ -76,9 +75,6 @@ class LaunchSetup:
     stride_limit: int = _INT32_LIMIT
     #: The device and dtype allow TMA descriptors (the layout is checked per call).
     tma_possible: bool = False
-    #: The forward runs on the warp-specialized Gluon kernel for layouts it reads as they are
-    #: (:mod:`attnkit.triton.gluon_route`); never with an explicit config (a tuner's run).
-    gluon: bool = False
     #: Keyword arguments (constexprs, warps, stages) of each launch, built once.
     kernel_kwargs: dict = field(default_factory=dict, compare=False)
     #: Each kernel with those arguments ("fwd", "preprocess", "dkdv", "dq"; "*_tma" with
@@ -94,7 +90,6 @@ class LaunchSetup:
     @classmethod
     def build(cls, problem: AttentionProblem, config: AttentionConfig | None = None) -> LaunchSetup:
         p = problem
-        gluon = config is None and use_gluon(p)
         if config is None:
             config = get_config(p.device, p.dtype, p.head_dim, p.value_dim, p.causal)
         head_pad, value_pad = padded_dim(p.head_dim), padded_dim(p.value_dim)
@@ -121,7 +116,6 @@ class LaunchSetup:
                 and _capability(p.device)[0] == 9
                 and p.batch * p.q_heads * p.q_len * p.kv_len >= TMA_MIN_SCORES
             ),
-            gluon=gluon,
         )
         for name in ("fwd", "dkdv", "dq"):
             cfg = getattr(config, name)
@@ -148,14 +142,14 @@ class LaunchSetup:
         dkdv_tma = streamed_blocks(0, 3, config.dkdv.block_m)
         dq_tma = streamed_blocks(1, 2, config.dq.block_n)
         setup.launches.update(
-            fwd=KernelLaunch(_attn_fwd_kernel, **fwd_kwargs, TMA=False, STORE_LSE=True),
+            fwd=KernelLaunch(_plain_fwd_kernel, **fwd_kwargs, TMA=False, STORE_LSE=True),
             fwd_tma=KernelLaunch(
-                _attn_fwd_kernel, tensor_descriptors=fwd_tma, **fwd_kwargs, TMA=True, STORE_LSE=True
+                _plain_fwd_kernel, tensor_descriptors=fwd_tma, **fwd_kwargs, TMA=True, STORE_LSE=True
             ),
             # Without the log-sum-exp: the forward of a call no backward follows.
-            fwd_out=KernelLaunch(_attn_fwd_kernel, **fwd_kwargs, TMA=False, STORE_LSE=False),
+            fwd_out=KernelLaunch(_plain_fwd_kernel, **fwd_kwargs, TMA=False, STORE_LSE=False),
             fwd_out_tma=KernelLaunch(
-                _attn_fwd_kernel, tensor_descriptors=fwd_tma, **fwd_kwargs, TMA=True, STORE_LSE=False
+                _plain_fwd_kernel, tensor_descriptors=fwd_tma, **fwd_kwargs, TMA=True, STORE_LSE=False
             ),
             preprocess=KernelLaunch(_attn_bwd_preprocess, **kwargs["preprocess"]),
             dkdv=KernelLaunch(_attn_bwd_dkdv_kernel, **kwargs["dkdv"], TMA=False),
@@ -331,8 +325,8 @@ def launch_setup(problem: AttentionProblem, config: AttentionConfig | None = Non
 
 
 def forget_setups() -> None:
-    """Drop every memoised :class:`LaunchSetup` (after changing ``$ATTNKIT_TRITON_CONFIG`` or
-    ``$ATTNKIT_GLUON``)."""
+    """Drop every memoised :class:`LaunchSetup` (after changing ``$ATTNKIT_TRITON_CONFIG``;
+    :func:`attnkit.triton.forget_plans` drops the plans too)."""
     _SETUPS.clear()
 
 

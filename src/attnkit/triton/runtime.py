@@ -33,7 +33,7 @@ class TritonRuntime:
     fill_tma: Callable | None = None
     tma_dtype_codes: dict | None = None
     #: The compiled launcher packs arguments as triton 3.6's does
-    #: (:func:`attnkit.fastpath.native.native_launch`).
+    #: (:func:`attnkit.triton.native_launch.native_launch`).
     native_launches: bool = False
 
     def options(self) -> tuple | None:

@@ -19,7 +19,7 @@
 // Anything it does not take it hands back (None) or to the entry's Python run, never decides.
 //
 // A run whose forward without gradients is a fixed list of Triton launches (the Triton path)
-// describes them per layout as a NativeProgram (attnkit.fastpath.native, which says how they
+// describes them per layout as a NativeProgram (attnkit.triton.native_launch, which says how they
 // mirror triton 3.6's launcher); a call of a kept layout then allocates the outputs and makes
 // the launches here, through the CUDA driver's cuLaunchKernelEx, after asking each launch's
 // `ready()` whether Triton's knobs, hooks and the kernel's globals still allow it.

@@ -110,8 +110,8 @@ def layout_ok(*tensors: torch.Tensor) -> bool:
 
 def device_reason(device: torch.device) -> str | None:
     """None if the kernel can run on ``device``, else why not: a CUDA sm_90 device, and the
-    Gluon API the kernels are written against (:func:`attnkit.gluon.unavailable_reason`)."""
-    import attnkit.gluon as gluon  # the optional package: importing it never fails
+    Gluon API the kernels are written against (:func:`attnkit.triton.gluon.unavailable_reason`)."""
+    from attnkit.triton import gluon  # the optional package: importing it never fails
 
     if device.type != "cuda":
         return f"device {device} (the Gluon backward runs on CUDA sm_90)"

@@ -355,7 +355,7 @@ _DYNAMIC_INTS = ["q_len", "kv_len", "causal_offset", "n_bh"]
 
 
 @gluon.jit(do_not_specialize=_DYNAMIC_INTS)
-def _attn_fwd_kernel(
+def _gluon_fwd_kernel(
     q_desc, k_desc, v_desc, out_ptr, lse_ptr, q_len, kv_len, causal_offset, n_bh, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
