@@ -1,7 +1,8 @@
 """Which backwards of backend "triton" run on the Gluon Hopper kernel (CPU, white-box: a fake
 sm_90 device whose table section routes some cells): the plan picks it exactly in the routed
 cells, falls back for the problems, devices and layouts it does not take, ``$ATTNKIT_GLUON=0``
-turns it off, and a training call runs the plan made once for its problem."""
+turns it off, and a training call runs the plan made once for its problem; on an sm_90 GPU,
+training through it against the oracle."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import torch
 from conftest import DEVICE
 
 import attnkit
+import attnkit.triton.gluon as gluon
 from attnkit.inputs import check_inputs
-from attnkit.testing import make_tensor
+from attnkit.testing import assert_close_to_reference, compare_to_reference, make_tensor
 from attnkit.triton import PlannedKernels, forget_plans
 from attnkit.triton import plan as kernel_plan
 from attnkit.triton.gluon import route
@@ -201,3 +203,76 @@ def test_the_gluon_backward_keeps_the_determinism_promise(every_backward):
     finally:
         torch.use_deterministic_algorithms(previous)
     assert every_backward, "the planned Gluon backward did not run under deterministic algorithms"
+
+
+_GPU_REASON = (
+    gluon.unavailable_reason() if DEVICE.type == "cuda" else f"needs an sm_90 GPU; tests run on {DEVICE}"
+)
+needs_hopper = pytest.mark.skipif(_GPU_REASON is not None, reason=f"Gluon Hopper backward: {_GPU_REASON}")
+
+
+@pytest.fixture
+def gluon_backward_calls(monkeypatch):
+    """Counts the backwards that run on the Gluon kernel; every supported problem routed to it
+    (all cells, no size floor: small and ragged shapes then check the wiring)."""
+    monkeypatch.delenv(route.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(route, "GLUON_MIN_SCORES", 0)
+    every_cell = {(d, c): 1 for d in (64, 128) for c in (False, True)}
+    monkeypatch.setattr(route, "routed_cells", lambda *_: every_cell)
+    calls = []
+    real = route.gluon_backward
+
+    def counting(grad_out, q, k, v, out, lse, problem):
+        calls.append(problem)
+        return real(grad_out, q, k, v, out, lse, problem)
+
+    monkeypatch.setattr("attnkit.triton.gluon_backward", counting)
+    forget_plans()
+    attnkit.api._forget_plans()
+    yield calls
+    forget_plans()
+    attnkit.api._forget_plans()
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(
+    ("b", "h", "hk", "n", "m", "d", "causal"),
+    [
+        (2, 4, 4, 1000, 1000, 128, True),
+        (2, 4, 2, 1000, 1000, 64, False),
+        (1, 4, 1, 300, 700, 64, True),
+        (1, 2, 2, 700, 300, 128, True),
+        (1, 2, 2, 2048, 2048, 128, False),
+    ],
+)
+def test_backend_triton_trains_through_the_gluon_backward_and_matches_the_oracle(
+    gluon_backward_calls, b, h, hk, n, m, d, causal, dtype
+):
+    gen = torch.Generator().manual_seed(0)
+    q = make_tensor((b, h, n, d), dtype=dtype, device=DEVICE, generator=gen)
+    k, v = (make_tensor((b, hk, m, d), dtype=dtype, device=DEVICE, generator=gen) for _ in range(2))
+    grad_out = make_tensor((b, h, n, d), dtype=dtype, device=DEVICE, generator=gen)
+
+    def run(q_, k_, v_):
+        return attnkit.attention(q_, k_, v_, causal=causal, backend="triton")
+
+    checks = compare_to_reference(run, q, k, v, causal=causal, scale=None, grad_out=grad_out)
+    assert_close_to_reference(
+        f"triton (Gluon backward) B={b} H={h}/{hk} N={n} M={m} D={d} causal={causal} {dtype}", checks
+    )
+    assert gluon_backward_calls, "the backward did not run on the Gluon kernel"
+
+
+@needs_hopper
+def test_the_switch_off_trains_through_the_plain_backward(gluon_backward_calls, monkeypatch):
+    monkeypatch.setenv(route.ENV_SWITCH, "0")
+    forget_plans()
+    attnkit.api._forget_plans()
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (
+        make_tensor((1, 2, 512, 128), dtype=torch.bfloat16, device=DEVICE, generator=gen).requires_grad_()
+        for _ in range(3)
+    )
+    attnkit.attention(q, k, v, backend="triton").backward(torch.ones_like(q))
+    assert not gluon_backward_calls, f"${route.ENV_SWITCH}=0 still ran the Gluon backward"

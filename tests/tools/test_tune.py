@@ -121,8 +121,11 @@ def test_a_gluon_candidate_that_fails_to_compile_or_is_wrong_is_recorded_not_tim
 
     monkeypatch.setattr(tune_gluon, "outside_tolerance_rule", rule)
     monkeypatch.setattr(tune_gluon, "backward_outside_tolerance_rule", backward_rule)
+    warmed = []
+    monkeypatch.setattr(tune_gluon, "_warm_up", lambda *job: warmed.append(job))
     jobs = tune_gluon.candidate_jobs([(128, True)], ("forward", "backward"))
     verdicts = tune_gluon.check_all(jobs, workers=1)
+    assert warmed == [job for job in jobs if verdicts[job] == ""], "only a usable candidate is warmed up"
     assert verdicts["forward", 128, True, "2wg-s2"] == ""
     assert verdicts["forward", 128, True, "3wg-n128-s3"].startswith("failed: RuntimeError: out of resources")
     assert verdicts["forward", 128, True, "2wg-persistent-s2"] == "wrong: out: 3.1x the yardstick"
@@ -237,3 +240,68 @@ def test_the_tuning_commands_parse(argv, monkeypatch):
 
 class _Parsed(Exception):
     pass
+
+
+def test_the_backward_measurement_keeps_the_closest_candidate_and_routes_where_it_beats_the_plain(
+    monkeypatch,
+):
+    """measure_section's backward pass with every GPU call faked (times by candidate and N):
+    the wrong candidate is not timed, the one closest to the best at every length is kept, and
+    the cell is routed from where it beats the plain backward at that and every longer N."""
+    import triton.testing
+
+    import attnkit.triton.gluon as gluon
+    import attnkit.triton.gluon.backward_launch as backward_launch
+    import attnkit.triton.launch as triton_launch
+    import attnkit_perf.measure.machine as machine
+    from attnkit_tools import tune, tune_gluon
+
+    lengths = tune_gluon.ROUTING_SEQ_LENS
+    plain = dict(zip(lengths, (1.0, 2.0, 4.0, 8.0, 16.0), strict=True))
+    by_label = {
+        "dkdv": (1.2, 2.2, 3.9, 7.9, 15.9),  # faster from 4096 on, a little
+        "dkdv+dq-n128-split": (1.1, 2.1, 3.5, 7.0, 14.0),  # faster from 4096 on, the most
+        "dkdv+dq-n128": (0.5, 1.0, 2.0, 4.0, 8.0),  # wrong: never timed
+    }
+    configs = {tune_gluon.BACKWARD_CANDIDATES[label]: times for label, times in by_label.items()}
+
+    def fake_bench(fn, return_mode):
+        assert return_mode == "median"
+        n = fn.args[0]  # the fake inputs are their length
+        if fn.func is fake_plain_backward:
+            return plain[n]
+        times = configs.get(fn.args[-1], tuple(9 * t for t in plain.values()))
+        return dict(zip(lengths, times, strict=True))[n]
+
+    def fake_plain_backward(*args):
+        raise AssertionError("timed, not run")
+
+    batches = []
+
+    def fake_inputs(dtype, head_dim, causal, n, batch=4):
+        batches.append((n, batch))
+        return n, n, n, n, (head_dim, causal)
+
+    monkeypatch.setattr(gluon, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(machine, "provenance", lambda device: {"gpu_key": "fake"})
+    monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
+    monkeypatch.setattr(tune, "_inputs", fake_inputs)
+    monkeypatch.setattr(triton_launch, "launch_setup", lambda problem: None)
+    monkeypatch.setattr(triton_launch, "attention_forward", lambda *args: (None, None))
+    monkeypatch.setattr(triton_launch, "attention_backward", fake_plain_backward)
+    monkeypatch.setattr(backward_launch, "launch", lambda *args: None)
+    wrong = {("backward", 128, True, "dkdv+dq-n128"): "wrong: dq: 2.0x the yardstick"}
+    monkeypatch.setattr(
+        tune_gluon, "check_all", lambda jobs, workers: {job: wrong.get(job, "") for job in jobs}
+    )
+    log = []
+    section = tune_gluon.measure_section([4096], log.append, [(128, True)], passes=("backward",))
+    assert "forward" not in section and section["provenance"] == {"gpu_key": "fake"}
+    kept = tune_gluon.BACKWARD_CANDIDATES["dkdv+dq-n128-split"]
+    assert section["backward"] == {"d128-causal": kept.as_dict()}
+    assert section["routed"] == {"backward": {"d128-causal": 4096}}
+    timings = section["timings_ms"]["backward"]["d128-causal"]
+    assert timings["dkdv+dq-n128"] == "wrong: dq: 2.0x the yardstick"
+    assert timings["plain"] == {str(n): t for n, t in plain.items()}
+    assert timings["dkdv"]["16384"] == 15.9
+    assert batches == [(n, 2 if n == 16384 else 4) for n in lengths]
