@@ -214,8 +214,9 @@ def merged_section(section: Mapping, measured: Mapping) -> dict:
     for name in passes:
         cells = measured.get("timings_ms", {}).get(name, measured[name])
         routed = merged["routed"].setdefault(name, {})
-        for key in cells:
+        for key in cells:  # a cell where no candidate passed keeps neither config nor route
             routed.pop(key, None)
+            merged[name].pop(key, None)
         routed.update(measured["routed"].get(name, {}))
         merged[name].update(measured[name])
         if name in measured.get("timings_ms", {}):
