@@ -86,8 +86,9 @@ def backward_batch(seq_len: int) -> int:
 #: The Gluon backward's cells as measured on an H200 before the tuner measured the backward
 #: (the kernel's own A/B runs, recorded in docs/VERIFICATION.md), written into that GPU's table
 #: by ``tune --gluon-recorded-backward`` until ``tune --gluon --passes backward`` re-measures
-#: them there. At D = 64 the Gluon dQ pass was slower than the plain one; at D = 128 causal the
-#: dK/dV pass beat the plain one only with ``split_masked``, which made D = 64 causal slower.
+#: them there. At D = 64 the Gluon dQ pass was slower than the plain one, and three consumer
+#: warpgroups no faster than two; at D = 128 causal the dK/dV pass beat the plain one only with
+#: ``split_masked``, which made D = 64 causal slower.
 RECORDED_BACKWARD = {
     "gpu_key": "nvidia-h200",
     "configs": {
