@@ -51,9 +51,9 @@ DEFAULT_ORDER = ("triton", "sdpa", "tiled", "naive")
 TABLE_FORMAT = 1
 
 #: Whose backward is deterministic under ``torch.use_deterministic_algorithms(True)``:
-#: ``"always"``: in every mode: the Triton backward (each gradient element written by one
-#: program, in a fixed order, no atomics), and the paths made of ATen ops, which follow the mode
-#: themselves (tiled, naive, SDPA's math); ``"strict"``: only with ``warn_only=False``, where
+#: ``"always"``: in every mode: the Triton backward, plain or Gluon (each gradient element
+#: written by one program, in a fixed order, no atomics), and the paths made of ATen ops, which
+#: follow the mode themselves (tiled, naive, SDPA's math); ``"strict"``: only with ``warn_only=False``, where
 #: PyTorch runs flash's deterministic backward and the memory-efficient one on a single key
 #: split, and its own choice (``"sdpa"``) never takes cuDNN (with ``warn_only=True`` they warn and
 #: run the non-deterministic kernels). cuDNN's backward is not deterministic; a path not named

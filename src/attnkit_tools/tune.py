@@ -24,8 +24,13 @@ their entries from the existing table, whose provenance is kept as ``previous_pr
 
 The table's ``gluon`` section (the Gluon Hopper kernels' tiles and routed cells,
 :mod:`attnkit_tools.tune_gluon`) is kept as it is by a Triton tuning run; ``--gluon`` measures
-it on this GPU (and leaves the Triton families as they are), ``--gluon-carry-over TABLE``
-copies another GPU's section, saying so in its provenance, until this GPU measures its own.
+it on this GPU (and leaves the Triton families as they are), the forward's and the backward's
+cells (``--passes``) of every cell or of some (``--cells``: one process a GPU can measure a
+cell each); ``--gluon-carry-over TABLE`` copies another GPU's section, saying so in its
+provenance, until this GPU measures its own; ``--gluon-recorded-backward`` writes the Gluon
+backward's cells recorded on the GPU they were measured on
+(:data:`attnkit_tools.tune_gluon.RECORDED_BACKWARD`) into that GPU's table, until it measures
+them with ``--gluon --passes backward``.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ import torch
 from attnkit.device import gpu_key
 from attnkit.inputs import check_inputs
 from attnkit.triton.config import AttentionConfig, KernelConfig, default_config, family_key
-from attnkit.triton.gluon.config import cell_key, parse_cell
+from attnkit.triton.gluon.config import PASSES, cell_key, parse_cell
 from attnkit.triton.launch import LaunchSetup, attention_forward, bwd_dkdv, bwd_dq, bwd_preprocess
 from attnkit_perf.measure.machine import provenance
 from attnkit_perf.measure.timing import median_time_s
@@ -53,6 +58,7 @@ from attnkit_tools.tune_gluon import (
     carried_section,
     measure_section,
     merge_measured,
+    recorded_backward,
     write_families,
     write_section,
 )
@@ -288,6 +294,19 @@ def main(argv: list[str] | None = None) -> int:
         help="with --gluon: measure only these cells (processes on other GPUs may measure the others)",
     )
     parser.add_argument(
+        "--passes",
+        nargs="+",
+        choices=list(PASSES),
+        default=list(PASSES),
+        help="with --gluon: measure only these passes; the others keep their cells",
+    )
+    parser.add_argument(
+        "--gluon-recorded-backward",
+        action="store_true",
+        help="write the Gluon backward's recorded cells into the table at --out, marked as recorded "
+        "(only for the GPU they were measured on; no GPU needed)",
+    )
+    parser.add_argument(
         "--gluon-carry-over",
         metavar="TABLE",
         help="copy TABLE's Gluon section into the table at --out, marked as carried over (no GPU needed)",
@@ -302,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         write_section(args.out, carried_section(source, args.gluon_carry_over, target))
         print(f"wrote the Gluon section of {args.gluon_carry_over} into {args.out}", flush=True)
         return 0
+    if args.gluon_recorded_backward:
+        if not args.out:
+            parser.error("--gluon-recorded-backward needs --out (the table to write into)")
+        merge_measured(args.out, recorded_backward(_existing_table(args.out).get("gpu_key", "?")))
+        print(f"wrote the recorded Gluon backward cells into {args.out}", flush=True)
+        return 0
     if not torch.cuda.is_available():
         print("tune needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -309,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or f"src/attnkit/triton/configs/{gpu_key(device)}.json"
     if args.gluon:
         cells = None if not args.cells else [parse_cell(key) for key in args.cells]
-        merge_measured(out, measure_section(args.seq_lens, _log, cells, workers=args.jobs))
+        measured = measure_section(args.seq_lens, _log, cells, workers=args.jobs, passes=args.passes)
+        merge_measured(out, measured)
         print(f"wrote the measured Gluon cells into {out}", flush=True)
         return 0
     previous = _previous_table(out, args.kernels)

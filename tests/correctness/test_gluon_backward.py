@@ -1,7 +1,8 @@
-"""The Gluon Hopper backward (:mod:`attnkit.triton.gluon`): problems it declines (everywhere), its
-routing rule, its lowering for sm_90 (without a GPU), and on an sm_90 GPU each stage against the
-oracle under the tolerance rule (the dK/dV pass with the portable dQ pass, then both Gluon
-passes), for MHA and GQA, ragged lengths and N != M, and bitwise-equal gradients across runs."""
+"""The Gluon Hopper backward (:mod:`attnkit.triton.gluon`): problems it declines (everywhere), the
+H200's routed cells, its lowering for sm_90 (without a GPU), and on an sm_90 GPU each stage
+against the oracle under the tolerance rule (the dK/dV pass with the portable dQ pass, then both
+Gluon passes), for MHA and GQA, ragged lengths and N != M, and bitwise-equal gradients across
+runs. Which problems the Triton path runs on it: tests/correctness/test_gluon_backward_plan.py."""
 
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ from attnkit.inputs import check_inputs
 from attnkit.testing import assert_close_to_reference, compare_to_reference
 from attnkit.triton import gluon
 from attnkit.triton.gluon import backward_launch
-from attnkit.triton.gluon.backward_launch import (
-    REGISTERS,
-    ROUTED_CELLS,
-    BackwardConfig,
-    backward_preferred,
-    backward_support,
-)
+from attnkit.triton.gluon.backward_launch import REGISTERS
+from attnkit.triton.gluon.config import BackwardConfig, backward_configs, packaged_section, routed_cells
+from attnkit.triton.gluon.support import backward_problem_support
+
+#: The configs of the cells the backward is routed in on the H200 (its committed table).
+H200 = packaged_section("nvidia-h200")
+ROUTED_CELLS = backward_configs(H200)
 
 _GPU_REASON = (
     gluon.unavailable_reason() if DEVICE.type == "cuda" else f"needs an sm_90 GPU; tests run on {DEVICE}"
@@ -48,27 +49,53 @@ def _problem(hq=2, hk=2, n=128, m=128, d=64, dtype=torch.bfloat16, causal=False,
     ],
 )
 def test_support_rule_names_what_it_declines(change, message):
-    reason = backward_support(_problem(**change))
+    reason = backward_problem_support(_problem(**change))
     assert reason is not None and message in reason
 
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_support_rule_takes_gqa_and_either_mask(d, causal):
-    assert backward_support(_problem(hq=4, hk=2, d=d, causal=causal)) is None
+    assert backward_problem_support(_problem(hq=4, hk=2, d=d, causal=causal)) is None
 
 
-def test_routes_only_the_measured_cells():
-    assert backward_preferred(_problem(n=4096, m=4096, d=128)) == BackwardConfig(dq_block_n=128)
-    assert backward_preferred(_problem(n=4096, m=4096, d=64, causal=True)) == BackwardConfig(gluon_dq=False)
-    assert backward_preferred(_problem(n=4096, m=4096, d=128, causal=True)).split_masked
-    assert backward_preferred(_problem(n=2048, m=2048, d=128)) is None
+def test_the_h200_table_routes_the_measured_cells_with_their_configs():
+    assert routed_cells(H200, "backward") == {(d, c): 4096 for d in (64, 128) for c in (False, True)}
+    assert ROUTED_CELLS[128, False] == BackwardConfig(dq_block_n=128)
+    assert ROUTED_CELLS[64, True] == BackwardConfig(gluon_dq=False)
+    assert ROUTED_CELLS[128, True] == BackwardConfig(dq_block_n=128, split_masked=True)
+    assert "nvidia-h200" in H200["provenance_of"]["backward"]["source"]
+
+
+def test_the_h100_table_routes_no_backward():
+    # Not measured there: the H100 keeps the plain backward.
+    h100 = packaged_section("nvidia-h100-80gb-hbm3")
+    assert routed_cells(h100, "backward") == {} and backward_configs(h100) == {}
 
 
 def test_declines_a_cpu_problem_before_any_kernel():
     q, k, v, o, do = (torch.randn(1, 2, 64, 64, dtype=torch.bfloat16) for _ in range(5))
     lse = torch.zeros(1, 2, 64)
     with pytest.raises(UnsupportedProblemError, match="sm_90"):
+        backward_launch.backward(q, k, v, o, do, lse)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("float32", "float16 or bfloat16"),
+        ("transposed", "contiguous"),
+        ("lse-float16", "lse: expected contiguous float32"),
+    ],
+)
+def test_names_what_it_declines_before_the_device(change, message):
+    """Problem and layout are checked (on any machine) before the device is asked."""
+    dtype = torch.float32 if change == "float32" else torch.bfloat16
+    q, k, v, o, do = (torch.randn(1, 2, 64, 64, dtype=dtype) for _ in range(5))
+    if change == "transposed":
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    lse = torch.zeros(1, 2, 64, dtype=torch.float16 if change == "lse-float16" else torch.float32)
+    with pytest.raises(UnsupportedProblemError, match=message):
         backward_launch.backward(q, k, v, o, do, lse)
 
 

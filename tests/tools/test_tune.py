@@ -8,7 +8,13 @@ import json
 import pytest
 
 from attnkit.triton.config import KernelConfig
-from attnkit.triton.gluon.config import forward_configs, packaged_section, routed_cells
+from attnkit.triton.gluon.config import (
+    BackwardConfig,
+    backward_configs,
+    forward_configs,
+    packaged_section,
+    routed_cells,
+)
 from attnkit_tools.tune import _label, closest_to_best
 from attnkit_tools.tune import main as tune_main
 from attnkit_tools.tune_gluon import carried_section, merge_measured, routed_from, write_families
@@ -83,7 +89,7 @@ def test_measured_cells_replace_the_carried_ones_and_keep_the_others(tmp_path):
     path = _table(tmp_path / "b.json", "gpu-b", section)
     measured = {"provenance": {"gpu_key": "gpu-b"}, "seq_lens": [4096], "routing_seq_lens": [4096],
                 "forward": {"d64-full": {**MEASURED_CELL, "stages": 3}}, "routed": {"forward": {}},
-                "timings_ms": {"d64-full": {}}}  # fmt: skip
+                "timings_ms": {"forward": {"d64-full": {}}}}  # fmt: skip
     merge_measured(str(path), measured)
     written = json.loads(path.read_text())["gluon"]
     assert written["provenance"] == {"gpu_key": "gpu-b"}
@@ -110,12 +116,102 @@ def test_a_gluon_candidate_that_fails_to_compile_or_is_wrong_is_recorded_not_tim
             raise RuntimeError("out of resources: shared memory")
         return "out: 3.1x the yardstick" if cfg.persistent else ""
 
+    def backward_rule(head_dim, causal, cfg):
+        return "dq: 2.0x the yardstick" if cfg.gluon_dq and cfg.dq_block_n == 64 else ""
+
     monkeypatch.setattr(tune_gluon, "outside_tolerance_rule", rule)
-    jobs = [(128, True, label) for label in tune_gluon.FORWARD_CANDIDATES]
+    monkeypatch.setattr(tune_gluon, "backward_outside_tolerance_rule", backward_rule)
+    warmed = []
+    monkeypatch.setattr(tune_gluon, "_warm_up", lambda *job: warmed.append(job))
+    jobs = tune_gluon.candidate_jobs([(128, True)], ("forward", "backward"))
     verdicts = tune_gluon.check_all(jobs, workers=1)
-    assert verdicts[128, True, "2wg-s2"] == ""
-    assert verdicts[128, True, "3wg-n128-s3"].startswith("failed: RuntimeError: out of resources")
-    assert verdicts[128, True, "2wg-persistent-s2"] == "wrong: out: 3.1x the yardstick"
+    assert warmed == [job for job in jobs if verdicts[job] == ""], "only a usable candidate is warmed up"
+    assert verdicts["forward", 128, True, "2wg-s2"] == ""
+    assert verdicts["forward", 128, True, "3wg-n128-s3"].startswith("failed: RuntimeError: out of resources")
+    assert verdicts["forward", 128, True, "2wg-persistent-s2"] == "wrong: out: 3.1x the yardstick"
+    assert verdicts["backward", 128, True, "dkdv+dq"] == "wrong: dq: 2.0x the yardstick"
+    assert verdicts["backward", 128, True, "dkdv+dq-n128-split"] == ""
+
+
+#: The configs the kernel's own A/B runs measured fastest per cell on an H200.
+KERNEL_MEASURED = {
+    (64, False): BackwardConfig(gluon_dq=False),
+    (64, True): BackwardConfig(gluon_dq=False),
+    (128, False): BackwardConfig(dq_block_n=128),
+    (128, True): BackwardConfig(dq_block_n=128, split_masked=True),
+}
+
+
+@pytest.mark.parametrize(("d", "causal"), list(KERNEL_MEASURED))
+def test_the_backward_candidates_hold_the_measured_config_and_its_neighbours(d, causal):
+    from attnkit_tools import tune_gluon
+
+    tried = [tune_gluon.BACKWARD_CANDIDATES[label] for label in tune_gluon.backward_candidates(causal)]
+    measured = KERNEL_MEASURED[d, causal]
+    assert measured in tried
+    assert any(cfg.gluon_dq != measured.gluon_dq for cfg in tried), "no neighbour with the other dQ pass"
+    if causal:
+        assert any(cfg.split_masked != measured.split_masked for cfg in tried), "split_masked not varied"
+    else:
+        assert not any(cfg.split_masked for cfg in tried), "split_masked changes nothing without a mask"
+    jobs = tune_gluon.candidate_jobs([(d, causal)], ("backward",))
+    assert {label for *_, label in jobs} == set(tune_gluon.backward_candidates(causal))
+    assert tune_gluon.backward_batch(16384) == 2 and tune_gluon.backward_batch(8192) == 4
+
+
+def test_the_recorded_backward_is_written_for_the_h200_only(tmp_path):
+    section = {
+        "provenance": {"source": "carried", "measured": {"gpu_key": "gpu-a"}},
+        "forward": {"d128-full": MEASURED_CELL},
+        "routed": {"forward": {"d128-full": 4096}},
+    }
+    h200 = _table(tmp_path / "h200.json", "nvidia-h200", section)
+    assert tune_main(["--gluon-recorded-backward", "--out", str(h200)]) == 0
+    written = json.loads(h200.read_text())["gluon"]
+    assert written["provenance"] == section["provenance"], "the forward's provenance changed"
+    assert forward_configs(written) == forward_configs(section)
+    assert routed_cells(written) == {(128, False): 4096}
+    assert routed_cells(written, "backward") == dict.fromkeys(KERNEL_MEASURED, 4096)
+    assert backward_configs(written) == KERNEL_MEASURED
+    recorded = written["provenance_of"]["backward"]
+    assert "recorded from the nvidia-h200 measurement" in recorded["source"]
+    assert "N=4096/8192/16384" in recorded["measured"]["measured"]
+    h100 = _table(tmp_path / "h100.json", "nvidia-h100-80gb-hbm3", section)
+    with pytest.raises(SystemExit, match="measured on nvidia-h200, not on nvidia-h100"):
+        tune_main(["--gluon-recorded-backward", "--out", str(h100)])
+    assert "backward" not in json.loads(h100.read_text())["gluon"]
+
+
+def test_a_measured_backward_replaces_the_recorded_one_and_its_provenance(tmp_path):
+    from attnkit_tools.tune_gluon import recorded_backward
+
+    section = {
+        "provenance": {"gpu_key": "nvidia-h200", "commit": "f"},
+        "forward": {"d128-full": MEASURED_CELL},
+        "routed": {"forward": {"d128-full": 4096}},
+    }
+    path = _table(tmp_path / "h200.json", "nvidia-h200", section)
+    merge_measured(str(path), recorded_backward("nvidia-h200"))
+    untuned = BackwardConfig().as_dict()
+    measured = {
+        "provenance": {"gpu_key": "nvidia-h200", "commit": "g"},
+        "routed": {"backward": {"d64-full": 8192}},
+        "backward": {"d64-full": untuned, "d64-causal": untuned},
+        "timings_ms": {"backward": {"d64-full": {}, "d64-causal": {}}},
+    }
+    merge_measured(str(path), measured)
+    written = json.loads(path.read_text())["gluon"]
+    assert routed_cells(written, "backward") == {(64, False): 8192, (128, False): 4096, (128, True): 4096}, (
+        "d64-causal measured slower must leave the routing; the unmeasured cells stay"
+    )
+    assert backward_configs(written)[64, False] == BackwardConfig()
+    assert written["provenance"] == section["provenance"], "a backward-only run replaced the forward's"
+    assert written["provenance_of"]["backward"] == measured["provenance"]
+    # Both passes measured in one run: one provenance for the section.
+    both = {**measured, "forward": {}, "routed": {"forward": {}, "backward": {}}, "seq_lens": [4096]}
+    merge_measured(str(path), both)
+    written = json.loads(path.read_text())["gluon"]
+    assert written["provenance"] == measured["provenance"] and "provenance_of" not in written
 
 
 @pytest.mark.parametrize(
@@ -124,6 +220,8 @@ def test_a_gluon_candidate_that_fails_to_compile_or_is_wrong_is_recorded_not_tim
         ["--jobs", "40"],
         ["--gluon", "--cells", "d64-full", "d64-causal", "--jobs", "14"],
         ["--gluon", "--cells", "d128-causal", "--jobs", "14"],
+        ["--gluon", "--passes", "forward", "backward", "--cells", "d64-full", "--jobs", "15"],
+        ["--gluon", "--passes", "backward", "--cells", "d128-full", "--jobs", "15"],
     ],
 )
 def test_the_tuning_commands_parse(argv, monkeypatch):
@@ -142,3 +240,68 @@ def test_the_tuning_commands_parse(argv, monkeypatch):
 
 class _Parsed(Exception):
     pass
+
+
+def test_the_backward_measurement_keeps_the_closest_candidate_and_routes_where_it_beats_the_plain(
+    monkeypatch,
+):
+    """measure_section's backward pass with every GPU call faked (times by candidate and N):
+    the wrong candidate is not timed, the one closest to the best at every length is kept, and
+    the cell is routed from where it beats the plain backward at that and every longer N."""
+    import triton.testing
+
+    import attnkit.triton.gluon as gluon
+    import attnkit.triton.gluon.backward_launch as backward_launch
+    import attnkit.triton.launch as triton_launch
+    import attnkit_perf.measure.machine as machine
+    from attnkit_tools import tune, tune_gluon
+
+    lengths = tune_gluon.ROUTING_SEQ_LENS
+    plain = dict(zip(lengths, (1.0, 2.0, 4.0, 8.0, 16.0), strict=True))
+    by_label = {
+        "dkdv": (1.2, 2.2, 3.9, 7.9, 15.9),  # faster from 4096 on, a little
+        "dkdv+dq-n128-split": (1.1, 2.1, 3.5, 7.0, 14.0),  # faster from 4096 on, the most
+        "dkdv+dq-n128": (0.5, 1.0, 2.0, 4.0, 8.0),  # wrong: never timed
+    }
+    configs = {tune_gluon.BACKWARD_CANDIDATES[label]: times for label, times in by_label.items()}
+
+    def fake_bench(fn, return_mode):
+        assert return_mode == "median"
+        n = fn.args[0]  # the fake inputs are their length
+        if fn.func is fake_plain_backward:
+            return plain[n]
+        times = configs.get(fn.args[-1], tuple(9 * t for t in plain.values()))
+        return dict(zip(lengths, times, strict=True))[n]
+
+    def fake_plain_backward(*args):
+        raise AssertionError("timed, not run")
+
+    batches = []
+
+    def fake_inputs(dtype, head_dim, causal, n, batch=4):
+        batches.append((n, batch))
+        return n, n, n, n, (head_dim, causal)
+
+    monkeypatch.setattr(gluon, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(machine, "provenance", lambda device: {"gpu_key": "fake"})
+    monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
+    monkeypatch.setattr(tune, "_inputs", fake_inputs)
+    monkeypatch.setattr(triton_launch, "launch_setup", lambda problem: None)
+    monkeypatch.setattr(triton_launch, "attention_forward", lambda *args: (None, None))
+    monkeypatch.setattr(triton_launch, "attention_backward", fake_plain_backward)
+    monkeypatch.setattr(backward_launch, "launch", lambda *args: None)
+    wrong = {("backward", 128, True, "dkdv+dq-n128"): "wrong: dq: 2.0x the yardstick"}
+    monkeypatch.setattr(
+        tune_gluon, "check_all", lambda jobs, workers: {job: wrong.get(job, "") for job in jobs}
+    )
+    log = []
+    section = tune_gluon.measure_section([4096], log.append, [(128, True)], passes=("backward",))
+    assert "forward" not in section and section["provenance"] == {"gpu_key": "fake"}
+    kept = tune_gluon.BACKWARD_CANDIDATES["dkdv+dq-n128-split"]
+    assert section["backward"] == {"d128-causal": kept.as_dict()}
+    assert section["routed"] == {"backward": {"d128-causal": 4096}}
+    timings = section["timings_ms"]["backward"]["d128-causal"]
+    assert timings["dkdv+dq-n128"] == "wrong: dq: 2.0x the yardstick"
+    assert timings["plain"] == {str(n): t for n, t in plain.items()}
+    assert timings["dkdv"]["16384"] == 15.9
+    assert batches == [(n, 2 if n == 16384 else 4) for n in lengths]

@@ -44,7 +44,7 @@ from attnkit.triton.decode import (
     dense_plan,
 )
 from attnkit.triton.forward_kernels import _plain_fwd_kernel
-from attnkit.triton.gluon.route import gluon_forward
+from attnkit.triton.gluon.route import gluon_backward, gluon_forward
 from attnkit.triton.gluon.support import layout_ok as gluon_layout_ok
 from attnkit.triton.launch import (
     LaunchSetup,
@@ -114,8 +114,8 @@ class PlannedKernels:
     def __init__(self, problem: AttentionProblem) -> None:
         self.problem = problem
         self.plan: KernelPlan = plan_kernels(problem)
-        #: The plain kernels' setup: the plain forward, the fallback of a layout the Gluon
-        #: forward does not read, and the plain backward.
+        #: The plain kernels' setup: the plain forward and backward, and the fallback of a
+        #: layout the Gluon kernels do not read.
         self.setup: LaunchSetup = launch_setup(problem)
         #: The forward of a call no backward follows (output only), and that forward as a
         #: NativeProgram per layout (None: the run stays in Python), chosen once by the plan:
@@ -143,6 +143,8 @@ class PlannedKernels:
         return attention_forward(q, k, v, self.setup)
 
     def backward(self, grad_out, q, k, v, out, lse, problem):
+        if self.plan.backward == "gluon" and gluon_layout_ok(q, k, v, out, grad_out) and lse.is_contiguous():
+            return gluon_backward(grad_out, q, k, v, out, lse, problem)
         return attention_backward(grad_out, q, k, v, out, lse, self.setup)
 
     def _forward_only(self, q, k, v) -> torch.Tensor:

@@ -5,16 +5,25 @@ A :class:`KernelPlan` names the kind of kernel of each pass:
 * forward: ``"split_kv"`` (the split-KV decode forward, :func:`attnkit.triton.decode.use_split_kv`),
   ``"gluon"`` (the warp-specialized Hopper forward, :func:`attnkit.triton.gluon.route.routed`),
   else ``"plain"`` (the fused FlashAttention-2 forward of :mod:`attnkit.triton.forward_kernels`);
-* backward: ``"plain"`` (:mod:`attnkit.triton.backward_kernels`).
+* backward: ``"gluon"`` (the warp-specialized Hopper backward,
+  :mod:`attnkit.triton.gluon.backward_launch`, where :func:`attnkit.triton.gluon.route.routed`
+  accepts the problem's ``"backward"`` pass), else ``"plain"``
+  (:mod:`attnkit.triton.backward_kernels`).
 
 The rules are tried in order (:data:`FORWARD_KINDS`, :data:`BACKWARD_KINDS`); the first that
 accepts the problem names the kind, and ``"plain"`` takes the rest. Adding a kind of kernel is
 an entry there and a branch in :class:`attnkit.triton.PlannedKernels`, which runs what the plan
-names. A Gluon backward, for example: its problem rule in
+names. The Gluon backward, for example, is: its problem rule in
 :data:`attnkit.triton.gluon.support.PASS_SUPPORT` (``"backward"``), ``"backward"`` in
-:data:`attnkit.triton.gluon.config.PASSES` (its tiles and routed cells in each GPU's table,
-measured by ``tune --gluon``), ``("gluon", partial(routed, pass_name="backward"))`` in
-:data:`BACKWARD_KINDS`, and ``PlannedKernels.backward`` launching it.
+:data:`attnkit.triton.gluon.config.PASSES` (its configs and routed cells in each GPU's table,
+measured by ``python -m attnkit_tools.tune --gluon --passes backward``),
+``("gluon", partial(routed, pass_name="backward"))`` in :data:`BACKWARD_KINDS`, and
+``PlannedKernels.backward`` launching it. A planned Gluon pass runs only on tensors the Gluon
+layout rule accepts (:func:`attnkit.triton.gluon.support.layout_ok`; for the backward also a
+contiguous log-sum-exp); other layouts run the plain kernels of the same problem.
+
+Both backward kinds are deterministic (every gradient element written by one program, in a
+fixed order, no atomics), so ``torch.use_deterministic_algorithms(True)`` excludes neither.
 
 :func:`plan_kernels` is pure (the problem, the device's table, ``$ATTNKIT_GLUON``); the Triton
 path asks it once per problem (:class:`attnkit.triton.PlannedKernels`, memoised, and carried by
@@ -62,9 +71,8 @@ FORWARD_KINDS: tuple[tuple[str, Rule], ...] = (
     ("split_kv", use_split_kv),
     ("gluon", partial(routed, pass_name="forward")),
 )
-#: Backward kinds other than ``"plain"``, in the order they are tried (a Gluon backward adds
-#: ``("gluon", partial(routed, pass_name="backward"))`` with its routed cells).
-BACKWARD_KINDS: tuple[tuple[str, Rule], ...] = ()
+#: Backward kinds other than ``"plain"``, in the order they are tried.
+BACKWARD_KINDS: tuple[tuple[str, Rule], ...] = (("gluon", partial(routed, pass_name="backward")),)
 
 FORWARDS = ("plain", *(name for name, _ in FORWARD_KINDS))
 BACKWARDS = ("plain", *(name for name, _ in BACKWARD_KINDS))

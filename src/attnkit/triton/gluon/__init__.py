@@ -2,8 +2,8 @@
 
 Optional: needs ``triton.experimental.gluon`` (triton 3.6) and an sm_90 GPU. Importing this
 package never fails; :func:`available` says whether :func:`forward` can run here and
-:func:`unavailable_reason` why not. The Triton path (backend ``"triton"``) runs its forward on
-this kernel where its plan says so (:mod:`attnkit.triton.plan`).
+:func:`unavailable_reason` why not. The Triton path (backend ``"triton"``) runs its forward and
+its backward on these kernels where its plan says so (:mod:`attnkit.triton.plan`).
 
 Modules: ``support`` (what the kernels take: problems, layouts, devices; the one rule),
 ``config`` (tiles and routed cells, per GPU, from the config table), ``route`` (which problems

@@ -1,16 +1,18 @@
-"""Host side of the Gluon backward for Hopper: its support rule and one launcher.
+"""Host launcher of the Gluon backward for Hopper: input checks (:func:`backward`, by the one
+support rule of :mod:`attnkit.triton.gluon.support`), then descriptors and grids (:func:`launch`).
 
 :func:`backward` runs the portable preprocess (delta = rowsum(dO * O)), then the
 warp-specialized Gluon dK/dV pass and dQ pass (:mod:`.hopper_backward`; with
 ``BackwardConfig.gluon_dq`` False, the portable dQ pass :func:`attnkit.triton.launch.bwd_dq`).
-Every gradient element is written by one program in a fixed order, so the result is bitwise
-deterministic, as the portable backward's is.
+Every gradient element is written by one program in a fixed order (no atomics), so the result
+is bitwise deterministic, as the portable backward's is. Its tiles per cell are the GPU's table
+(:func:`attnkit.triton.gluon.config.backward_config`); the Triton path runs it where its plan
+says so (:mod:`attnkit.triton.plan`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -19,13 +21,12 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem, check_inputs
+from attnkit.triton.gluon.config import BackwardConfig, backward_config
 from attnkit.triton.gluon.hopper_backward import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
+from attnkit.triton.gluon.support import backward_problem_support, device_support, layout_ok
 from attnkit.triton.launch import bwd_dq, bwd_preprocess, launch_setup
 
 _GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
-SUPPORTED_HEAD_DIMS = (64, 128)
-#: TMA row coordinates into (B * H * rows, D) are int32.
-_MAX_ROWS = 2**31 - 1
 
 
 #: Consumer warpgroups -> (consumer_regs, producer_regs, maxnreg). One CTA an SM: 2 consumers
@@ -34,94 +35,6 @@ _MAX_ROWS = 2**31 - 1
 #: producer to the consumers, keeping 128 * (consumers * consumer_regs + producer_regs) <=
 #: 128 * (consumers + 1) * maxnreg.
 REGISTERS = {2: (240, 24, 168), 3: (160, 32, 128)}
-
-
-@dataclass(frozen=True)
-class BackwardConfig:
-    """Tiles of the two Gluon passes. dK/dV: each of ``consumers`` warpgroups owns ``block_n``
-    keys (a program owns ``consumers * block_n``); query blocks of ``block_m`` rows stream
-    through a ring of ``stages`` Q/dO slots. dQ (``gluon_dq``; False: the portable dQ pass):
-    each of ``dq_consumers`` warpgroups owns ``dq_block_m`` query rows; key blocks of
-    ``dq_block_n`` stream through ``dq_stages`` K/V slots. Three consumers fit D = 64 only
-    (their registers: :data:`REGISTERS`)."""
-
-    block_m: int = 64
-    block_n: int = 64
-    stages: int = 2
-    consumers: int = 2
-    #: Causal: the masked row blocks in a loop of their own (else one loop, masking by a
-    #: runtime branch).
-    split_masked: bool = False
-    gluon_dq: bool = True
-    dq_block_m: int = 64
-    dq_block_n: int = 64
-    dq_stages: int = 2
-    dq_consumers: int = 2
-
-
-#: (head dim, causal) -> the config of the cells where the Gluon backward measured faster than the
-#: portable one, on an H200 (bf16, B * H * D = 4 * 2048 (2 * 2048 at N = 16384), N = 4096, 8192
-#: and 16384, ``do_bench`` medians of both and cuDNN in one process). At D = 64 the Gluon dQ
-#: pass was slower than the portable one, so only dK/dV runs on Gluon there, and three
-#: consumer warpgroups were no faster than two. At D = 128 causal the dK/dV pass beats the
-#: portable one only with the masked row blocks in a loop of their own (``split_masked``),
-#: which made the D = 64 causal pass slower.
-ROUTED_CELLS: dict[tuple[int, bool], BackwardConfig] = {
-    (64, False): BackwardConfig(gluon_dq=False),
-    (64, True): BackwardConfig(gluon_dq=False),
-    (128, False): BackwardConfig(dq_block_n=128),
-    (128, True): BackwardConfig(dq_block_n=128, split_masked=True),
-}
-#: The shortest query length measured faster (shorter ones were not measured).
-MIN_Q_LEN = 4096
-
-
-def backward_preferred(problem: AttentionProblem) -> BackwardConfig | None:
-    """The config to run ``problem``'s backward on the Gluon kernels with, where they measured
-    faster than the portable backward (:data:`ROUTED_CELLS`), else None. Pure: the caller also
-    checks :func:`backward_support`, :func:`device_reason` and :func:`layout_ok`."""
-    if problem.q_len < MIN_Q_LEN:
-        return None
-    return ROUTED_CELLS.get((problem.head_dim, problem.causal))
-
-
-def backward_support(problem: AttentionProblem) -> str | None:
-    """None if :func:`backward` takes ``problem`` (whatever the device), else why not."""
-    p = problem
-    if p.dtype not in _GL_DTYPES:
-        return f"dtype {p.dtype} (float16 or bfloat16 only)"
-    if p.head_dim != p.value_dim or p.head_dim not in SUPPORTED_HEAD_DIMS:
-        return f"head dims D={p.head_dim}, Dv={p.value_dim} (D = Dv in {SUPPORTED_HEAD_DIMS} only)"
-    if p.has_window:
-        return f"sliding window {p.window}"
-    if not p.scale > 0:
-        return f"scale {p.scale} (must be > 0)"
-    if p.q_len < 1 or p.kv_len < 1:
-        return f"empty problem (N={p.q_len}, M={p.kv_len})"
-    if p.batch * max(p.q_heads * p.q_len, p.kv_heads * p.kv_len) > _MAX_ROWS:
-        return "B * H * rows exceeds the int32 TMA coordinates"
-    return None
-
-
-def layout_ok(*tensors: torch.Tensor) -> bool:
-    """Whether the kernel reads the tensors as they are: contiguous, 16-byte aligned bases."""
-    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in tensors)
-
-
-def device_reason(device: torch.device) -> str | None:
-    """None if the kernel can run on ``device``, else why not: a CUDA sm_90 device, and the
-    Gluon API the kernels are written against (:func:`attnkit.triton.gluon.unavailable_reason`)."""
-    from attnkit.triton import gluon  # the optional package: importing it never fails
-
-    if device.type != "cuda":
-        return f"device {device} (the Gluon backward runs on CUDA sm_90)"
-    reason = gluon.unavailable_reason()
-    if reason is not None:
-        return reason
-    capability = torch.cuda.get_device_capability(device)
-    if capability != (9, 0):
-        return f"device {device} is sm_{capability[0]}{capability[1]}, not sm_90"
-    return None
 
 
 def backward(
@@ -138,25 +51,28 @@ def backward(
     """Attention backward on an H100/H200.
 
     Args:
-        q: (B, Hq, N, D) float16 or bfloat16, contiguous, D in :data:`SUPPORTED_HEAD_DIMS`.
+        q: (B, Hq, N, D) float16 or bfloat16, contiguous, D in
+            :data:`~attnkit.triton.gluon.support.GLUON_HEAD_DIMS`.
         k, v: (B, Hkv, M, D), Hq a multiple of Hkv (GQA), same dtype, contiguous.
         o, do: (B, Hq, N, D), the forward's output and its gradient, contiguous.
         lse: (B, Hq, N) float32, the forward's natural-log log-sum-exp (+inf for rows that see
             no key), as :func:`attnkit.triton.launch.attention_forward` returns it.
         scale: softmax scale, > 0; default 1 / sqrt(D).
         causal: bottom-right causal mask (row i sees key j iff j <= i + M - N).
-        config: overrides the problem's entry of :data:`ROUTED_CELLS` (for tuning and A/B
-            runs); a cell without one runs :class:`BackwardConfig`'s defaults.
+        config: overrides the (head dim, causal) cell of the GPU's table
+            (:func:`~attnkit.triton.gluon.config.backward_config`; for tuning and A/B runs).
 
     Returns:
         ``(dq, dk, dv)`` in q's dtype, contiguous; dk, dv summed over each query-head group.
     """
     problem = check_inputs(q, k, v, causal, scale)
-    reason = backward_support(problem) or device_reason(q.device)
+    reason = backward_problem_support(problem)
     if reason is None and not layout_ok(q, k, v, o, do):
         reason = "q, k, v, o and do must be contiguous with 16-byte aligned bases"
     if reason is None and not (lse.dtype == torch.float32 and lse.is_contiguous()):
         reason = f"lse: expected contiguous float32, got {lse.dtype} with strides {lse.stride()}"
+    # The device last: every check above also runs (and is tested) on a machine without a GPU.
+    reason = reason or device_support(q.device)
     if reason is not None:
         raise UnsupportedProblemError(f"the Gluon backward does not take this problem: {reason}")
     for name, x, shape in (
@@ -171,9 +87,10 @@ def backward(
 
 def launch(q, k, v, o, do, lse, problem: AttentionProblem, config: BackwardConfig | None = None):
     """:func:`backward` without its checks, for a caller that made them (``problem`` is
-    q, k, v's, one :func:`backward_support` takes, on an sm_90 device, in layouts
-    :func:`layout_ok` accepts)."""
-    cfg = ROUTED_CELLS.get((problem.head_dim, problem.causal), BackwardConfig()) if config is None else config
+    q, k, v's, one :func:`~attnkit.triton.gluon.support.backward_problem_support` takes, on a
+    device :func:`~attnkit.triton.gluon.support.device_support` accepts, in layouts
+    :func:`~attnkit.triton.gluon.support.layout_ok` accepts)."""
+    cfg = backward_config(q.device, problem.head_dim, problem.causal) if config is None else config
     p = problem
     setup = launch_setup(p)
     delta = bwd_preprocess(setup, o, do)

@@ -3,11 +3,15 @@ in, as per-GPU data: the ``gluon`` section of the Triton config table
 (``attnkit/triton/configs/<gpu_key>.json``, :mod:`attnkit.triton.config`), written by
 ``python -m attnkit_tools.tune --gluon`` on that GPU and committed.
 
-The section holds, per pass (``forward``; a backward kernel adds ``backward``), one config per
+The section holds, per pass (``forward``, ``backward``), one config per
 cell (:func:`cell_key`: head dim and causal, e.g. ``d128-causal``), and under ``routed`` the
 smallest N (queries) from which the Gluon kernel of that pass measured faster than the plain
 Triton one on this GPU; a cell absent from ``routed`` keeps the plain kernel. A GPU with no
 section runs no Gluon kernel from the Triton path (:mod:`attnkit.triton.gluon.route`).
+``provenance`` says where the section was measured; a pass measured apart from it (another
+run, or a recorded measurement) has its own under ``provenance_of``.
+
+The backward's configs are :class:`BackwardConfig`; the rest of this docstring is the forward's.
 
 What a config means: each consumer warpgroup owns ``block_m`` query rows (a CTA covers
 ``consumers * block_m``); key blocks are ``block_n`` rows; ``stages`` K/V slots form the
@@ -34,7 +38,7 @@ from attnkit.triton.config import CONFIG_DIR, CONFIG_ENV, gpu_table, load_table
 #: The key of the Gluon kernels' section in a config table.
 SECTION = "gluon"
 #: The passes a section may configure and route.
-PASSES = ("forward",)
+PASSES = ("forward", "backward")
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,47 @@ UNTUNED_FORWARD = HopperForwardConfig(
 )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class BackwardConfig:
+    """Tiles of the Gluon backward's two passes (:mod:`attnkit.triton.gluon.backward_launch`).
+    dK/dV: each of ``consumers`` warpgroups owns ``block_n`` keys (a program owns ``consumers *
+    block_n``); query blocks of ``block_m`` rows stream through a ring of ``stages`` Q/dO slots.
+    dQ (``gluon_dq``; False: the plain Triton dQ pass): each of ``dq_consumers`` warpgroups owns
+    ``dq_block_m`` query rows; key blocks of ``dq_block_n`` stream through ``dq_stages`` K/V
+    slots. Three consumers fit D = 64 only (their registers:
+    :data:`attnkit.triton.gluon.backward_launch.REGISTERS`)."""
+
+    block_m: int = 64
+    block_n: int = 64
+    stages: int = 2
+    consumers: int = 2
+    #: Causal: the masked row blocks in a loop of their own (else one loop, masking by a
+    #: runtime branch).
+    split_masked: bool = False
+    gluon_dq: bool = True
+    dq_block_m: int = 64
+    dq_block_n: int = 64
+    dq_stages: int = 2
+    dq_consumers: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("consumers", "dq_consumers"):
+            if getattr(self, name) not in (2, 3):
+                raise ValueError(f"BackwardConfig.{name}: expected 2 or 3, got {getattr(self, name)!r}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> BackwardConfig:
+        return cls(**data)
+
+
+#: What a cell without a measured backward config runs when
+#: :func:`attnkit.triton.gluon.backward_launch.backward` is called directly. Not tuned.
+UNTUNED_BACKWARD = BackwardConfig()
+
+
 def cell_key(head_dim: int, causal: bool) -> str:
     """A cell of the section, e.g. ``d128-causal``."""
     return f"d{head_dim}-{'causal' if causal else 'full'}"
@@ -107,6 +152,13 @@ def forward_configs(section: Mapping) -> dict[tuple[int, bool], HopperForwardCon
     }
 
 
+def backward_configs(section: Mapping) -> dict[tuple[int, bool], BackwardConfig]:
+    """The section's backward configs by (head dim, causal)."""
+    return {
+        parse_cell(key): BackwardConfig.from_dict(entry) for key, entry in section.get("backward", {}).items()
+    }
+
+
 def routed_cells(section: Mapping, pass_name: str = "forward") -> dict[tuple[int, bool], int]:
     """(head dim, causal) -> the smallest N routed to the Gluon kernel of ``pass_name``."""
     if pass_name not in PASSES:
@@ -129,13 +181,30 @@ def packaged_section(gpu_key: str) -> Mapping:
 def forward_config(device: torch.device, head_dim: int, causal: bool) -> HopperForwardConfig:
     """The forward config of ``device``'s table for a (head dim, causal) cell, else
     :data:`UNTUNED_FORWARD`. Looked up once per (device, table, cell): a launch asks it."""
-    index = None
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-    return _forward_config(index, os.environ.get(CONFIG_ENV), head_dim, causal)
+    return _forward_config(_cuda_index(device), os.environ.get(CONFIG_ENV), head_dim, causal)
 
 
 @functools.cache
 def _forward_config(cuda_index: int | None, override: str | None, head_dim: int, causal: bool):
-    device = torch.device("cpu") if cuda_index is None else torch.device("cuda", cuda_index)
-    return forward_configs(device_section(device)).get((head_dim, causal), UNTUNED_FORWARD)
+    return forward_configs(device_section(_device(cuda_index))).get((head_dim, causal), UNTUNED_FORWARD)
+
+
+def backward_config(device: torch.device, head_dim: int, causal: bool) -> BackwardConfig:
+    """The backward config of ``device``'s table for a (head dim, causal) cell, else
+    :data:`UNTUNED_BACKWARD`. Looked up once per (device, table, cell)."""
+    return _backward_config(_cuda_index(device), os.environ.get(CONFIG_ENV), head_dim, causal)
+
+
+@functools.cache
+def _backward_config(cuda_index: int | None, override: str | None, head_dim: int, causal: bool):
+    return backward_configs(device_section(_device(cuda_index))).get((head_dim, causal), UNTUNED_BACKWARD)
+
+
+def _cuda_index(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _device(cuda_index: int | None) -> torch.device:
+    return torch.device("cpu") if cuda_index is None else torch.device("cuda", cuda_index)

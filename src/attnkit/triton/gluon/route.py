@@ -1,8 +1,8 @@
 """Which problems the Triton path runs on the Gluon Hopper kernels, and the routed launch.
 
-On an H100/H200 the Gluon forward is faster than the plain Triton one in the cells where it
-measured so (the GPU's table, :mod:`attnkit.triton.gluon.config`); everything else keeps the
-plain kernels. A pass (``forward``; a backward adds its own) is routed when:
+On an H100/H200 the Gluon forward and backward are faster than the plain Triton ones in the
+cells where they measured so (the GPU's table, :mod:`attnkit.triton.gluon.config`); everything
+else keeps the plain kernels. A pass (``forward`` or ``backward``) is routed when:
 
 * the pass's kernel takes the problem (:data:`attnkit.triton.gluon.support.PASS_SUPPORT`);
 * :func:`preferred`: the problem is in a routed cell (head dim, causal) from the cell's N on,
@@ -15,8 +15,8 @@ does not read as it is (:func:`attnkit.triton.gluon.support.layout_ok`) falls ba
 plain kernels rather than paying a copy.
 
 The Gluon forward returns the log-sum-exp exactly as the plain forward stores it ((B, H, N)
-float32, contiguous, natural log, +inf for rows that see no key), so the Triton backward
-consumes either.
+float32, contiguous, natural log, +inf for rows that see no key), so either backward consumes
+either forward's.
 """
 
 from __future__ import annotations
@@ -78,3 +78,21 @@ def gluon_forward(
     from attnkit.triton.gluon.launch import launch
 
     return launch(q, k, v, problem.causal, problem.scale)
+
+
+def gluon_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    problem: AttentionProblem,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Gluon backward of ``problem`` (one :func:`routed` accepts for ``"backward"``; q, k, v,
+    out, grad_out passing :func:`~attnkit.triton.gluon.support.layout_ok`, lse contiguous).
+    Returns (dq, dk, dv) as :func:`attnkit.triton.launch.attention_backward`."""
+    # The unchecked launch: the plan and the layout rule have checked what backward() would.
+    from attnkit.triton.gluon.backward_launch import launch
+
+    return launch(q, k, v, out, grad_out, lse, problem)

@@ -1,6 +1,7 @@
 """What the Gluon Hopper kernels take, written once: the problem rule, the layout rule and the
 device check. The Triton path asks them before routing a problem (:mod:`attnkit.triton.plan`),
-and :func:`attnkit.triton.gluon.forward` before launching on a caller's tensors.
+and :func:`attnkit.triton.gluon.forward` and
+:func:`attnkit.triton.gluon.backward_launch.backward` before launching on a caller's tensors.
 
 Nothing here imports ``triton.experimental``: the problem and layout rules are pure, so they are
 tested on any machine, and the device check learns whether the Gluon API imported from the
@@ -28,29 +29,43 @@ GLUON_API_VERSION = "3.6."
 
 
 def problem_support(problem: AttentionProblem) -> str | None:
-    """None if the Gluon kernels take ``problem`` (whatever the device), else why not."""
+    """None if the Gluon forward takes ``problem`` (whatever the device), else why not."""
     p = problem
+    if p.q_heads != p.kv_heads:
+        return f"grouped heads ({p.q_heads} query heads, {p.kv_heads} key/value heads): no GQA"
+    return _shared_support(p) or _rows_support(p.batch * p.q_heads * max(p.q_len, p.kv_len))
+
+
+def backward_problem_support(problem: AttentionProblem) -> str | None:
+    """None if the Gluon backward takes ``problem`` (whatever the device), else why not: the
+    forward's rule, grouped heads (GQA, MQA) included."""
+    p = problem
+    return _shared_support(p) or _rows_support(p.batch * max(p.q_heads * p.q_len, p.kv_heads * p.kv_len))
+
+
+def _shared_support(p: AttentionProblem) -> str | None:
     if p.dtype not in GLUON_DTYPES:
         return f"dtype {p.dtype} (float16 or bfloat16 only)"
     if p.head_dim != p.value_dim or p.head_dim not in GLUON_HEAD_DIMS:
         return f"head dims D={p.head_dim}, Dv={p.value_dim} (D = Dv in {GLUON_HEAD_DIMS} only)"
-    if p.q_heads != p.kv_heads:
-        return f"grouped heads ({p.q_heads} query heads, {p.kv_heads} key/value heads): no GQA"
     if p.has_window:
         return f"sliding window {p.window}"
     if not p.scale > 0:
-        # The kernel folds the scale into the row max, which needs a positive scale.
+        # The kernels fold the scale into the row max, which needs a positive scale.
         return f"scale {p.scale} (must be > 0)"
     if p.q_len < 1 or p.kv_len < 1:
         return f"empty problem (N={p.q_len}, M={p.kv_len})"
-    rows = p.batch * p.q_heads * max(p.q_len, p.kv_len)
+    return None
+
+
+def _rows_support(rows: int) -> str | None:
     if rows > MAX_ROWS:
         return f"B * H * rows = {rows} exceeds the int32 TMA coordinates"
     return None
 
 
-#: The problem rule of each pass that has a Gluon kernel (a backward kernel adds its own).
-PASS_SUPPORT = {"forward": problem_support}
+#: The problem rule of each pass that has a Gluon kernel.
+PASS_SUPPORT = {"forward": problem_support, "backward": backward_problem_support}
 
 
 def layout_ok(*tensors: torch.Tensor) -> bool:
