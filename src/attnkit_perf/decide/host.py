@@ -133,8 +133,9 @@ def decide_host(
 
 def host_summary(host: Decision, cpu: dict | None = None, dropped: dict | None = None) -> dict:
     """The verdict row's ``host`` block: the host metric's outcome and evidence beside the GPU
-    time's. ``cpu``: ``{"base", "head"}`` median thread CPU time per call (s), the cross-check;
-    ``dropped``: preempted batches dropped per side."""
+    time's (the host work count's, and the wall time's where it was measured). ``cpu``:
+    ``{"base", "head"}`` median thread CPU time per call (s), the cross-check; ``dropped``:
+    preempted batches dropped per side."""
     extra = host.extra
     median = {side: _median_or_none(extra.get(f"{side}_us")) for side in ("base", "head")}
     return {
@@ -151,6 +152,8 @@ def host_summary(host: Decision, cpu: dict | None = None, dropped: dict | None =
         "head_process_us": extra.get("head_us"),
         "cpu_us": None if cpu is None else {k: _us(v) for k, v in cpu.items()},
         "dropped_batches": dropped,
+        # The host work count (attnkit_perf.decide.hostcount), when it was counted.
+        "count": extra.get("count"),
     }
 
 
