@@ -302,13 +302,16 @@ class PairedSession:
 
     def _host_counts(self, results: dict[str, SideResult]) -> None:
         """The host work count on every worker of both sides, into ``results`` (each worker
-        counts its call more than once: :data:`attnkit_perf.measure.hostcount.REPEATS`)."""
-        for side in self.sides:
-            for worker in self.workers[side]:
-                answer = worker.ask({"op": "count"})
-                if not answer.pop("ok"):
-                    raise WorkerError(f"{worker.label} failed to count host work: {answer['error']}", side)
-                results[side].host_counts.append(answer)
+        counts its call more than once: :data:`attnkit_perf.measure.hostcount.REPEATS`). The
+        workers count at once: a count does not depend on what else runs, only on the code."""
+        every = [(side, worker) for side in self.sides for worker in self.workers[side]]
+        for _, worker in every:
+            worker.send({"op": "count"})
+        for side, worker in every:
+            answer = worker.receive("count")
+            if not answer.pop("ok"):
+                raise WorkerError(f"{worker.label} failed to count host work: {answer['error']}", side)
+            results[side].host_counts.append(answer)
 
     def _block(self, side: str, pair: int, reps: int, rounds: int) -> float:
         worker = self.workers[side][pair % PROCESSES_PER_SIDE]
