@@ -679,7 +679,8 @@ def test_paired_aa_run_does_not_fail(tmp_path):
     # no wall-time rounds and no fresh processes.
     count = host["count"]
     assert host["outcome"] == count["outcome"] == "same" and count["base"] == count["head"], host
-    assert count["head"]["instructions"] > 0 and host["ratio"] == 1.0, host
+    # No wall time, so no host ratio: the A/A noise of the host metric is wall time's alone.
+    assert count["head"]["instructions"] > 0 and host["ratio"] is None, host
     assert host["processes"] is None and host["cpu_us"] is None, host
     assert not {"host_restart", "host_more", "restart"} & set(seconds), seconds
     sources = [verdict[side]["provenance"]["source"] for side in ("base", "head")]

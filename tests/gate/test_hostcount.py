@@ -246,6 +246,7 @@ def test_paired_equal_counts_decide_same_without_wall_time():
     assert not rule.host_needs_wall(results)
     host = rule.decide_host(results)
     assert host.outcome == "same" and host.extra["count"]["base"] == {"instructions": 400, "c_calls": 30}
+    assert host.ratio is None, "the host metric's ratio is wall time's (its A/A noise is built from it)"
     row = rule.join(Decision("same", ratio=1.0, reason="GPU same"), host, results)
     assert row.outcome == "same" and row.extra["host"]["count"]["outcome"] == "same", row
     assert row.extra["host"]["processes"] is None and row.extra["host"]["cpu_us"] is None

@@ -150,12 +150,11 @@ def compare_counts(
 
 def count_decision(count: CountComparison) -> Decision:
     """The host metric's decision where the count decides it (:attr:`CountComparison.decides`).
-    Its ratio is the instructions', the count that measures the Python layer."""
+    It has no ratio: the host metric's ratio is wall time's (A/A runs build its noise from it,
+    :mod:`attnkit_perf.decide.noise`); the counts' ratios are in its ``count`` block."""
     if not count.decides:
         raise ValueError(f"count outcome {count.outcome!r} does not decide the host metric")
-    d = Decision(
-        count.outcome, ratio=count.ratios.get("instructions"), threshold=count.threshold, reason=count.reason
-    )
+    d = Decision(count.outcome, threshold=count.threshold, reason=count.reason)
     d.extra["count"] = count.summary()
     return d
 
@@ -204,7 +203,7 @@ def stored_host_block(count: CountComparison, base_info: Mapping, head_info: Map
         "reason": reason,
         "base_us": _wall_us(base_info),
         "head_us": _wall_us(head_info),
-        "ratio": count.ratios.get("instructions"),
+        "ratio": None,  # wall time's, which stored mode does not compare across machines
         "ci": None,
         "p": None,
         "threshold": count.threshold,
