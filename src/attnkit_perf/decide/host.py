@@ -1,7 +1,9 @@
 """The host metric's decision (host time per call, paired mode) and the kept-memory rule (both
 modes), and how they join a benchmark's GPU-time decision into one row.
 
-**Host time per call.** Each side's worker processes measure it directly
+**Host time per call.** Measured only where the host work count does not decide the host
+metric (:mod:`attnkit_perf.decide.hostcount`: the count grew, or cannot speak for the row).
+Each side's worker processes measure it directly
 (:mod:`attnkit_perf.measure.host`), one value per process: the median of its batches. The
 process is the unit of replication: host time moves between processes (code and heap placement,
 which core's caches it warmed) far more than between batches of one process, so batches are
