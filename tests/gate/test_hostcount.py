@@ -80,6 +80,17 @@ def test_a_c_call_counts_one_however_long_it_waits():
     assert short == long and short["c_calls"] >= 1, (short, long)
 
 
+def test_a_call_into_the_compiled_fast_path_is_named(monkeypatch):
+    """The fast path's C++ is invisible to the count, so the count says when the call entered it
+    (here a stand-in: any extension module as ``attnkit.fastpath.memo``)."""
+    import math
+    import types
+
+    monkeypatch.setitem(sys.modules, "attnkit.fastpath", types.SimpleNamespace(memo=math))
+    assert count_call(lambda: math.sqrt(2.0))["fastpath"] == "math"
+    assert count_call(lambda: abs(-2.0))["fastpath"] is None
+
+
 def test_a_call_whose_work_changes_between_calls_is_unrepeatable():
     """A cache filled lazily on a later call, or a polling loop: the count says it cannot be used."""
     calls = []

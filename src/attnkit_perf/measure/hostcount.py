@@ -80,6 +80,15 @@ def _fast_path_module():
     return getattr(fastpath, "memo", None)
 
 
+def _enters(fast, function) -> bool:
+    """Whether calling ``function`` enters the compiled fast path module ``fast``: a function of
+    a plain extension module is bound to the module; one made by pybind11 names it."""
+    if fast is None:
+        return False
+    bound = getattr(function, "__self__", None)
+    return bound is fast or getattr(function, "__module__", None) == fast.__name__
+
+
 def count_call(fn: Callable[[], object]) -> dict:
     """One call of ``fn``, counted: ``{"instructions", "c_calls", "fastpath"}``. ``fastpath``:
     the compiled fast path module's name when the call entered it, else None."""
@@ -114,7 +123,7 @@ def _count_traced(fn: Callable[[], object], fast) -> tuple[int, int, bool]:
     def on_profile(frame, event, arg):
         if event == "c_call":
             counts[1] += 1
-            if fast is not None and getattr(arg, "__self__", None) is fast:
+            if _enters(fast, arg):
                 counts[2] = True
 
     old_trace, old_profile = sys.gettrace(), sys.getprofile()
@@ -143,7 +152,7 @@ def _count_monitored(fn: Callable[[], object], fast) -> tuple[int, int, bool]:
     def on_call(code, offset, callable_, arg0):
         if not isinstance(callable_, _PYTHON_CALLABLES):
             counts[1] += 1
-            if fast is not None and getattr(callable_, "__self__", None) is fast:
+            if _enters(fast, callable_):
                 counts[2] = True
 
     monitoring.use_tool_id(tool, "attnkit-host-count")
