@@ -172,7 +172,7 @@ def join_host(time: Decision, host: Decision, summary: dict) -> Decision:
     host metric cannot tell. The row's ratio stays the GPU time's; ``summary``
     (:func:`host_summary`) goes to the row's ``host`` block."""
     time.extra["host"] = summary
-    note = f"host time: {host.outcome} ({host.reason})"
+    note = f"host: {host.outcome} ({host.reason})"  # the count's reason or the wall time's
     if time.outcome in _WORSE_THAN_SLOWER or host.outcome in ("same", "faster", "new"):
         time.reason = f"{time.reason}; {note}"
     elif host.outcome == "slower" and time.outcome != "slower":
