@@ -53,6 +53,12 @@ _TUNABLE = (
         "paired: practical threshold of the host time per call (A/A noise may raise it)",
     ),
     (
+        "host_count_slower",
+        float,
+        gate.Thresholds.host_count_slower,
+        "growth of the host work count (instructions, C calls per call) past which wall time decides",
+    ),
+    (
         "kept_abs_kib",
         float,
         gate.Thresholds.kept_abs_bytes / 1024,

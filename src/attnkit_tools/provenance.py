@@ -2,7 +2,7 @@
 
 A page in docs/ is trusted only as far as it says how to reproduce it, so each tool that writes
 one heads it with :func:`produced_by` and :func:`provenance_table` (GPU, driver, CUDA, torch,
-triton, commit: :func:`attnkit_perf.machine.provenance`'s keys). A page names no scratch
+triton, commit: :func:`attnkit_perf.measure.machine.provenance`'s keys). A page names no scratch
 path: an absolute path in its command or its provenance is written relative to the working
 directory when it lies inside it, else as its file name (:func:`public_path`).
 """

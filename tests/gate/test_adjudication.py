@@ -232,6 +232,10 @@ def test_a_stored_false_alarm_is_adjudicated_away_and_a_real_slowdown_still_fail
     assert result.returncode == 0 and baseline is not None, output[-3000:]
     recorded = json.loads(baseline.read_text())
     assert recorded["machine_info"]["attnkit"]["commit"] == commit, recorded["machine_info"]["attnkit"]
+    # The baseline keeps each host-timed benchmark's host work count, with its environment.
+    entry = next(b for b in recorded["benchmarks"] if b["extra_info"]["name"] == CASE)
+    counted = entry["extra_info"]["host_count"]
+    assert counted["repeatable"] and counted["instructions"] > 0 and counted["environment"]["torch"], counted
 
     # The baseline's machine ran everything ten times as fast: stored mode reads x10 "slower",
     # confirmed on re-measurement; paired mode against the same commit finds the code unchanged.
@@ -247,6 +251,8 @@ def test_a_stored_false_alarm_is_adjudicated_away_and_a_real_slowdown_still_fail
     assert row["outcome"] in ("same", "inconclusive"), f"{row['outcome']}: {row['reason']}"
     assert row["evidence"]["adjudication"]["stored"]["ratio"] > 1.5, row["evidence"]["adjudication"]
     assert result.returncode == 0, output[-3000:]
+    # The same code counts the same host work in this run as in the baseline's.
+    assert row["host"]["count"]["outcome"] == "same", row["host"]
 
     # A real slowdown since the baseline's commit: 3 ms of sleep in every naive call.
     baseline.write_text(json.dumps(recorded))
@@ -262,3 +268,6 @@ def test_a_stored_false_alarm_is_adjudicated_away_and_a_real_slowdown_still_fail
     assert row["reason"].startswith(f"adjudicated by paired vs {commit[:12]}: "), row["reason"]
     assert row["ratio"] > 2, row
     assert result.returncode == 1, output[-3000:]
+    # The sleep is two C calls more per call (an import and the sleep): the count grew.
+    count = row["host"]["count"]
+    assert count["outcome"] == "grew" and count["head"]["c_calls"] == count["base"]["c_calls"] + 2, count

@@ -453,7 +453,7 @@ def test_the_report_shows_the_host_metric_beside_the_gpu_time():
     doc = _aa_doc(1.0)
     doc.benchmarks = [row]
     text = "\n".join(host_lines(doc))
-    assert "### Host time per call" in text and f"`{NAME}`" in text, text
+    assert "### Host work and host time per call" in text and f"`{NAME}`" in text, text
     assert "10.00 µs" in text and "1.060×" in text and "0 B → 256.0 KiB" in text, text
 
 

@@ -109,6 +109,12 @@ class Thresholds:
     #: The host metric's practical threshold (host time per call, :mod:`attnkit_perf.decide.host`):
     #: the smallest per-call host change worth failing; its A/A noise may raise it.
     host_slower: float = 0.05
+    #: The host work count's growth past which wall time decides whether it costs time
+    #: (:mod:`attnkit_perf.decide.hostcount`). Counts do not move without a code change, so this is
+    #: no noise margin: it spares the wall-time rounds for changes too small to reach
+    #: ``host_slower`` unless each added instruction cost 5x a call's average one; one C call more
+    #: exceeds it in any call of fewer than 100 C calls (every host-bound row on the GPU grid).
+    host_count_slower: float = 0.01
     #: Memory a call keeps after it returns (:mod:`attnkit_perf.decide.host`) may grow by at most
     #: ``max(kept_abs_bytes, memory_rel x the base's kept bytes)``: one output of the host-bound
     #: shapes is 128 KiB, the allocator's smallest block 512 B.

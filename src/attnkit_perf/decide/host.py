@@ -1,7 +1,9 @@
 """The host metric's decision (host time per call, paired mode) and the kept-memory rule (both
 modes), and how they join a benchmark's GPU-time decision into one row.
 
-**Host time per call.** Each side's worker processes measure it directly
+**Host time per call.** Measured only where the host work count does not decide the host
+metric (:mod:`attnkit_perf.decide.hostcount`: the count grew, or cannot speak for the row).
+Each side's worker processes measure it directly
 (:mod:`attnkit_perf.measure.host`), one value per process: the median of its batches. The
 process is the unit of replication: host time moves between processes (code and heap placement,
 which core's caches it warmed) far more than between batches of one process, so batches are
@@ -133,8 +135,9 @@ def decide_host(
 
 def host_summary(host: Decision, cpu: dict | None = None, dropped: dict | None = None) -> dict:
     """The verdict row's ``host`` block: the host metric's outcome and evidence beside the GPU
-    time's. ``cpu``: ``{"base", "head"}`` median thread CPU time per call (s), the cross-check;
-    ``dropped``: preempted batches dropped per side."""
+    time's (the host work count's, and the wall time's where it was measured). ``cpu``:
+    ``{"base", "head"}`` median thread CPU time per call (s), the cross-check; ``dropped``:
+    preempted batches dropped per side."""
     extra = host.extra
     median = {side: _median_or_none(extra.get(f"{side}_us")) for side in ("base", "head")}
     return {
@@ -151,6 +154,8 @@ def host_summary(host: Decision, cpu: dict | None = None, dropped: dict | None =
         "head_process_us": extra.get("head_us"),
         "cpu_us": None if cpu is None else {k: _us(v) for k, v in cpu.items()},
         "dropped_batches": dropped,
+        # The host work count (attnkit_perf.decide.hostcount), when it was counted.
+        "count": extra.get("count"),
     }
 
 
@@ -167,7 +172,7 @@ def join_host(time: Decision, host: Decision, summary: dict) -> Decision:
     host metric cannot tell. The row's ratio stays the GPU time's; ``summary``
     (:func:`host_summary`) goes to the row's ``host`` block."""
     time.extra["host"] = summary
-    note = f"host time: {host.outcome} ({host.reason})"
+    note = f"host: {host.outcome} ({host.reason})"  # the count's reason or the wall time's
     if time.outcome in _WORSE_THAN_SLOWER or host.outcome in ("same", "faster", "new"):
         time.reason = f"{time.reason}; {note}"
     elif host.outcome == "slower" and time.outcome != "slower":

@@ -5,7 +5,8 @@ one side could not run.
 A measurement is ``{"base": side, "head": side}``, each side with ``blocks`` (seconds, pair
 ``i`` at index ``i``), ``workers`` (the worker process of each block), ``peak_bytes``,
 ``host_share``, ``unsupported`` (why the side could not run the case, or None),
-``kept_bytes`` and the host metric per worker process (``host_per_call``, ``host_cpu_per_call``,
+``kept_bytes``, the host work count per worker process (``host_counts``) and the host
+metric's wall time per worker process (``host_per_call``, ``host_cpu_per_call``,
 ``host_dropped``): the
 :class:`attnkit_perf.measure.paired_session.SideResult` fields, read by name so that this package stays
 free of the measuring code.
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from attnkit_perf.decide.gate import Decision, Thresholds, confirm_slowdown, decide_paired
 from attnkit_perf.decide.host import decide_host, host_summary, join_host, with_kept
 from attnkit_perf.decide.hostbound import host_bound_throughout, paired_limit
+from attnkit_perf.decide.hostcount import CountComparison, compare_counts, count_decision
 
 
 def _median(values) -> float | None:
@@ -71,16 +73,39 @@ class PairedRule:
         because the fresh processes read host-bound."""
         return confirm_slowdown(first, self.decide(again, earlier))
 
-    def decide_host(self, results: Mapping) -> Decision | None:
-        """The host metric's decision (:func:`attnkit_perf.decide.host.decide_host`) over the
-        worker processes' values, or None where it was not measured."""
+    def count_comparison(self, results: Mapping) -> CountComparison | None:
+        """The two sides' host work counts compared (:func:`compare_counts`), or None where
+        neither side counted."""
         base, head = results["base"], results["head"]
+        if not base.host_counts and not head.host_counts:
+            return None
+        return compare_counts(base.host_counts, head.host_counts, self.thresholds.host_count_slower)
+
+    def host_needs_wall(self, results: Mapping) -> bool:
+        """Whether the host metric's wall time must be measured: the count does not decide it
+        (it grew, or it cannot speak for the row: :mod:`attnkit_perf.decide.hostcount`)."""
+        count = self.count_comparison(results)
+        return count is None or not count.decides
+
+    def decide_host(self, results: Mapping) -> Decision | None:
+        """The host metric's decision: the host work count's where it decides
+        (:func:`count_decision`), else the wall time's (:func:`attnkit_perf.decide.host.decide_host`)
+        over the worker processes' values with the count's evidence beside it; None where
+        neither was measured."""
+        base, head = results["base"], results["head"]
+        count = self.count_comparison(results)
+        if count is not None and count.decides:
+            return count_decision(count)
         if not base.host_per_call and not head.host_per_call:
             return None
         threshold = self.thresholds.host_slower if self.host_threshold is None else self.host_threshold
-        return decide_host(
+        wall = decide_host(
             base.host_per_call, head.host_per_call, threshold, self.alpha, self.confirmed, self.host_looks
         )
+        if count is not None:
+            wall.reason = f"{count.reason}; wall time: {wall.reason}"
+            wall.extra["count"] = count.summary()
+        return wall
 
     def host_wants_more(self, results: Mapping) -> bool:
         """Whether the host metric measured so far cannot tell, so fresh processes should join it."""
@@ -113,8 +138,10 @@ class PairedRule:
         (:func:`join_host`) and the kept-memory rule, from the measurement ``results``."""
         base, head = results["base"], results["head"]
         if host is not None:
+            timed = bool(base.host_per_call or head.host_per_call)
             cpu = {"base": _median(base.host_cpu_per_call), "head": _median(head.host_cpu_per_call)}
-            dropped = {"base": base.host_dropped, "head": head.host_dropped}
+            cpu = cpu if timed else None
+            dropped = {"base": base.host_dropped, "head": head.host_dropped} if timed else None
             time = join_host(time, host, host_summary(host, cpu, dropped))
         return with_kept(time, base.kept_bytes, head.kept_bytes, self.thresholds)
 

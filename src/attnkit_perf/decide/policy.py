@@ -88,6 +88,7 @@ class RunPolicy:
             "memory_rel": t.memory_rel,
             "memory_abs_bytes": t.memory_abs_bytes,
             "host_slower": t.host_slower,
+            "host_count_slower": t.host_count_slower,
             "kept_abs_bytes": t.kept_abs_bytes,
             "noise_k": self.noise_k,
             "fail_on_inconclusive": t.fail_on_inconclusive,

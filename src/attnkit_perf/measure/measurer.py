@@ -19,6 +19,9 @@
 ``host``            the host metric, for ``loop`` cases on a GPU and every case on the CPU:
                     :func:`attnkit_perf.measure.host.host_per_call` (recorded, and compared in
                     paired mode only: hosts differ far more between machines than GPUs)
+``host_count``      the host work of one call, counted where the host metric is measured:
+                    :func:`attnkit_perf.measure.hostcount.host_count` (compared in stored mode
+                    within one environment: :mod:`attnkit_perf.decide.hostcount`)
 ``min_bytes``       ``BenchCase.min_bytes``: what the pass must allocate at the least
 ``host_share``      share of the measured time in which the GPU waited for the host (GPU only;
                     :func:`attnkit_perf.measure.timing.host_share`)
@@ -43,6 +46,7 @@ from attnkit_perf.decide.hostbound import HOST_BOUND_SHARE
 from attnkit_perf.measure.calibration import measure_calibration
 from attnkit_perf.measure.cases import BenchCase, build_runner
 from attnkit_perf.measure.host import build_measured, host_per_call, kept_bytes
+from attnkit_perf.measure.hostcount import host_count
 from attnkit_perf.measure.timing import (
     L2Flusher,
     host_share,
@@ -148,6 +152,7 @@ class CaseMeasurer:
         )
         if case.host_timed or self.device.type != "cuda":
             benchmark.extra_info["host"] = host_per_call(runner, self.device)
+            benchmark.extra_info["host_count"] = host_count(runner)
         benchmark.extra_info["pass"] = case.pass_name
         one_round = make_round(runner, self.device, between, plan.reps)
         benchmark.pedantic(one_round, rounds=plan.rounds, warmup_rounds=1, iterations=1)

@@ -12,7 +12,10 @@ worker, used by both sides), after one untimed round that brings clocks and cach
 where a running workload keeps them; its value is the median of its rounds. For a host-timed
 case every worker then measures the host metric (:meth:`PairedSession._host_rounds`, timed in
 the workers by :mod:`attnkit_perf.measure.host`): one value per process, the decision's unit;
-:mod:`attnkit_perf.measure.host_rounds` adds fresh processes while it cannot tell.
+:mod:`attnkit_perf.measure.host_rounds` adds fresh processes while it cannot tell. Before
+that, every worker counts the host work of one call (:mod:`attnkit_perf.measure.hostcount`);
+where the count decides (:mod:`attnkit_perf.decide.hostcount`: the same work on both sides),
+no wall time is measured at all.
 
 :meth:`PairedSession.measure` measures in steps of ``step_pairs`` until ``decide`` says the
 outcome is settled, or ``max_pairs`` / ``budget_s`` is reached. Only the head's code is under
@@ -94,6 +97,9 @@ class SideResult:
     host_per_call: list[float] = field(default_factory=list)
     host_cpu_per_call: list[float] = field(default_factory=list)
     host_dropped: int = 0
+    #: Host work count, one answer per worker process (index = worker):
+    #: :func:`attnkit_perf.measure.hostcount.host_count`.
+    host_counts: list[dict] = field(default_factory=list)
 
     @property
     def median_s(self) -> float | None:
@@ -297,6 +303,19 @@ class PairedSession:
             ]
             result.host_dropped = sum(a["dropped"] for got in per_worker for a in got)
 
+    def _host_counts(self, results: dict[str, SideResult]) -> None:
+        """The host work count on every worker of both sides, into ``results`` (each worker
+        counts its call more than once: :data:`attnkit_perf.measure.hostcount.REPEATS`). The
+        workers count at once: a count does not depend on what else runs, only on the code."""
+        every = [(side, worker) for side in self.sides for worker in self.workers[side]]
+        for _, worker in every:
+            worker.send({"op": "count"})
+        for side, worker in every:
+            answer = worker.receive("count")
+            if not answer.pop("ok"):
+                raise WorkerError(f"{worker.label} failed to count host work: {answer['error']}", side)
+            results[side].host_counts.append(answer)
+
     def _block(self, side: str, pair: int, reps: int, rounds: int) -> float:
         worker = self.workers[side][pair % PROCESSES_PER_SIDE]
         answer = worker.ask({"op": "measure", "rounds": rounds, "reps": reps, "warm_rounds": 1})
@@ -310,16 +329,18 @@ class PairedSession:
         settings: PairedSettings,
         settled: Callable[[dict[str, SideResult]], bool],
         host: bool = False,
+        host_wall: Callable[[dict[str, SideResult]], bool] | None = None,
     ) -> dict[str, SideResult]:
         """Measure ``case`` on both sides until ``settled(results)`` or the effort runs out;
-        ``host``: then the host metric on every worker too.
+        ``host``: then the host work count on every worker, and the host metric's wall time
+        unless ``host_wall(results)`` says the count decided it (None: always).
 
         A side that rejects the case is returned with ``unsupported`` set and no blocks; so is
         the base when one of its workers fails (only the head's code is under test). A worker
         that died is replaced, with all the others, before the next benchmark; a failure of the
         head's is raised.
         """
-        return self._guarded(lambda: self._measure(case, settings, settled, host))
+        return self._guarded(lambda: self._measure(case, settings, settled, host, host_wall))
 
     def measure_host(self, case: dict, settings: PairedSettings) -> dict[str, SideResult]:
         """The host metric alone on every worker (fresh ones, after :meth:`restart`): the case
@@ -338,7 +359,7 @@ class PairedSession:
             results["base"].unsupported = f"a base worker failed ({str(err).strip().splitlines()[-1]})"
             return results
 
-    def _measure(self, case, settings, settled, host) -> dict[str, SideResult]:
+    def _measure(self, case, settings, settled, host, host_wall=None) -> dict[str, SideResult]:
         absent = {side: self.absent[side].get(case["backend"]) for side in self.sides}
         if any(absent.values()):  # nothing to build on a side that does not have the backend
             self.last_prepare_s = 0.0
@@ -363,7 +384,9 @@ class PairedSession:
                 if done >= settings.max_pairs or time.perf_counter() - start > settings.budget_s:
                     break
             if host:
-                self._host_rounds(results, settings)
+                self._host_counts(results)
+                if host_wall is None or host_wall(results):
+                    self._host_rounds(results, settings)
             return results
         finally:
             for workers in self.workers.values():

@@ -22,6 +22,10 @@ request                                        answer
 ``{"op": "host", "batches"}``                  the host metric (:func:`attnkit_perf.measure.host.
                                                host_per_call`): ``{"ok", "per_call_s",
                                                "cpu_per_call_s", "batches", "dropped"}``
+``{"op": "count", "repeats"}``                 the host work of one call, counted ``repeats`` times
+                                               (:func:`attnkit_perf.measure.hostcount.host_count`):
+                                               ``{"ok", "instructions", "c_calls", "fastpath",
+                                               "repeatable", "counts", "environment"}``
 ``{"op": "release"}``                          drops the case and frees its memory
 =============================================  ======================================================
 
@@ -51,6 +55,7 @@ def _serve(out) -> None:
     )
     from attnkit_perf.measure.cases import BenchCase
     from attnkit_perf.measure.host import build_measured, host_per_call, kept_bytes
+    from attnkit_perf.measure.hostcount import REPEATS, host_count
     from attnkit_perf.measure.machine import provenance
     from attnkit_perf.measure.timing import (
         L2Flusher,
@@ -133,6 +138,8 @@ def _serve(out) -> None:
                 answer({"ok": True, "samples": samples})
             elif op == "host":
                 answer({"ok": True, **host_per_call(runner, device, request["batches"])})
+            elif op == "count":
+                answer({"ok": True, **host_count(runner, request.get("repeats", REPEATS))})
             elif op == "release":
                 runner = None
                 if device.type == "cuda":

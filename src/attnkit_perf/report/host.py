@@ -1,4 +1,5 @@
-"""The report's host section: host time per call beside the GPU time, and kept memory."""
+"""The report's host section: host work and host time per call beside the GPU time, and kept
+memory."""
 
 from __future__ import annotations
 
@@ -17,6 +18,20 @@ def _kept_cell(kept: dict | None) -> str:
     return format_bytes(head) if base == head else f"{format_bytes(base)} → {format_bytes(head)}"
 
 
+def _count_cell(count: dict | None) -> str:
+    """Base -> head instructions / C calls per call, or the one reading where they are equal."""
+    if not count or not count.get("head"):
+        return "-"
+    base, head = count.get("base"), count["head"]
+
+    def shown(c: dict) -> str:
+        return f"{c['instructions']} / {c['c_calls']}"
+
+    if base is None:
+        return f"? → {shown(head)}"
+    return shown(head) if base == head else f"{shown(base)} → {shown(head)}"
+
+
 def host_lines(verdict: VerdictDocument) -> list[str]:
     """The host metric beside the GPU time: host time per call measured without events, decided
     over worker processes, and the memory each call keeps."""
@@ -27,9 +42,12 @@ def host_lines(verdict: VerdictDocument) -> list[str]:
     for c in sorted(rows, key=lambda c: c.name):
         host = c.host or {}
         bounds = host.get("ci")
+        count = host.get("count") or {}
         cells.append(
             [
                 f"`{c.name}`",
+                _count_cell(count),
+                count.get("outcome") or "-",
                 _us(host.get("base_us")),
                 _us(host.get("head_us")),
                 format_ratio(host.get("ratio")),
@@ -40,14 +58,17 @@ def host_lines(verdict: VerdictDocument) -> list[str]:
                 _kept_cell(c.kept),
             ]
         )
-    header = ["benchmark", "host base", "host head", "host ratio", "bounds", "threshold", "host"]
+    header = ["benchmark", "host work", "count", "host base", "host head", "host ratio", "bounds"]
+    header += ["threshold", "host"]
     return [
-        "### Host time per call",
+        "### Host work and host time per call",
         "",
-        "Wall time per call over batches of back-to-back calls from an empty queue (no CUDA event "
-        "inside), one value per worker process; decided over the processes. Bounds: the lower one at "
-        'the level a slowdown must clear, the upper one at the confidence that "same" needs. Beside '
-        "it, the GPU time's ratio and the memory each call keeps after it returns.",
+        "Host work: bytecode instructions / C calls of one call, counted (base → head where they "
+        "differ); equal counts decide the host metric alone. Where the count grew or cannot speak "
+        "for the row, wall time per call decides: batches of back-to-back calls from an empty queue "
+        "(no CUDA event inside), one value per worker process, decided over the processes. Bounds: "
+        'the lower one at the level a slowdown must clear, the upper one at the confidence that "same" '
+        "needs. Beside it, the GPU time's ratio and the memory each call keeps after it returns.",
         "",
         *table([*header, "GPU ratio", "kept memory"], cells),
         "",

@@ -38,6 +38,7 @@ def thresholds(opt: dict, mode: str | None) -> gate.Thresholds:
         fail_on_inconclusive=opt["fail_on_inconclusive"],
         allow_dropped=opt["allow_dropped"],
         host_slower=_or_default(opt.get("host_slower"), gate.Thresholds.host_slower),
+        host_count_slower=_host_count_slower(opt.get("host_count_slower")),
         kept_abs_bytes=int(
             _or_default(opt.get("kept_abs_kib"), gate.Thresholds.kept_abs_bytes / 1024) * 1024
         ),
@@ -46,6 +47,14 @@ def thresholds(opt: dict, mode: str | None) -> gate.Thresholds:
 
 def _or_default(value, default):
     return default if value is None else value
+
+
+def _host_count_slower(value: float | None) -> float:
+    if value is None:
+        return gate.Thresholds.host_count_slower
+    if not 0 <= value < 1:
+        raise _usage(f"--attnkit-host-count-slower: expected a fraction in [0, 1), got {value}")
+    return value
 
 
 def check_usage(mode: str | None, device: torch.device, opt: dict) -> None:

@@ -1,7 +1,8 @@
 """One benchmark through paired mode, in order: measured on both sides until the rule settles
 it (:class:`attnkit_perf.decide.paired_rule.PairedRule`), the host metric on more processes while it
-cannot tell (:func:`attnkit_perf.measure.host_rounds.extend_host`), and a slowdown of either
-metric confirmed on fresh processes of both sides. The session turns the outcome into the
+cannot tell (:func:`attnkit_perf.measure.host_rounds.extend_host`; no wall time at all where the
+host work count decided it), and a slowdown of either metric confirmed on fresh processes of
+both sides. The session turns the outcome into the
 test's verdict row."""
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def measure_paired(
     "restart" (fresh workers) and "confirm"; more processes for the host metric add
     "host_restart" and "host_more" (a confirmation's with the prefix "confirm_")."""
     start = time.perf_counter()
-    results = paired.measure(case, settings, lambda r: rule.decide(r).settled, host=host)
+    results = paired.measure(
+        case, settings, lambda r: rule.decide(r).settled, host=host, host_wall=rule.host_needs_wall
+    )
     seconds = {"prepare": paired.last_prepare_s, "measure": time.perf_counter() - start}
     measurements = [results]
     decision = rule.unsupported(results)
@@ -39,7 +42,8 @@ def measure_paired(
         start = time.perf_counter()
         paired.restart()
         seconds["restart"] = time.perf_counter() - start
-        again = paired.measure(case, settings, lambda r: rule.decide(r, results).settled, host=host)
+        settled = lambda r: rule.decide(r, results).settled
+        again = paired.measure(case, settings, settled, host=host, host_wall=rule.host_needs_wall)
         seconds["confirm"] = time.perf_counter() - start - seconds["restart"]
         if host:
             more = extend_host(paired, case, settings, again, rule.host_wants_more)
