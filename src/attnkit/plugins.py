@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 #: The entry-point group installed packages declare their backends in.
 ENTRY_POINT_GROUP = "attnkit.backends"
@@ -40,7 +40,9 @@ class BackendSpec:
 
     ``fn(q, k, v, *, causal, scale, window)`` maps q (B, Hq, N, D), k (B, Hkv, M, D),
     v (B, Hkv, M, Dv) to the (B, Hq, N, Dv) output; ``supports(problem)`` returns None or the
-    reason it declines an :class:`~attnkit.AttentionProblem`.
+    reason it declines an :class:`~attnkit.AttentionProblem`. ``dispatch_boundaries`` (a tuple
+    of :class:`~attnkit.DispatchBoundary`), ``deterministic`` and ``batch_invariant`` declare
+    what the installed suite checks beyond the oracle (see :func:`attnkit.register_backend`).
     """
 
     name: str
@@ -48,6 +50,9 @@ class BackendSpec:
     supports: Callable | None = None
     description: str = ""
     forward_only: bool = False
+    dispatch_boundaries: tuple = ()
+    deterministic: bool = False
+    batch_invariant: bool = False
 
 
 #: None until the group was read; then the error it raised, or True.
@@ -102,6 +107,7 @@ def _load(entry: importlib.metadata.EntryPoint, register: Callable) -> None:
         )
     for spec in specs:
         try:
-            register(**asdict(spec))
+            # Field by field, not asdict(): that would turn nested DispatchBoundary objects into dicts.
+            register(**{f.name: getattr(spec, f.name) for f in fields(spec)})
         except (TypeError, ValueError) as err:
             raise BackendEntryPointError(f"{_where(entry)}: {err}") from err
