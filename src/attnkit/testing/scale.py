@@ -42,7 +42,8 @@ class ScaleLimits:
     65,535 runs (a CUDA grid's limit: on a CPU there is none to cross); ``max_scores``: the
     most score elements (B * Hq * N * M) of any one problem (boundary problems past it are left
     out, with the reason); ``repeats``: how often the determinism test repeats the backward;
-    ``dtypes``: the 16-bit (or wider) dtypes the tier cycles through."""
+    ``dtypes``: the 16-bit (or wider) dtypes the tier cycles through; ``ladder_steps``: how
+    many lengths the ladder has."""
 
     label: str
     max_len: int
@@ -52,6 +53,7 @@ class ScaleLimits:
     max_scores: int
     repeats: int
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+    ladder_steps: int = 6
 
 
 #: A GPU: N = M up to 16K (32K with :data:`LONG_MEMORY_GIB` of memory), M = 128K + 37 for decode.
@@ -61,7 +63,7 @@ LONG_MEMORY_GIB = 40
 #: seconds per backend on two cores. bfloat16 and float32, not float16: PyTorch's CPU matmul in
 #: float16 has no fast kernel (~90x slower than bfloat16 at 1024 x 128 x 1024), and the
 #: yardstick of the rule computes in the input dtype.
-CPU_LIMITS = ScaleLimits("cpu", 1024, 4096 + 37, 64, False, 2**21, 3, (torch.bfloat16, torch.float32))
+CPU_LIMITS = ScaleLimits("cpu", 1024, 2048 + 37, 64, False, 2**21, 3, (torch.bfloat16, torch.float32), 4)
 #: A backend interpreted on the CPU (Triton under TRITON_INTERPRET=1, ~1000x slower than on a
 #: GPU): a token ladder to N = M = 96; on a GPU the same backend runs the full tier.
 INTERPRETED_LIMITS = dataclasses.replace(CPU_LIMITS, label="cpu, interpreted", max_len=96, decode_kv_len=640,
@@ -96,7 +98,7 @@ def ladder(limits: ScaleLimits) -> list[AttentionCase]:
     cases = []
     # The longest length takes D = 64 and one head: the others cover wide heads and GQA.
     dims = (96, 256, 128, 80, 128, 64)
-    lengths = ladder_lengths(limits.max_len)
+    lengths = ladder_lengths(limits.max_len, limits.ladder_steps)
     for i, n in enumerate(lengths):
         dim, dtype = dims[i - len(lengths)], limits.dtypes[i % len(limits.dtypes)]
         kv_heads, q_heads = (2, 4) if (len(lengths) - i) % 2 == 0 else (1, 1)
@@ -129,7 +131,7 @@ def head_dim_sweep(limits: ScaleLimits) -> list[AttentionCase]:
 def long_problems(limits: ScaleLimits) -> list[AttentionCase]:
     """Long-KV decode (1 and 16 queries, GQA 4:1 and 8:1), windows at scale, and B * H past
     65,535 (by heads and by batch) where ``limits.wide_grid``."""
-    m, n = limits.decode_kv_len, limits.max_len // 2
+    m, n = limits.decode_kv_len, limits.max_len // 2 if limits.wide_grid else limits.max_len // 4
     gqa = {"q_heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": torch.bfloat16}
     if limits.max_scores < GPU_LIMITS.max_scores:
         gqa = {"q_heads": 8, "kv_heads": 1, "head_dim": 64, "dtype": torch.bfloat16}
