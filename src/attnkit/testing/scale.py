@@ -67,7 +67,7 @@ CPU_LIMITS = ScaleLimits("cpu", 1024, 2048 + 37, 64, False, 2**21, 3, (torch.bfl
 #: A backend interpreted on the CPU (Triton under TRITON_INTERPRET=1, ~1000x slower than on a
 #: GPU): a token ladder to N = M = 96; on a GPU the same backend runs the full tier.
 INTERPRETED_LIMITS = dataclasses.replace(CPU_LIMITS, label="cpu, interpreted", max_len=96, decode_kv_len=640,
-                                         dims_len=32, max_scores=2**16, repeats=2)  # fmt: skip
+                                         dims_len=32, max_scores=2**13, repeats=2)  # fmt: skip
 
 
 def scale_limits(device: torch.device, interpreted: bool = False) -> ScaleLimits:
