@@ -3,6 +3,7 @@
 from attnkit import builtins as _builtins  # noqa: F401  (registers attnkit's own backends)
 from attnkit import ops as _ops  # noqa: F401  (registers the attnkit:: torch.library ops)
 from attnkit.api import AUTO_ORDER, attention
+from attnkit.boundaries import DispatchBoundary
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
 from attnkit.kvcache import attention_with_kvcache
@@ -26,6 +27,7 @@ __all__ = [
     "BackendEntryPointWarning",
     "BackendSpec",
     "BackendUnavailableError",
+    "DispatchBoundary",
     "MultiHeadAttention",
     "UnsupportedProblemError",
     "attention",

@@ -19,11 +19,21 @@ from attnkit.sdpa import (
 )
 from attnkit.tiled import tiled_attention
 
+# naive and tiled are made of ATen ops in a fixed order per (batch, head): deterministic, and a
+# sequence's result does not depend on the batch around it.
 register_backend(
-    "naive", run=naive_attention, description="materialised score matrix; float64-capable oracle"
+    "naive",
+    run=naive_attention,
+    description="materialised score matrix; float64-capable oracle",
+    deterministic=True,
+    batch_invariant=True,
 )
 register_backend(
-    "tiled", run=tiled_attention, description="FlashAttention-2 in pure PyTorch (online softmax, O(N) memory)"
+    "tiled",
+    run=tiled_attention,
+    description="FlashAttention-2 in pure PyTorch (online softmax, O(N) memory)",
+    deterministic=True,
+    batch_invariant=True,
 )
 for _name in SDPA_BACKENDS:
     register_backend(
@@ -37,7 +47,13 @@ for _name in SDPA_BACKENDS:
     )
 
 try:
-    from attnkit.triton import prepare, run_after_support_check, triton_device_support, triton_problem_support
+    from attnkit.triton import (
+        dispatch_boundaries,
+        prepare,
+        run_after_support_check,
+        triton_device_support,
+        triton_problem_support,
+    )
 except ImportError:  # no triton in this install: the backend is simply not registered
     pass
 else:
@@ -48,6 +64,8 @@ else:
         device_support=triton_device_support,
         supports=triton_problem_support,
         prepare=prepare,
+        dispatch_boundaries=dispatch_boundaries(),
+        deterministic=True,
     )
 
 register_backend(

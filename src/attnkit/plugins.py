@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib.metadata
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 #: The entry-point group installed packages declare their backends in.
 ENTRY_POINT_GROUP = "attnkit.backends"
@@ -46,7 +46,9 @@ class BackendSpec:
 
     ``fn(q, k, v, *, causal, scale, window)`` maps q (B, Hq, N, D), k (B, Hkv, M, D),
     v (B, Hkv, M, Dv) to the (B, Hq, N, Dv) output; ``supports(problem)`` returns None or the
-    reason it declines an :class:`~attnkit.AttentionProblem`.
+    reason it declines an :class:`~attnkit.AttentionProblem`. ``dispatch_boundaries`` (a tuple
+    of :class:`~attnkit.DispatchBoundary`), ``deterministic`` and ``batch_invariant`` declare
+    what the installed suite checks beyond the oracle (see :func:`attnkit.register_backend`).
     """
 
     name: str
@@ -54,6 +56,9 @@ class BackendSpec:
     supports: Callable | None = None
     description: str = ""
     forward_only: bool = False
+    dispatch_boundaries: tuple = ()
+    deterministic: bool = False
+    batch_invariant: bool = False
 
 
 class BackendEntryPointWarning(UserWarning):
@@ -124,6 +129,7 @@ def _load(entry: importlib.metadata.EntryPoint, register: Callable) -> None:
         )
     for spec in specs:
         try:
-            register(**asdict(spec))
+            # Field by field, not asdict(): that would turn nested DispatchBoundary objects into dicts.
+            register(**{f.name: getattr(spec, f.name) for f in fields(spec)})
         except (TypeError, ValueError) as err:
             raise BackendEntryPointError(f"{_where(entry)}: {err}") from err

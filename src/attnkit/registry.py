@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnkit.boundaries import DispatchBoundary, check_boundaries
 from attnkit.device import default_device
 from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
@@ -40,6 +41,12 @@ class Backend:
     ``module``: the module that defines its function (``fn``, else ``run``), e.g. a plugin's
     kernel module: the perf gate checks that each side of a comparison imported it from that
     side's source.
+
+    What the installed suite holds the backend to beyond the oracle (:mod:`attnkit.suite`):
+    ``dispatch_boundaries``, the sizes at which it switches code paths (both sides of each are
+    tested); ``deterministic``, repeated calls on the same inputs give bitwise-equal outputs and
+    gradients; ``batch_invariant``, a sequence's output and gradients are bitwise the same alone
+    and inside a batch (without it they must agree within the tolerance rule).
     """
 
     name: str
@@ -50,6 +57,9 @@ class Backend:
     prepare: Prepare | None = None
     forward_only: bool = False
     module: str | None = None
+    dispatch_boundaries: tuple[DispatchBoundary, ...] = ()
+    deterministic: bool = False
+    batch_invariant: bool = False
 
     def prepared_run(self, problem: AttentionProblem) -> PreparedRun:
         """The eager run for ``problem``: ``prepare(problem)``, or ``run`` without one."""
@@ -73,6 +83,9 @@ def register_backend(
     run: RunFn | None = None,
     device_support: DeviceCheck | None = None,
     prepare: Prepare | None = None,
+    dispatch_boundaries: tuple[DispatchBoundary, ...] | list[DispatchBoundary] = (),
+    deterministic: bool = False,
+    batch_invariant: bool = False,
 ) -> Backend:
     """Register an attention implementation under ``name``; ``attention(..., backend=name)``
     then runs it, and the correctness suite tests it (``pytest --pyargs attnkit.suite
@@ -101,6 +114,14 @@ def register_backend(
             run on a device at all (it then leaves :func:`available_backends`).
         prepare: advanced: ``prepare(problem) -> run`` made once per call signature
             (:meth:`Backend.prepared_run`).
+        dispatch_boundaries: the sizes at which the kernel switches code paths, as
+            :class:`~attnkit.DispatchBoundary` objects: the suite runs problems just below, at
+            and just above each. Without any, it still runs sizes spread log-uniformly up to its
+            scale tier's limits.
+        deterministic: the same inputs give bitwise-equal outputs and gradients on every call
+            (the suite repeats the backward at scale and compares bitwise).
+        batch_invariant: a sequence's output and gradients are bitwise the same alone and inside
+            a batch (without it the suite requires them within the tolerance rule).
 
     Returns:
         The registered :class:`Backend`.
@@ -118,6 +139,10 @@ def register_backend(
             raise TypeError(
                 f"register_backend({name!r}): {label} must be callable, got {type(value).__name__}"
             )
+    for label, value in (("deterministic", deterministic), ("batch_invariant", batch_invariant)):
+        if not isinstance(value, bool):
+            raise TypeError(f"register_backend({name!r}): {label} must be a bool, got {value!r}")
+    boundaries = check_boundaries(f"register_backend({name!r})", dispatch_boundaries)
     if not isinstance(description, str):
         raise TypeError(
             f"register_backend({name!r}): description must be a str, got {type(description).__name__}"
@@ -137,6 +162,9 @@ def register_backend(
         prepare,
         forward_only=forward_only,
         module=module,
+        dispatch_boundaries=boundaries,
+        deterministic=deterministic,
+        batch_invariant=batch_invariant,
     )
     if name in _REGISTRY:
         _forget_plans()  # a replaced backend's memoised runs must not outlive it

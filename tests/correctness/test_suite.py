@@ -27,3 +27,14 @@ from attnkit.suite.test_properties import (  # noqa: F401
     test_windowed_row_is_a_convex_combination_of_its_window,
     test_windowed_rows_that_see_no_key_are_zero_with_zero_gradient,
 )
+
+# The scale tier's large problems (test_large_problems_match_the_oracle) take 10-30 s per
+# backend on a 2-core CPU, over six backends; this folder runs its ladder on a kernel that
+# switches paths (test_suite_reach.py) and its pieces (test_scale_tier.py), and
+# ``pytest --pyargs attnkit.suite`` runs it whole.
+from attnkit.suite.test_scale import (  # noqa: F401
+    test_a_sequence_gives_the_same_result_alone_and_inside_a_batch,
+    test_both_sides_of_each_dispatch_boundary_match_the_oracle,
+    test_log_sum_exp_of_rows_that_see_few_or_no_keys,
+    test_repeated_backward_is_bitwise_equal,
+)

@@ -30,6 +30,10 @@ Modules: ``test_oracle`` (forward and gradients against the oracle over drawn pr
 GQA, M != N, causal, windows, odd lengths and head dims, strided layouts; and the pinned edge
 cases), ``test_properties`` (oracle-free properties: convex combinations, scale 0, key
 permutation, rows that see no key, windows), ``test_contract`` (the output's dtype, device and
-shape; NaN propagation). attnkit's own repository runs the same tests over its built-in
-backends (``tests/correctness/test_suite.py``).
+shape; NaN propagation), ``test_scale`` (the scale tier: lengths up to 16K-32K on a GPU, every
+head dim, long-KV decode, B * H past 65,535, both sides of each declared dispatch boundary, a
+sequence alone and in a batch, the backward repeated bitwise where determinism is declared;
+:mod:`attnkit.testing.scale`). attnkit's own repository runs the same tests over its built-in
+backends (``tests/correctness/test_suite.py``; the scale tier's large problems there only
+through ``tests/correctness/test_suite_reach.py``).
 """

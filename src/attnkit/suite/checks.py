@@ -63,14 +63,20 @@ class Declines:
 
 
 def check_against_oracle(
-    backend: str, case: AttentionCase, device: torch.device, declines: Declines | None = None
+    backend: str,
+    case: AttentionCase,
+    device: torch.device,
+    declines: Declines | None = None,
+    shrink: bool = True,
 ) -> None:
     """Output and dq, dk, dv of ``backend`` on ``case`` within the tolerance rule of the
     float64 oracle (:func:`attnkit.testing.compare_to_reference`). A backend that declines the
     call with gradients (a forward-only kernel) has its forward checked alone, the gradients'
     decline noted in ``declines``; one that declines the forward too raises
-    UnsupportedProblemError."""
-    case = sized_for(backend, case, device)
+    UnsupportedProblemError. ``shrink``: fit the case to an interpreted backend
+    (:func:`sized_for`); the scale tier sizes its problems itself (False)."""
+    if shrink:
+        case = sized_for(backend, case, device)
     q, k, v, grad_out = case.tensors(device)
 
     def compare(with_grad: bool):
@@ -103,7 +109,7 @@ def reproducer(backend: str, case: AttentionCase, device: torch.device) -> str:
         "import torch\n"
         "from attnkit.suite.checks import check_against_oracle\n"
         "from attnkit.testing.strategies import AttentionCase\n"
-        f"check_against_oracle({backend!r}, {case.as_code()}, torch.device({str(device)!r}))"
+        f"check_against_oracle({backend!r}, {case.as_code()}, torch.device({str(device)!r}), shrink=False)"
     )
     indented = code.replace("\n", "\n    ")
     return f"Repeat this one call alone (the same tensors, no hypothesis):\n    {indented}"

@@ -54,8 +54,6 @@ from dataclasses import dataclass
 
 import torch
 
-from attnkit.reference import attention_scores, attention_weights, naive_attention, reference_attention
-
 #: Allowed multiple of the naive same-dtype error, per quantity (see the module docstring).
 ERROR_FACTORS = {"out": 2.0, "dq": 3.0, "dk": 3.0, "dv": 3.0}
 
@@ -91,39 +89,15 @@ def error_floor(
 
 
 def term_magnitudes(q, k, v, grad_out, problem) -> dict[str, tuple[float, float]]:
-    """For each quantity: (T, R) of the floor (see the module docstring), in float64.
+    """For each quantity: (T, R) of the floor (see the module docstring), in float64, computed
+    in blocks of query rows (:mod:`attnkit.testing.blocked_oracle`).
 
     With P the weights, dP = dO V^T, delta = rowsum(P * dP) and dS = P * (dP - delta):
     out = P V, dv = P^T dO, dq = scale * dS K, dk = scale * dS^T Q.
     """
-    q, k, v = (x.detach().double() for x in (q, k, v))
-    probs = attention_weights(q, k, problem)  # (B, Hkv, G, N, M)
-    scores = attention_scores(q, k, problem)
-    row_max = scores.amax(-1, keepdim=True)
-    conditioning = 1 + torch.nan_to_num((scores.abs() + row_max.abs()), posinf=0.0)
-    cond_probs = probs * conditioning
-    out_terms = cond_probs @ v.abs().unsqueeze(2)
-    result = {"out": (out_terms.max().item(), 0.0)}
-    if grad_out is None:
-        return result
-    dog = grad_out.double().reshape(*probs.shape[:-1], problem.value_dim)
-    dprobs = dog @ v.unsqueeze(2).transpose(-1, -2)
-    delta = (probs * dprobs).sum(-1, keepdim=True)
-    abs_ds = cond_probs * (dprobs.abs() + delta.abs())
-    scale = abs(problem.scale)
-    # |O| is bounded by sum_j P_ij |v_j| (out_terms without the conditioning factor).
-    stored_o = probs * ((dog.abs() * (probs @ v.abs().unsqueeze(2))).sum(-1, keepdim=True))
-    qg = q.reshape(*probs.shape[:-1], problem.head_dim)
-    result["dv"] = ((cond_probs.transpose(-1, -2) @ dog.abs()).sum(2).max().item(), 0.0)
-    result["dq"] = (
-        scale * (abs_ds @ k.abs().unsqueeze(2)).max().item(),
-        scale * (stored_o @ k.abs().unsqueeze(2)).max().item(),
-    )
-    result["dk"] = (
-        scale * (abs_ds.transpose(-1, -2) @ qg.abs()).sum(2).max().item(),
-        scale * (stored_o.transpose(-1, -2) @ qg.abs()).sum(2).max().item(),
-    )
-    return result
+    from attnkit.testing.blocked_oracle import rule_inputs
+
+    return rule_inputs(q, k, v, grad_out, problem).magnitudes
 
 
 @dataclass(frozen=True)
@@ -194,20 +168,17 @@ def compare_to_reference(
     grad_out: torch.Tensor | None = None,
     window: tuple[int, int] | None = None,
 ) -> list[QuantityCheck]:
-    """Run ``fn`` and the naive path in q's dtype, both against the float64 oracle."""
+    """Run ``fn`` and the naive path in q's dtype, both against the float64 oracle (the oracle
+    and the naive path computed in blocks of query rows, :mod:`attnkit.testing.blocked_oracle`,
+    so any size the kernel runs can be judged)."""
     from attnkit.inputs import check_inputs
+    from attnkit.testing.blocked_oracle import rule_inputs
 
     problem = check_inputs(q, k, v, causal, scale, window)
     actual = run_with_grads(fn, q, k, v, grad_out)
-    baseline = run_with_grads(lambda a, b, c: naive_attention(a, b, c, problem), q, k, v, grad_out)
-    reference = run_with_grads(
-        lambda a, b, c: reference_attention(a, b, c, causal=causal, scale=scale, window=window),
-        q.double(),
-        k.double(),
-        v.double(),
-        None if grad_out is None else grad_out.double(),
-    )
-    magnitudes = term_magnitudes(q, k, v, grad_out, problem)
+    # The oracle, the yardstick and the floor's terms, in blocks of rows: bounded memory at any size.
+    expected = rule_inputs(q, k, v, grad_out, problem)
+    baseline, reference, magnitudes = expected.baseline, expected.reference, expected.magnitudes
     key_sum = max(problem.kv_len, problem.head_dim, problem.value_dim)
     query_sum = max(problem.q_len * problem.group_size, problem.head_dim, problem.value_dim)
     lengths = {"out": key_sum, "dq": key_sum, "dk": query_sum, "dv": query_sum}

@@ -32,12 +32,14 @@ from functools import partial
 
 import torch
 
+from attnkit.boundaries import DispatchBoundary
 from attnkit.errors import UnsupportedProblemError
 from attnkit.flash_autograd import PATHS, flash_attention
 from attnkit.inputs import AttentionProblem
 from attnkit.prepared import NativeForward, PreparedRun
 from attnkit.triton.config import AttentionConfig, KernelConfig
 from attnkit.triton.decode import (
+    DEFAULT_DECODE_CONFIG,
     decode_forward,
     decode_forward_only,
     decode_native_forward_only,
@@ -47,6 +49,7 @@ from attnkit.triton.forward_kernels import _plain_fwd_kernel
 from attnkit.triton.gluon.route import gluon_backward, gluon_forward
 from attnkit.triton.gluon.support import layout_ok as gluon_layout_ok
 from attnkit.triton.launch import (
+    TMA_MIN_SCORES,
     LaunchSetup,
     attention_backward,
     attention_forward,
@@ -54,7 +57,7 @@ from attnkit.triton.launch import (
     launch_setup,
 )
 from attnkit.triton.padding import padded_attention, padded_problem
-from attnkit.triton.plan import KernelPlan, plan_kernels
+from attnkit.triton.plan import GLUON_MIN_SCORES, KernelPlan, packaged_routed_cells, plan_kernels
 
 #: Whether @triton.jit built interpreter kernels: Triton reads TRITON_INTERPRET once, when the
 #: kernels are decorated (at import), so availability follows the kernels, not today's variable.
@@ -270,6 +273,57 @@ def triton_problem_support(problem: AttentionProblem) -> str | None:
             f"grid's {MAX_PROGRAMS}"
         )
     return None
+
+
+def dispatch_boundaries() -> tuple[DispatchBoundary, ...]:
+    """The sizes at which this backend switches kernels, for the installed suite to test both
+    sides of (:mod:`attnkit.boundaries`), read from the data the router decides with: the
+    Gluon kernels' routed cells in every GPU model's table and their size floor
+    (:mod:`~attnkit.triton.plan`), TMA descriptors (:data:`~attnkit.triton.launch.TMA_MIN_SCORES`)
+    and the split-KV forward (:func:`~attnkit.triton.decode.use_split_kv`'s config). On a device
+    where a path cannot run (the CPU, another GPU than sm_90) both sides run the same kernel, and
+    the problems still hold."""
+    bf16, split = torch.bfloat16, DEFAULT_DECODE_CONFIG
+    cells = packaged_routed_cells()  # every GPU model's measured cells: a boundary somewhere
+    gluon = []
+    for (pass_name, dim, causal), min_len in sorted(cells.items()):
+        batch = -(-GLUON_MIN_SCORES // min_len**2)  # enough scores at N = M = min_len
+        cell = {"head_dim": dim, "causal": causal, "dtype": bf16, "batch": batch}
+        masking = "causal" if causal else "not causal"
+        gluon.append(
+            DispatchBoundary(
+                f"Gluon {pass_name} from N = {min_len} (D={dim}, {masking})", "seq_len", min_len, cell
+            )
+        )
+    routed = {
+        "head_dim": 128,
+        "dtype": bf16,
+        "q_heads": 2,
+        "kv_heads": 2,
+        "q_len": min(cells.values(), default=4096),
+    }
+    tma = {"head_dim": 64, "causal": True, "dtype": bf16, "q_heads": 4, "kv_heads": 4, "q_len": 2048}
+    decode = {"q_len": 1, "q_heads": 8, "kv_heads": 2, "head_dim": 128, "dtype": bf16}
+    group = 4  # query heads per kv head: G x N reaches max_rows at N = max_rows / G
+    last_rows = split.max_rows // group
+    grouped = {
+        "kv_len": split.min_keys_per_row * (last_rows + 2),
+        "q_heads": group,
+        "head_dim": 64,
+        "dtype": bf16,
+    }
+    # A full GPU (B * Hq >= fill_fraction x SMs on any GPU) splits only for many keys per row.
+    full = {"q_len": 16, "batch": 8, "q_heads": 32, "kv_heads": 8, "head_dim": 128, "dtype": bf16}
+    return (
+        *gluon,
+        DispatchBoundary("Gluon forward from B*H*N*M = GLUON_MIN_SCORES", "scores", GLUON_MIN_SCORES, routed),
+        DispatchBoundary("TMA descriptors from B*H*N*M = TMA_MIN_SCORES", "scores", TMA_MIN_SCORES, tma),
+        DispatchBoundary("split-KV forward from M = 2 x min_keys_per_split", "kv_len",
+                         2 * split.min_keys_per_split, decode),
+        DispatchBoundary("split-KV forward up to G x N = max_rows", "q_len", last_rows + 1, grouped),
+        DispatchBoundary("split-KV forward on a full GPU from M = min_keys_per_row x N", "kv_len",
+                         split.min_keys_per_row * full["q_len"], full),
+    )  # fmt: skip
 
 
 PATHS["triton"] = TritonImplementation

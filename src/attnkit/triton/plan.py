@@ -46,15 +46,16 @@ from functools import partial
 import torch
 
 from attnkit.inputs import AttentionProblem
+from attnkit.triton.config import CONFIG_DIR
 from attnkit.triton.decode import DEFAULT_DECODE_CONFIG, use_split_kv
-from attnkit.triton.gluon.config import device_section, routed_cells
+from attnkit.triton.gluon.config import PASSES, device_section, packaged_section, routed_cells
 from attnkit.triton.gluon.route import GLUON_MIN_SCORES, routed
 
 #: The split-KV rule's policy (:func:`attnkit.triton.decode.use_split_kv`).
 SPLIT_KV_POLICY = DEFAULT_DECODE_CONFIG
 __all__ = [
     "BACKWARD_KINDS", "FORWARD_KINDS", "GLUON_MIN_SCORES", "PLAIN", "SPLIT_KV_POLICY", "KernelPlan",
-    "gluon_routed_cells", "plan_kernels",
+    "gluon_routed_cells", "packaged_routed_cells", "plan_kernels",
 ]  # fmt: skip
 
 
@@ -62,6 +63,20 @@ def gluon_routed_cells(device: torch.device, pass_name: str = "forward") -> dict
     """(head dim, causal) -> the smallest N whose ``pass_name`` runs on the Gluon kernel on
     ``device`` (its table's measured cells; {} off a GPU with a table)."""
     return routed_cells(device_section(device), pass_name)
+
+
+def packaged_routed_cells() -> dict[tuple[str, int, bool], int]:
+    """(pass, head dim, causal) -> the smallest N routed to a Gluon kernel on any GPU model whose
+    table ships with attnkit: where some GPU switches kernels (the installed suite's dispatch
+    boundaries, :func:`attnkit.triton.dispatch_boundaries`)."""
+    cells: dict[tuple[str, int, bool], int] = {}
+    for path in sorted(CONFIG_DIR.glob("*.json")):
+        section = packaged_section(path.stem)
+        for pass_name in PASSES:
+            for (dim, causal), n in routed_cells(section, pass_name).items():
+                key = (pass_name, dim, causal)
+                cells[key] = min(n, cells.get(key, n))
+    return cells
 
 
 Rule = Callable[[AttentionProblem], bool]
