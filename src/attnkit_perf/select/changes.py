@@ -1,0 +1,36 @@
+"""The files a diff touches: from a base ref to the working tree, committed, uncommitted and
+untracked alike; a rename counts as both its old and its new path, a deletion as its path."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+class ChangesError(RuntimeError):
+    """git could not say what changed (no repository, unknown ref)."""
+
+
+def _git(root: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ChangesError(f"git {' '.join(args)} in {root}: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout
+
+
+def changed_files(root: Path, base: str) -> list[str]:
+    """Paths (relative to the repository root, sorted) that differ between ``base``'s merge
+    base with HEAD and the working tree, untracked files included (ignored ones not)."""
+    top = Path(_git(root, "rev-parse", "--show-toplevel").strip())
+    try:
+        since = _git(top, "merge-base", base, "HEAD").strip()
+    except ChangesError:
+        since = _git(top, "rev-parse", "--verify", f"{base}^{{commit}}").strip()
+    paths: set[str] = set()
+    # -M: a rename is listed with both paths (R100<TAB>old<TAB>new); --no-renames would hide
+    # nothing either, but names each side once.
+    for line in _git(top, "diff", "--name-status", "-M", since).splitlines():
+        status, *names = line.split("\t")
+        paths.update(names)
+    paths.update(_git(top, "ls-files", "--others", "--exclude-standard").splitlines())
+    return sorted(p for p in paths if p)
