@@ -102,6 +102,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             "the baseline's commit; paired mode: on fresh worker processes)"
         ),
     )
+    group.addoption(
+        "--attnkit-select",
+        choices=("affected", "all"),
+        default=None,
+        help="affected: run only the rows (and tests) the diff can affect (attnkit_perf.select); "
+        "all: every one. Default: affected in paired mode, all otherwise",
+    )
+    group.addoption(
+        "--attnkit-changes-since",
+        default=None,
+        metavar="REF",
+        help="select the rows and tests the diff between REF and this checkout can affect (paired "
+        "mode: --attnkit-base)",
+    )
     for name, kind, default, help_text in _TUNABLE:
         group.addoption("--attnkit-" + name.replace("_", "-"), type=kind, default=None, help=help_text)
         parser.addini(f"attnkit_{name}", help_text, default=None if default is None else str(default))
@@ -259,6 +273,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items) -> None:
     perf = config.stash.get(SESSION, None)
     if perf is None:
+        _select(config, items, None)
         return
     for item in items:
         declined = item.get_closest_marker(DECLINED_MARK)
@@ -270,6 +285,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             item.own_markers = [m for m in item.own_markers if m.name != "skip"]
         else:
             perf.record_declined(item.nodeid, declined.args[0])
+    _select(config, items, perf)
     # The run's false-alarm budget is split over its benchmarks (attnkit_perf.decide.policy).
     perf.collected(
         [
@@ -278,6 +294,27 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             if "attnkit_perf" in getattr(item, "fixturenames", ()) and item.get_closest_marker("skip") is None
         ]
     )
+
+
+def _select(config: pytest.Config, items, perf) -> None:
+    """Deselect what the diff cannot affect (:mod:`attnkit_perf.select`), in paired mode against
+    the base unless ``--attnkit-select=all``, elsewhere only when ``--attnkit-changes-since`` asks."""
+    base = config.getoption("attnkit_changes_since") or (perf.base_ref if perf and perf.mode == "paired" else None)
+    choice = config.getoption("attnkit_select") or ("affected" if base else "all")
+    if choice == "all":
+        return
+    if base is None:
+        raise pytest.UsageError("attnkit select: --attnkit-select=affected needs --attnkit-base or --attnkit-changes-since")
+    if perf is not None and perf.external:
+        return  # another repository's code: no map of it, everything runs
+    from attnkit_perf.select import collection
+
+    rows = {} if perf is None else {c.name: c for c in perf.grid(gpu=True) + perf.grid(gpu=False)}
+    decision = collection.decide(Path(config.rootpath), base, None if perf is None else perf.gpu_key)
+    record = collection.deselect(config, items, decision, rows)
+    if perf is not None:
+        perf.selection = record
+        perf.notes += [f"selection (changes since {base}): {s['count']} deselected: {s['reason']}" for s in record["skipped"]]
 
 
 def _benchmark_name(item: pytest.Item) -> str:

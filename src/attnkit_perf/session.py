@@ -109,6 +109,8 @@ class PerfSession:
         self.declined: dict[str, str] = {}
         self.errored: dict[str, BenchmarkVerdict] = {}
         self.run_json: dict | None = None
+        #: What selection ran and skipped (:mod:`attnkit_perf.select.collection`), or None: all ran.
+        self.selection: dict | None = None
         self.document: VerdictDocument | None = None
         self._measurer: CaseMeasurer | None = None
         self._paired: PairedSession | None = None
@@ -410,4 +412,5 @@ class PerfSession:
             version_differences=versions,
             notes=self.notes + self.policy.noise_notes() + self.policy.budget_notes(self.rows) + stopped,
             complete=complete and self.stopped_early is None,
+            selection=self.selection,
         )

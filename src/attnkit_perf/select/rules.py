@@ -225,7 +225,9 @@ class Affected:
     def describe(self) -> list[str]:
         """Lines for people: the decision, then each changed file's effect."""
         if self.everything:
-            head = "everything: " + "; ".join(f"{e.path} ({e.why})" for e in self.everything[:5])
+            first = self.everything[0]
+            more = len(self.everything) - 1
+            head = f"everything: {first.path} ({first.why})" + (f" and {more} more file(s)" if more else "")
         elif self.backends:
             head = "backends: " + ", ".join(f"{b} ({p} passes)" for b, p in sorted(self.backends.items()))
         else:
