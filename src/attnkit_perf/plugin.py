@@ -299,12 +299,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 def _select(config: pytest.Config, items, perf) -> None:
     """Deselect what the diff cannot affect (:mod:`attnkit_perf.select`), in paired mode against
     the base unless ``--attnkit-select=all``, elsewhere only when ``--attnkit-changes-since`` asks."""
-    base = config.getoption("attnkit_changes_since") or (perf.base_ref if perf and perf.mode == "paired" else None)
+    paired = perf.base_ref if perf is not None and perf.mode == "paired" else None
+    base = config.getoption("attnkit_changes_since") or paired
     choice = config.getoption("attnkit_select") or ("affected" if base else "all")
     if choice == "all":
         return
     if base is None:
-        raise pytest.UsageError("attnkit select: --attnkit-select=affected needs --attnkit-base or --attnkit-changes-since")
+        raise pytest.UsageError(
+            "attnkit select: --attnkit-select=affected needs --attnkit-base or --attnkit-changes-since"
+        )
     if perf is not None and perf.external:
         return  # another repository's code: no map of it, everything runs
     from attnkit_perf.select import collection
@@ -314,7 +317,10 @@ def _select(config: pytest.Config, items, perf) -> None:
     record = collection.deselect(config, items, decision, rows)
     if perf is not None:
         perf.selection = record
-        perf.notes += [f"selection (changes since {base}): {s['count']} deselected: {s['reason']}" for s in record["skipped"]]
+        perf.notes += [
+            f"selection (changes since {base}): {skip['count']} deselected: {skip['reason']}"
+            for skip in record["skipped"]
+        ]
 
 
 def _benchmark_name(item: pytest.Item) -> str:

@@ -18,8 +18,9 @@ from attnkit_perf.select.rules import affected
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnkit_perf.select", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", required=True, metavar="REF", help="git ref to compare with (its merge base)")
+    about = __doc__.split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m attnkit_perf.select", description=about)
+    parser.add_argument("--base", required=True, metavar="REF", help="git ref to compare with")
     parser.add_argument("--root", default=".", help="the checkout (default: the current directory)")
     parser.add_argument("--gpu", default=None, metavar="KEY", help="GPU model key (default: any model)")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")

@@ -30,7 +30,7 @@ def changed_files(root: Path, base: str) -> list[str]:
     # -M: a rename is listed with both paths (R100<TAB>old<TAB>new); --no-renames would hide
     # nothing either, but names each side once.
     for line in _git(top, "diff", "--name-status", "-M", since).splitlines():
-        status, *names = line.split("\t")
+        _status, *names = line.split("\t")
         paths.update(names)
     paths.update(_git(top, "ls-files", "--others", "--exclude-standard").splitlines())
     return sorted(p for p in paths if p)

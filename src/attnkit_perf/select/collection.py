@@ -69,7 +69,7 @@ def deselect(config: pytest.Config, items: list, decision: Affected, rows: dict)
     }
 
 
-def _skip(item, decision: Affected, rows: dict, deps: DependencyMap, modules: dict, changed: set) -> str | None:
+def _skip(item, decision: Affected, rows: dict, deps: DependencyMap, modules: dict, changed: set):
     params = getattr(getattr(item, "callspec", None), "params", {})
     case = rows.get(params.get("case")) if "attnkit_perf" in getattr(item, "fixturenames", ()) else None
     if case is not None:

@@ -118,7 +118,7 @@ class DependencyMap:
             return Effect(path, "tests", "a correctness test module: it runs itself")
         module = self.modules_by_path.get(path)
         if module is None:
-            return Effect(path, "everything", "not mapped (not a module of the current tree, or no rule names it)")
+            return Effect(path, "everything", "not mapped (no module of this tree, no rule)")
         if module in self.shared_modules:
             return Effect(path, "everything", f"{module} is run by shared code")
         backends = self.passes_by_module.get(module)
@@ -166,7 +166,8 @@ class DependencyMap:
             if isinstance(node, ast.ImportFrom) and node.module:
                 roots += [n for a in node.names for n in self.graph.resolve(node.module, a.name)]
             elif isinstance(node, ast.Import):
-                roots += [n for a in node.names if a.name in self.graph.modules for n in self.graph.whole(a.name)]
+                known = [a.name for a in node.names if a.name in self.graph.modules]
+                roots += [n for name in known for n in self.graph.whole(name)]
         reached = {m for m, _ in self.graph.closure(roots, backward=True)}
         return {p for p, m in self.modules_by_path.items() if m in reached}
 
@@ -234,7 +235,8 @@ class Affected:
             head = "nothing: no changed file reaches a backend's code, the gate or shared code"
         lines = [head]
         for e in self.effects:
-            where = "" if e.gpu is None else f" [on {e.gpu} only{'' if self.applies(e) else ': not this GPU'}]"
+            other = "" if self.applies(e) else ": not this GPU"
+            where = "" if e.gpu is None else f" [on {e.gpu} only{other}]"
             targets = f" -> {', '.join(f'{b}:{p}' for b, p in e.backends.items())}" if e.backends else ""
             lines.append(f"  {e.path}: {e.kind}{targets}{where}: {e.why}")
         return lines

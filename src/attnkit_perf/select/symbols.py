@@ -170,7 +170,7 @@ class SymbolGraph:
             edges += [(n, False) for n in self._refs(mod, parts)]
             self.edges[(mod.name, name)] = edges
 
-    def closure(self, roots: list[Node], backward: bool, cut: set[tuple[str, str]] = frozenset()) -> set[Node]:
+    def closure(self, roots: list[Node], backward: bool, cut: set = frozenset()) -> set[Node]:
         """Every node reachable from ``roots``; over backward edges only when ``backward``; no
         edge from module ``a`` into module ``b`` for ``(a, b)`` in ``cut``."""
         seen: set[Node] = set()
