@@ -1,0 +1,181 @@
+"""What a diff can affect (attnkit_perf.select), on planted diffs: each changed file's effect,
+the rows and tests kept, and git's view of committed, uncommitted, untracked, deleted and
+renamed files."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import attnkit
+from attnkit.registry import OWN_NAMES, get_backend
+from attnkit_perf.measure.cases import gpu_suite_cases
+from attnkit_perf.select.changes import changed_files
+from attnkit_perf.select.rules import DependencyMap, affected
+
+ROOT = Path(__file__).resolve().parents[2]
+H200, H100 = "nvidia-h200", "nvidia-h100-80gb-hbm3"
+SDPA = {"sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"}
+
+
+@pytest.fixture(scope="module")
+def deps() -> DependencyMap:
+    return DependencyMap(ROOT)
+
+
+def rows_run(changed: list[str], gpu: str) -> set[tuple[str, str]]:
+    decision = affected(ROOT, "base", changed, gpu)
+    return {
+        (c.backend, c.pass_name)
+        for c in gpu_suite_cases()
+        if decision.row_skip(c.backend, c.pass_name) is None
+    }
+
+
+def every_row() -> set[tuple[str, str]]:
+    return {(c.backend, c.pass_name) for c in gpu_suite_cases()}
+
+
+def test_every_file_under_src_is_mapped_or_runs_everything(deps):
+    """No file can silently select nothing: each is shared, a backend's, a test entry point,
+    declared as affecting nothing, or (unmapped) everything."""
+    for path in sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "src").rglob("*") if p.is_file()):
+        if "__pycache__" in path:
+            continue
+        effect = deps.effect(path)
+        assert effect.kind in ("everything", "backends", "tests", "nothing"), path
+        if effect.kind == "backends":
+            assert effect.backends, f"{path} maps to no backend"
+        if effect.kind == "nothing":
+            assert path.endswith(".md"), f"{path} affects nothing: only documentation may"
+
+
+def test_the_declared_roots_are_the_registered_backends_functions(deps):
+    """The table's roots name the functions attnkit registers for each own backend."""
+    table = deps.table["backends"]
+    for name in sorted(OWN_NAMES - {"auto"}):
+        if name not in attnkit.backend_names():
+            continue
+        spec = table[name]
+        spec = table.get(spec.get("same_as"), spec)
+        backend = get_backend(name)
+        functions = [backend.run, backend.prepare, backend.device_support, backend.problem_support]
+        for fn in filter(None, functions):
+            fn = getattr(fn, "func", fn)
+            if fn.__module__.startswith("attnkit.registry"):
+                continue
+            root = f"{fn.__module__}:{fn.__qualname__}"
+            resolved = {n for r in spec["roots"] for n in deps.graph.resolve(*r.split(":"))}
+            assert deps.graph.resolve(fn.__module__, fn.__qualname__)[0] in resolved, (name, root)
+
+
+def test_a_tile_table_runs_triton_rows_of_its_gpu_only():
+    table = [f"src/attnkit/triton/configs/{H200}.json"]
+    assert rows_run(table, H200) == {r for r in every_row() if r[0] == "triton"}
+    assert rows_run(table, H100) == set()
+
+
+def test_the_backward_kernels_run_every_triton_row():
+    """The forward reaches them too (LaunchSetup names the backward kernels for every problem):
+    no forward row can be proven unaffected, so every Triton row runs."""
+    ran = rows_run(["src/attnkit/triton/backward_kernels.py"], H200)
+    assert ran == {r for r in every_row() if r[0] == "triton"}
+
+
+def test_the_shared_autograd_function_runs_tiled_and_triton():
+    ran = rows_run(["src/attnkit/flash_autograd.py"], H200)
+    assert {b for b, _ in ran} == {"tiled", "triton"}
+
+
+def test_a_gluon_kernel_runs_triton():
+    assert {b for b, _ in rows_run(["src/attnkit/gluon/hopper_forward.py"], H200)} == {"triton"}
+
+
+def test_sdpa_runs_every_sdpa_backend():
+    ran = rows_run(["src/attnkit/sdpa/semantics.py"], H200)
+    assert {b for b, _ in ran} == SDPA & {c.backend for c in gpu_suite_cases()}
+
+
+def test_auto_and_its_tables_run_auto_only(deps):
+    for path in ("src/attnkit/auto.py", f"src/attnkit/auto_tables/{H100}.json"):
+        decision = affected(ROOT, "base", [path], H100)
+        assert set(decision.backends) == {"auto"}, path
+    assert affected(ROOT, "base", [f"src/attnkit/auto_tables/{H100}.json"], H200).backends == {}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "src/attnkit/brand_new_module.py",
+        "pyproject.toml",
+        "src/attnkit_perf/plugin.py",
+        "src/attnkit_perf/select/rules.py",
+        "src/attnkit_pytest/__init__.py",
+        "tests/correctness/conftest.py",
+        ".ci/gpu-gate.sh",
+        "src/attnkit/api.py",
+        "src/attnkit/registry.py",
+        "a/file/nothing/maps.txt",
+    ],
+)
+def test_shared_new_and_unmapped_files_run_everything(path):
+    assert rows_run([path], H200) == every_row()
+
+
+def test_documentation_runs_nothing():
+    assert rows_run(["docs/PERF_GATE.md", "README.md"], H200) == set()
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout
+
+
+def test_changed_files_sees_committed_uncommitted_untracked_deleted_and_renamed(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    for name in ("kept.py", "edited.py", "deleted.py", "renamed.py", "committed.py"):
+        (repo / name).write_text(f"# {name}\nvalue = '{name}' * 40\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "base")
+    _git(repo, "checkout", "-qb", "pr")
+    (repo / "committed.py").write_text("changed = 1\n")
+    _git(repo, "mv", "renamed.py", "moved.py")
+    _git(repo, "commit", "-qam", "pr")
+    (repo / "edited.py").write_text("uncommitted = 1\n")
+    (repo / "deleted.py").unlink()
+    (repo / "untracked.py").write_text("new = 1\n")
+    assert changed_files(repo, "main") == [
+        "committed.py",
+        "deleted.py",
+        "edited.py",
+        "moved.py",
+        "renamed.py",
+        "untracked.py",
+    ]
+
+
+def test_a_deleted_or_renamed_module_runs_everything():
+    gone = ["src/attnkit/triton/removed_helper.py"]
+    assert rows_run(gone, H200) == every_row()
+
+
+def test_a_verdict_with_nothing_affected_passes_only_for_that_reason():
+    from attnkit_perf.decide.verdict import VerdictDocument, summary_line
+
+    selection = {"base": "main", "everything": False, "selected": 0, "skipped": [{"reason": "r", "count": 3}]}
+    doc = VerdictDocument("paired", {"label": "b"}, {"label": "h"}, {}, [], selection=selection)
+    assert doc.passed and "nothing to compare" in summary_line(doc)
+    assert not VerdictDocument("paired", {"label": "b"}, {"label": "h"}, {}, []).passed
+    selection = {**selection, "selected": 2}
+    assert not VerdictDocument("paired", {"label": "b"}, {"label": "h"}, {}, [], selection=selection).passed
