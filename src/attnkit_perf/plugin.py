@@ -29,6 +29,8 @@ from attnkit_perf.measure.repo import RepositoryError, find_repository
 from attnkit_perf.session import ERROR_PROPERTY, VERDICT_PROPERTY, PerfSession
 
 SESSION = pytest.StashKey[PerfSession]()
+#: What selection kept and skipped (:func:`attnkit_perf.select.collection.deselect`), when it ran.
+SELECTION = pytest.StashKey[dict]()
 #: Marks a benchmark skipped because this checkout cannot run its backend (tests/perf sets it).
 DECLINED_MARK = "attnkit_declined"
 
@@ -240,6 +242,12 @@ class _PairedController:
         node.workerinput["attnkit_base_src"] = self.session.opt["base_src"]
         node.workerinput["attnkit_base_commit"] = self.session.opt["base_commit"]
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        record = getattr(node, "workeroutput", {}).get("attnkit_selection")
+        if record is not None:  # every worker decides the same diff: the first one's record
+            _selected(self.session.config, self.session, record, record["base"])
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         for key, value in report.user_properties:
             # A verdict row rides on every phase's report (once per test); an error row only on
@@ -308,14 +316,23 @@ def _select(config: pytest.Config, items, perf) -> None:
         raise pytest.UsageError(
             "attnkit select: --attnkit-select=affected needs --attnkit-base or --attnkit-changes-since"
         )
-    if perf is not None and perf.external:
-        return  # another repository's code: no map of it, everything runs
+    if Path(base).is_dir():
+        if perf is not None:
+            perf.notes.append(f"selection: the base {base} is a checkout, not a commit: every row runs")
+        return
     from attnkit_perf.select import collection
 
     rows = {} if perf is None else {c.name: c for c in perf.grid(gpu=True) + perf.grid(gpu=False)}
     decision = collection.decide(Path(config.rootpath), base, None if perf is None else perf.gpu_key)
-    record = collection.deselect(config, items, decision, rows)
-    if perf is not None:
+    _selected(config, perf, collection.deselect(config, items, decision, rows), base)
+    if hasattr(config, "workeroutput"):  # the controller writes the verdict: it needs the record
+        config.workeroutput["attnkit_selection"] = config.stash[SELECTION]
+
+
+def _selected(config: pytest.Config, perf, record: dict, base: str) -> None:
+    """Keep the selection's ``record`` for the session's end and the verdict."""
+    config.stash[SELECTION] = record
+    if perf is not None and perf.selection is None:
         perf.selection = record
         perf.notes += [
             f"selection (changes since {base}): {skip['count']} deselected: {skip['reason']}"
@@ -388,6 +405,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus):
         # minutes after the first, so one disturbed stretch of time cannot fail the gate.
         perf.confirm_suspects()
     yield
+    selection = session.config.stash.get(SELECTION, None)
+    if (
+        selection
+        and selection["selected"] == 0
+        and not selection["everything"]
+        and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED
+    ):
+        # Every item deselected because the diff reaches none of their code: that run passed,
+        # for that reason alone (the selection lines and the verdict say so).
+        session.exitstatus = pytest.ExitCode.OK
     if perf is None or _is_xdist_worker(session.config):
         return
     document = perf.document or perf.build_document()

@@ -179,3 +179,70 @@ def test_a_verdict_with_nothing_affected_passes_only_for_that_reason():
     assert not VerdictDocument("paired", {"label": "b"}, {"label": "h"}, {}, []).passed
     selection = {**selection, "selected": 2}
     assert not VerdictDocument("paired", {"label": "b"}, {"label": "h"}, {}, [], selection=selection).passed
+
+
+CORRECTNESS_TESTS = {
+    "tests/correctness/test_triton_named.py": 'def test_names_triton():\n    assert "triton"\n',
+    "tests/correctness/test_by_backend.py": (
+        "import pytest\n\n\n"
+        '@pytest.mark.parametrize("backend", ["triton", "tiled", "sdpa-math"])\n'
+        "def test_each(backend):\n    assert backend\n"
+    ),
+    "tests/correctness/test_independent.py": "def test_alone():\n    assert 1\n",
+}
+
+
+@pytest.fixture
+def planted(pytester, monkeypatch):
+    """A git repository with the library's source (linked) and three correctness test modules,
+    committed: ``change(path)`` plants a changed file, ``run()`` selects against the commit."""
+    (pytester.path / "src").symlink_to(ROOT / "src", target_is_directory=True)
+    for name, text in CORRECTNESS_TESTS.items():
+        (pytester.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (pytester.path / name).write_text(text)
+    _git(pytester.path, "init", "-q", "-b", "main")
+    _git(pytester.path, "add", ".")
+    _git(pytester.path, "commit", "-qm", "base")
+    monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
+
+    def change(path: str) -> None:
+        target = pytester.path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("# changed\n")
+
+    def run():
+        args = ("-p", "attnkit_perf.plugin", "--attnkit-changes-since", "main", *CORRECTNESS_TESTS)
+        return pytester.runpytest_inprocess(*args)
+
+    return change, run
+
+
+def test_documentation_alone_deselects_every_test_and_passes_for_that_reason(planted):
+    change, run = planted
+    change("docs/NOTES.md")
+    result = run()
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*attnkit select (changes since main): nothing:*", "*5 deselected*"])
+
+
+def test_shared_code_runs_every_test(planted):
+    change, run = planted
+    change("pyproject.toml")
+    result = run()
+    result.assert_outcomes(passed=5)
+
+
+def test_a_table_of_every_backend_keeps_the_backend_tests_not_the_independent_ones(planted):
+    change, run = planted
+    change("baselines/cpu-x86_64/noise-paired.json")
+    result = run()
+    result.assert_outcomes(passed=4, deselected=1)
+    result.stdout.fnmatch_lines(["*1 deselected: backend-independent tests: no shared code changed"])
+
+
+def test_a_changed_test_module_runs_itself(planted, pytester):
+    change, run = planted
+    (pytester.path / "tests/correctness/test_independent.py").write_text("def test_alone():\n    assert 2\n")
+    change("docs/NOTES.md")
+    result = run()
+    result.assert_outcomes(passed=1, deselected=4)

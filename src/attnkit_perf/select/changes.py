@@ -1,4 +1,4 @@
-"""The files a diff touches: from a base ref to the working tree, committed, uncommitted and
+"""The files a diff touches: from a base commit to the working tree, committed, uncommitted and
 untracked alike; a rename counts as both its old and its new path, a deletion as its path."""
 
 from __future__ import annotations
@@ -19,17 +19,15 @@ def _git(root: Path, *args: str) -> str:
 
 
 def changed_files(root: Path, base: str) -> list[str]:
-    """Paths (relative to the repository root, sorted) that differ between ``base``'s merge
-    base with HEAD and the working tree, untracked files included (ignored ones not)."""
+    """Paths (relative to the repository root, sorted) that differ between commit ``base`` and
+    the working tree, untracked files included (ignored ones not). The base itself, not its
+    merge base with HEAD: paired mode measures the base's code against this tree, so every
+    difference between the two counts (a PR's base is its merge base already)."""
     top = Path(_git(root, "rev-parse", "--show-toplevel").strip())
-    try:
-        since = _git(top, "merge-base", base, "HEAD").strip()
-    except ChangesError:
-        since = _git(top, "rev-parse", "--verify", f"{base}^{{commit}}").strip()
+    since = _git(top, "rev-parse", "--verify", "--end-of-options", f"{base}^{{commit}}").strip()
     paths: set[str] = set()
-    # -M: a rename is listed with both paths (R100<TAB>old<TAB>new); --no-renames would hide
-    # nothing either, but names each side once.
-    for line in _git(top, "diff", "--name-status", "-M", since).splitlines():
+    # -M: a rename is listed with both its paths (R100<TAB>old<TAB>new).
+    for line in _git(top, "diff", "--name-status", "-M", since, "--").splitlines():
         _status, *names = line.split("\t")
         paths.update(names)
     paths.update(_git(top, "ls-files", "--others", "--exclude-standard").splitlines())

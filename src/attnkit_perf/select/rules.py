@@ -57,12 +57,12 @@ class DependencyMap:
     """The declared dependencies and the graph of the code under ``root`` (a checkout)."""
 
     def __init__(self, root: Path, table: Path = DEPENDENCIES) -> None:
-        self.root = Path(root)
+        self.root = Path(root).absolute()
         self.table = json.loads(Path(table).read_text(encoding="utf8"))
         src = self.root / "src"
         self.graph = SymbolGraph({p: src / p for p in ("attnkit", "attnkit_tools") if (src / p).is_dir()})
         self.modules_by_path = {
-            m.path.resolve().relative_to(self.root.resolve()).as_posix(): name
+            m.path.relative_to(self.root).as_posix(): name
             for name, m in self.graph.modules.items()
         }
 
