@@ -242,12 +242,6 @@ class _PairedController:
         node.workerinput["attnkit_base_src"] = self.session.opt["base_src"]
         node.workerinput["attnkit_base_commit"] = self.session.opt["base_commit"]
 
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node, error) -> None:
-        record = getattr(node, "workeroutput", {}).get("attnkit_selection")
-        if record is not None:  # every worker decides the same diff: the first one's record
-            _selected(self.session.config, self.session, record, record["base"])
-
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         for key, value in report.user_properties:
             # A verdict row rides on every phase's report (once per test); an error row only on
@@ -338,6 +332,14 @@ def _selected(config: pytest.Config, perf, record: dict, base: str) -> None:
             f"selection (changes since {base}): {skip['count']} deselected: {skip['reason']}"
             for skip in record["skipped"]
         ]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist's controller: the selection its workers made (each decides the same diff)."""
+    record = getattr(node, "workeroutput", {}).get("attnkit_selection")
+    if record is not None and SELECTION not in node.config.stash:
+        _selected(node.config, node.config.stash.get(SESSION, None), record, record["base"])
 
 
 def _benchmark_name(item: pytest.Item) -> str:

@@ -62,8 +62,7 @@ class DependencyMap:
         src = self.root / "src"
         self.graph = SymbolGraph({p: src / p for p in ("attnkit", "attnkit_tools") if (src / p).is_dir()})
         self.modules_by_path = {
-            m.path.relative_to(self.root).as_posix(): name
-            for name, m in self.graph.modules.items()
+            m.path.relative_to(self.root).as_posix(): name for name, m in self.graph.modules.items()
         }
 
     @property
