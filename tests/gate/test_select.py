@@ -45,7 +45,7 @@ def test_every_file_under_src_is_mapped_or_runs_everything(deps):
         if "__pycache__" in path:
             continue
         effect = deps.effect(path)
-        assert effect.kind in ("everything", "backends", "tests", "nothing"), path
+        assert effect.kind in ("everything", "backends", "correctness", "nothing"), path
         if effect.kind == "backends":
             assert effect.backends, f"{path} maps to no backend"
         if effect.kind == "nothing":
@@ -248,3 +248,23 @@ def test_a_changed_test_module_runs_itself(planted, pytester):
     change("docs/NOTES.md")
     result = run()
     result.assert_outcomes(passed=1, deselected=4)
+
+
+def test_the_perf_grid_keeps_the_rows_of_the_backends_a_change_reaches(pytester, monkeypatch):
+    """A copy of the source with tiled.py changed: of the CPU smoke grid only the tiled rows stay;
+    every GPU row (of other backends) is deselected with its reason."""
+    import shutil
+
+    shutil.copytree(ROOT / "src", pytester.path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    _git(pytester.path, "init", "-q", "-b", "main")
+    _git(pytester.path, "add", ".")
+    _git(pytester.path, "commit", "-qm", "base")
+    with open(pytester.path / "src/attnkit/tiled.py", "a") as f:
+        f.write("\n# changed\n")
+    monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
+    result = pytester.runpytest_inprocess(
+        "--pyargs", "attnkit.perf", "--attnkit-changes-since", "main", "--collect-only", "-q"
+    )
+    names = [line for line in result.stdout.lines if "::test_" in line]
+    assert names and all("tiled" in line for line in names), names
+    result.stdout.fnmatch_lines(["*deselected: backend naive: no changed file reaches its code"])

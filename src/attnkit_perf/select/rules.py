@@ -9,7 +9,8 @@ A file's effect is one of
 * ``backends``: the backends whose code reaches it, each with the passes it can change: ``all``,
   or ``backward`` when only a gradient's code reaches it (rows timing a backward);
   a GPU-keyed table (``{gpu}`` in its path) only on that GPU model;
-* ``tests``: an entry point no perf row calls: the correctness tests importing it;
+* ``correctness``: an entry point no perf row calls (the correctness tests importing it run), or
+  a correctness test module (it runs);
 * ``nothing``: documentation and the CPU job's own tests.
 """
 
@@ -111,10 +112,9 @@ class DependencyMap:
                 found = pattern.match(path)
                 if found:
                     return self._data_effect(path, entry, found.groupdict().get("gpu"))
-        if any(p.match(path) for p in self._paths("tests_only")):
-            return Effect(path, "tests", self.table["tests_only"]["why"])
-        if path.startswith("tests/correctness/") and path.endswith(".py"):
-            return Effect(path, "tests", "a correctness test module: it runs itself")
+        for key in ("tests_only", "test_modules"):
+            if any(p.match(path) for p in self._paths(key)):
+                return Effect(path, "correctness", self.table[key]["why"])
         module = self.modules_by_path.get(path)
         if module is None:
             return Effect(path, "everything", "not mapped (no module of this tree, no rule)")
