@@ -3,6 +3,8 @@
 tests/conftest.py, and by attnkit's plugin (``attnkit_pytest``) for ``pytest --pyargs attnkit.perf``.
 
     pytest tests/perf --attnkit-base=origin/main            # paired: base vs this checkout, same GPU
+    pytest tests/perf --attnkit-base=origin/main --attnkit-select=all   # ... every row, not the diff's
+    pytest tests/correctness --attnkit-changes-since=origin/main        # the tests the diff can affect
     pytest --pyargs attnkit.perf --attnkit-backend NAME --attnkit-base=origin/main  # in any repo
     pytest tests/perf --attnkit-base=origin/main -n 2       # ... sharded over 2 GPUs
     pytest tests/perf --benchmark-compare                   # stored: against baselines/<gpu_key>/
@@ -318,6 +320,13 @@ def _select(config: pytest.Config, items, perf) -> None:
 
     rows = {} if perf is None else {c.name: c for c in perf.grid(gpu=True) + perf.grid(gpu=False)}
     decision = collection.decide(Path(config.rootpath), base, None if perf is None else perf.gpu_key)
+    if isinstance(decision, str):
+        if perf is not None:
+            perf.notes.append(f"selection: {decision}")
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"attnkit select: {decision}")
+        return
     _selected(config, perf, collection.deselect(config, items, decision, rows), base)
     if hasattr(config, "workeroutput"):  # the controller writes the verdict: it needs the record
         config.workeroutput["attnkit_selection"] = config.stash[SELECTION]

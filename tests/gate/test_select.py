@@ -268,3 +268,40 @@ def test_the_perf_grid_keeps_the_rows_of_the_backends_a_change_reaches(pytester,
     names = [line for line in result.stdout.lines if "::test_" in line]
     assert names and all("tiled" in line for line in names), names
     result.stdout.fnmatch_lines(["*deselected: backend naive: no changed file reaches its code"])
+
+
+@pytest.mark.parametrize("backend", ["naive", "tiled", "sdpa", "sdpa-math", "sdpa-flash", "triton"])
+def test_what_a_backend_runs_on_the_cpu_is_mapped_to_it(deps, backend):
+    """Every library function a call enters (forward alone, then a training step) lies in a
+    module the map gives that backend (for that pass) or calls shared: the derivation holds
+    for what actually runs, kernels interpreted by Triton included."""
+    import sys
+
+    import torch
+
+    if attnkit.unavailable_reason(backend, "cpu"):
+        pytest.skip(attnkit.unavailable_reason(backend, "cpu"))
+    q, k, v = (torch.randn(1, 2, 16, 16) for _ in range(3))
+    for training in (False, True):
+        entered: set[str] = set()
+
+        def profile(frame, event, arg, entered=entered):
+            if event == "call":
+                entered.add(frame.f_globals.get("__name__") or "")
+
+        leaves = [x.clone().requires_grad_(training) for x in (q, k, v)]
+        sys.setprofile(profile)
+        try:
+            out = attnkit.attention(*leaves, causal=True, backend=backend)
+            if training:
+                out.sum().backward()
+        finally:
+            sys.setprofile(None)
+        for module in sorted(m for m in entered if m.startswith("attnkit.")):
+            if module in deps.shared_modules:
+                continue
+            passes = deps.passes_by_module.get(module, {}).get(backend)
+            assert passes is not None, f"{backend} ran {module}, which the map does not give it"
+            assert training or passes == "all", (
+                f"{backend}'s forward ran {module}, mapped to its backward only"
+            )

@@ -25,13 +25,13 @@ CHOICES = ("affected", "all")
 _BACKEND_PARAMS = ("backend", "attnkit_backend")
 
 
-def decide(root: Path, base: str, gpu: str | None) -> Affected:
-    """The diff between ``base`` and the working tree at ``root``, decided; a usage error when
-    git cannot say what changed (selection never guesses)."""
+def decide(root: Path, base: str, gpu: str | None) -> Affected | str:
+    """The diff between ``base`` and the working tree at ``root``, decided; or, when git cannot
+    list it, why (then everything runs: selection never guesses)."""
     try:
         changed = changed_files(root, base)
     except ChangesError as err:
-        raise pytest.UsageError(f"attnkit select: cannot list the changes since {base}: {err}") from err
+        return f"cannot list the changes since {base} ({err}): everything runs"
     return affected(root, base, changed, gpu)
 
 

@@ -230,6 +230,8 @@ class Affected:
             head = f"everything: {first.path} ({first.why})" + (f" and {more} more file(s)" if more else "")
         elif self.backends:
             head = "backends: " + ", ".join(f"{b} ({p} passes)" for b, p in sorted(self.backends.items()))
+        elif any(e.kind == "correctness" for e in self.effects):
+            head = "no perf row: the correctness tests that are changed or import a changed file"
         else:
             head = "nothing: no changed file reaches a backend's code, the gate or shared code"
         lines = [head]
