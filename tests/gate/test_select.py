@@ -305,3 +305,33 @@ def test_what_a_backend_runs_on_the_cpu_is_mapped_to_it(deps, backend):
             assert training or passes == "all", (
                 f"{backend}'s forward ran {module}, mapped to its backward only"
             )
+
+
+def _retuned(family: str | None) -> str:
+    """The H200 tile table as the base had it, with one family's entry different (None: only
+    its provenance)."""
+    import json
+
+    table = json.loads((ROOT / f"src/attnkit/triton/configs/{H200}.json").read_text())
+    if family is None:
+        table["provenance"] = {"planted": True}
+    else:
+        table["families"][family] = {**table["families"][family], "planted": True}
+    return json.dumps(table)
+
+
+@pytest.mark.parametrize(
+    ("family", "head_dims"),
+    [("16bit-d128-causal", {128}), ("16bit-d64-full", {64}), (None, set())],
+    ids=["d128-causal", "d64-full", "provenance-only"],
+)
+def test_a_retuned_family_runs_the_triton_rows_that_read_it(family, head_dims):
+    """The base's table compared entry by entry: only the rows whose family (either causal
+    mode: a decode's is the kernel's call) changed run; a table whose families are unchanged runs
+    none."""
+    path = f"src/attnkit/triton/configs/{H200}.json"
+    decision = affected(ROOT, "base", [path], H200, before=lambda p: _retuned(family) if p == path else None)
+    ran = {c for c in gpu_suite_cases() if decision.row_skip(c.backend, c.pass_name, c) is None}
+    assert {c.backend for c in ran} <= {"triton"}
+    assert {c.head_dim for c in ran} == head_dims
+    assert ran == {c for c in gpu_suite_cases() if c.backend == "triton" and c.head_dim in head_dims}

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from attnkit_perf.select.changes import ChangesError, changed_files
+from attnkit_perf.select.changes import ChangesError, changed_files, text_at
 from attnkit_perf.select.rules import affected
 
 
@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     except ChangesError as err:
         print(f"attnkit select: {err}", file=sys.stderr)
         return 2
-    decision = affected(Path(args.root), args.base, changed, args.gpu)
+    root = Path(args.root)
+    decision = affected(root, args.base, changed, args.gpu, lambda path: text_at(root, args.base, path))
     if args.json:
         print(json.dumps(decision.to_dict(), indent=1))
     elif args.backends:

@@ -32,3 +32,11 @@ def changed_files(root: Path, base: str) -> list[str]:
         paths.update(names)
     paths.update(_git(top, "ls-files", "--others", "--exclude-standard").splitlines())
     return sorted(p for p in paths if p)
+
+
+def text_at(root: Path, commit: str, path: str) -> str | None:
+    """``path``'s text at ``commit``, or None where it did not exist there."""
+    try:
+        return _git(root, "show", f"{commit}:{path}")
+    except ChangesError:
+        return None

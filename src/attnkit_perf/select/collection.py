@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from attnkit_perf.select.changes import ChangesError, changed_files
+from attnkit_perf.select.changes import ChangesError, changed_files, text_at
 from attnkit_perf.select.rules import Affected, DependencyMap, affected
 
 #: ``--attnkit-select`` values.
@@ -32,7 +32,7 @@ def decide(root: Path, base: str, gpu: str | None) -> Affected | str:
         changed = changed_files(root, base)
     except ChangesError as err:
         return f"cannot list the changes since {base} ({err}): everything runs"
-    return affected(root, base, changed, gpu)
+    return affected(root, base, changed, gpu, lambda path: text_at(root, base, path))
 
 
 def deselect(config: pytest.Config, items: list, decision: Affected, rows: dict) -> dict:
@@ -73,7 +73,7 @@ def _skip(item, decision: Affected, rows: dict, deps: DependencyMap, modules: di
     params = getattr(getattr(item, "callspec", None), "params", {})
     case = rows.get(params.get("case")) if "attnkit_perf" in getattr(item, "fixturenames", ()) else None
     if case is not None:
-        return decision.row_skip(case.backend, case.pass_name)
+        return decision.row_skip(case.backend, case.pass_name, case)
     path = Path(str(item.path))
     try:
         relative = path.resolve().relative_to(Path(item.config.rootpath).resolve()).as_posix()

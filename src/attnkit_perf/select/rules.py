@@ -17,6 +17,7 @@ A file's effect is one of
 from __future__ import annotations
 
 import ast
+import dataclasses
 import fnmatch
 import json
 import re
@@ -42,6 +43,9 @@ class Effect:
     backends: dict = field(default_factory=dict)
     #: the GPU model a GPU-keyed table belongs to, or None
     gpu: str | None = None
+    #: the table entries (e.g. Triton's shape families) whose content changed, where the reader
+    #: looks up one entry per row; None: any row may read a changed part
+    entries: tuple | None = None
 
 
 def _glob(pattern: str) -> re.Pattern:
@@ -101,8 +105,10 @@ class DependencyMap:
         roots = [node for module in shared for node in self.graph.whole(module)]
         return {m for m, _ in self.graph.closure(roots, backward=True, cut=cut)} | registration
 
-    def effect(self, path: str) -> Effect:
-        """The effect of a change to ``path`` (relative to the repository root, existing or not)."""
+    def effect(self, path: str, before: str | None = None) -> Effect:
+        """The effect of a change to ``path`` (relative to the repository root, existing or not);
+        ``before``: its text at the base, where known (a table keyed by entries is then compared
+        entry by entry)."""
         if any(p.match(path) for p in self._paths("nothing")):
             return Effect(path, "nothing", self.table["nothing"]["why"])
         if any(p.match(path) for p in self._paths("shared")):
@@ -111,7 +117,11 @@ class DependencyMap:
             for pattern in map(_glob, entry["paths"]):
                 found = pattern.match(path)
                 if found:
-                    return self._data_effect(path, entry, found.groupdict().get("gpu"))
+                    effect = self._data_effect(path, entry, found.groupdict().get("gpu"))
+                    if entry.get("entries") and before is not None:
+                        changed = _changed_entries(before, self.root / path, entry["entries"])
+                        effect = dataclasses.replace(effect, entries=changed)
+                    return effect
         for key in ("tests_only", "test_modules"):
             if any(p.match(path) for p in self._paths(key)):
                 return Effect(path, "correctness", self.table[key]["why"])
@@ -171,6 +181,29 @@ class DependencyMap:
         return {p for p, m in self.modules_by_path.items() if m in reached}
 
 
+def _changed_entries(before: str, after: Path, key: str) -> tuple | None:
+    """The names of the ``key`` entries that differ between the JSON texts, or None when either
+    side does not read as such a table (then every entry counts as changed)."""
+    try:
+        old = json.loads(before)[key]
+        new = json.loads(after.read_text(encoding="utf8"))[key]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return None
+    return tuple(sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name)))
+
+
+def tile_family(case) -> str:
+    """The Triton shape family a perf case's config is read under, causal or not alike: the
+    decision whether a problem runs as causal (a one-query decode sees every key) is the
+    kernel's, so both count (:func:`attnkit.triton.config.family_key`)."""
+    from attnkit.triton.config import padded_dim
+
+    width = "fp32" if case.dtype == "fp32" else "16bit"
+    return f"{width}-d{padded_dim(case.head_dim)}"
+
+
 @dataclass
 class Affected:
     """The effects of a diff's files, for a run on GPU model ``gpu`` (None: any)."""
@@ -202,8 +235,21 @@ class Affected:
                 merged[name] = "all" if "all" in merged.values() else "backward"
         return merged
 
-    def row_skip(self, backend: str, pass_name: str) -> str | None:
-        """Why a perf row of ``backend`` timing ``pass_name`` need not run, or None."""
+    def entries(self, backend: str) -> set[str] | None:
+        """The table entries the diff changed for ``backend`` where every effect on it is such a
+        table's, else None (any row of it may be affected)."""
+        found: set[str] = set()
+        for effect in self.effects:
+            if effect.kind != "backends" or not self.applies(effect) or backend not in effect.backends:
+                continue
+            if effect.entries is None:
+                return None
+            found |= set(effect.entries)
+        return found
+
+    def row_skip(self, backend: str, pass_name: str, case=None) -> str | None:
+        """Why a perf row of ``backend`` timing ``pass_name`` (``case``: its
+        :class:`~attnkit_perf.measure.cases.BenchCase`) need not run, or None."""
         if self.everything:
             return None
         passes = self.backends.get(backend)
@@ -211,6 +257,12 @@ class Affected:
             return f"backend {backend}: no changed file reaches its code"
         if passes == "backward" and pass_name not in BACKWARD_PASSES:
             return f"backend {backend}: the diff reaches only its backward, and this row times a forward"
+        entries = self.entries(backend) if case is not None and backend == "triton" else None
+        if entries is not None:
+            family = tile_family(case)
+            if not any(name.startswith(family + "-") for name in entries):
+                changed = ", ".join(sorted(entries)) or "none"
+                return f"backend {backend}: its tile table changed families {changed}, not {family}"
         return None
 
     def to_dict(self) -> dict:
@@ -239,12 +291,16 @@ class Affected:
             other = "" if self.applies(e) else ": not this GPU"
             where = "" if e.gpu is None else f" [on {e.gpu} only{other}]"
             targets = f" -> {', '.join(f'{b}:{p}' for b, p in e.backends.items())}" if e.backends else ""
-            lines.append(f"  {e.path}: {e.kind}{targets}{where}: {e.why}")
+            entries = "" if e.entries is None else f" [entries changed: {', '.join(e.entries) or 'none'}]"
+            lines.append(f"  {e.path}: {e.kind}{targets}{where}{entries}: {e.why}")
         return lines
 
 
-def affected(root: Path, base: str, changed: list[str], gpu: str | None = None) -> Affected:
-    """The :class:`Affected` of ``changed`` paths (relative to ``root``) on ``gpu``."""
+def affected(
+    root: Path, base: str, changed: list[str], gpu: str | None = None, before=lambda path: None
+) -> Affected:
+    """The :class:`Affected` of ``changed`` paths (relative to ``root``) on ``gpu``;
+    ``before(path)``: a path's text at the base, or None."""
     deps = DependencyMap(root)
     auto = tuple(n for n, s in deps.table["backends"].items() if s.get("dispatches_to_every_backend"))
-    return Affected(base, list(changed), [deps.effect(p) for p in changed], gpu, auto)
+    return Affected(base, list(changed), [deps.effect(p, before(p)) for p in changed], gpu, auto)
