@@ -335,3 +335,10 @@ def test_a_retuned_family_runs_the_triton_rows_that_read_it(family, head_dims):
     assert {c.backend for c in ran} <= {"triton"}
     assert {c.head_dim for c in ran} == head_dims
     assert ran == {c for c in gpu_suite_cases() if c.backend == "triton" and c.head_dim in head_dims}
+
+
+def test_a_plugin_backend_is_never_deselected():
+    """Its code is not in the map: a diff that runs no attnkit row still runs a plugin's."""
+    decision = affected(ROOT, "base", ["docs/PERF_GATE.md"], H200)
+    assert decision.row_skip("my-plugin-kernel", "fwd") is None
+    assert decision.row_skip("triton", "fwd") is not None

@@ -213,6 +213,8 @@ class Affected:
     effects: list[Effect]
     gpu: str | None = None
     auto_backends: tuple = ("auto",)
+    #: the backends the map knows; any other (a plugin's) is never deselected: its code is not mapped
+    known: tuple | None = None
 
     def applies(self, effect: Effect) -> bool:
         return effect.gpu is None or self.gpu is None or effect.gpu == self.gpu
@@ -250,7 +252,7 @@ class Affected:
     def row_skip(self, backend: str, pass_name: str, case=None) -> str | None:
         """Why a perf row of ``backend`` timing ``pass_name`` (``case``: its
         :class:`~attnkit_perf.measure.cases.BenchCase`) need not run, or None."""
-        if self.everything:
+        if self.everything or (self.known is not None and backend not in self.known):
             return None
         passes = self.backends.get(backend)
         if passes is None:
@@ -303,4 +305,5 @@ def affected(
     ``before(path)``: a path's text at the base, or None."""
     deps = DependencyMap(root)
     auto = tuple(n for n, s in deps.table["backends"].items() if s.get("dispatches_to_every_backend"))
-    return Affected(base, list(changed), [deps.effect(p, before(p)) for p in changed], gpu, auto)
+    effects = [deps.effect(p, before(p)) for p in changed]
+    return Affected(base, list(changed), effects, gpu, auto, tuple(deps.backend_names))
