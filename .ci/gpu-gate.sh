@@ -4,10 +4,13 @@
 #
 #   bash .ci/gpu-gate.sh [OUT_DIR]          (default: build/gpu-gate)
 #
+# 0. what the diff against ATTNKIT_BASE can affect  -> OUT_DIR/selection.json
 # 1. the correctness suite on the GPU                -> OUT_DIR/correctness.xml
+#    with ATTNKIT_BASE: the PR tier, the tests of the backends the diff reaches (and every test
+#    when shared code changed); the whole suite otherwise, and nightly
 # 2. the perf gate                                  -> OUT_DIR/verdict.json (+ benchmarks.json)
-#    paired mode against ATTNKIT_BASE (the PR's merge base) when it is set; else stored mode
-#    against this GPU model's committed baseline
+#    paired mode against ATTNKIT_BASE (the PR's merge base) when it is set, on the rows the diff
+#    can affect; else stored mode against this GPU model's committed baseline, every row
 # 3. the report, even when 1 or 2 failed            -> OUT_DIR/report/{report,summary}.md, *.png
 #
 # Exits 0 only when every step passed and a comparison was made; otherwise non-zero, after every
@@ -15,6 +18,8 @@
 #
 # ATTNKIT_PYTHON           interpreter with torch (see .ci/gpu-python.sh)
 # ATTNKIT_BASE             git ref or checkout to compare with (paired mode); unset: stored mode
+# ATTNKIT_SELECT           affected (default with ATTNKIT_BASE): run what the diff can affect
+#                          (python -m attnkit_perf.select); all: every test and row
 # ATTNKIT_PERF_WORKERS     pytest-xdist processes for paired mode, one per GPU (default: the GPU count)
 # ATTNKIT_PERF_ARGS        extra pytest arguments for the perf step (e.g. thresholds)
 # ATTNKIT_TEST_WORKERS     pytest-xdist processes for the correctness step (default 8; 1: none)
@@ -40,13 +45,26 @@ pytest_status() {
 has_xdist=0
 "${gpu_python[@]}" -c "import xdist" 2>/dev/null && has_xdist=1
 
+select="${ATTNKIT_SELECT:-affected}"
+case "$select" in affected|all) ;; *) echo "ATTNKIT_SELECT: expected affected or all, got '$select'" >&2; exit 2;; esac
+selection_args=()
+if [ -n "${ATTNKIT_BASE:-}" ] && [ "$select" = affected ] && [ ! -d "$ATTNKIT_BASE" ]; then
+    echo "== 0/3 what the diff against $ATTNKIT_BASE can affect"
+    "${gpu_python[@]}" -m attnkit_perf.select --base "$ATTNKIT_BASE" || exit $?
+    "${gpu_python[@]}" -m attnkit_perf.select --base "$ATTNKIT_BASE" --json > "$out/selection.json"
+    selection_args=(--attnkit-changes-since="$ATTNKIT_BASE")
+elif [ -n "${ATTNKIT_BASE:-}" ]; then
+    echo "== every test and row runs (ATTNKIT_SELECT=$select, base $ATTNKIT_BASE)"
+fi
+
 echo "== 1/3 correctness on the GPU"
 t0=$(date +%s)
 workers=()
 if [ "$has_xdist" = 1 ] && [ "${ATTNKIT_TEST_WORKERS:-8}" -gt 1 ]; then
     workers=(-n "${ATTNKIT_TEST_WORKERS:-8}")
 fi
-"${gpu_python[@]}" -m pytest tests/correctness -q -p no:cacheprovider "${workers[@]}" --junitxml="$out/correctness.xml"
+"${gpu_python[@]}" -m pytest tests/correctness -q -p no:cacheprovider "${workers[@]}" "${selection_args[@]}" \
+    --junitxml="$out/correctness.xml"
 pytest_status $?
 correctness=$?
 echo "correctness: $(( $(date +%s) - t0 )) s"
@@ -58,7 +76,7 @@ report_args=(--verdict "$out/verdict.json")
 if [ -n "${ATTNKIT_BASE:-}" ]; then
     gpus=$("${gpu_python[@]}" -c "import torch; print(torch.cuda.device_count())")
     n="${ATTNKIT_PERF_WORKERS:-$gpus}"
-    perf_args+=(--attnkit-base="$ATTNKIT_BASE")
+    perf_args+=(--attnkit-base="$ATTNKIT_BASE" --attnkit-select="$select")
     if [ "$has_xdist" = 1 ] && [ "$n" -gt 1 ]; then perf_args+=(-n "$n"); fi
 else
     perf_args+=(--benchmark-compare --benchmark-json="$out/benchmarks.json")

@@ -3,6 +3,8 @@
 tests/conftest.py, and by attnkit's plugin (``attnkit_pytest``) for ``pytest --pyargs attnkit_perf.suite``.
 
     pytest tests/perf --attnkit-base=origin/main            # paired: base vs this checkout, same GPU
+    pytest tests/perf --attnkit-base=origin/main --attnkit-select=all   # ... every row, not the diff's
+    pytest tests/correctness --attnkit-changes-since=origin/main        # the tests the diff can affect
     pytest --pyargs attnkit_perf.suite --attnkit-backend NAME --attnkit-base=origin/main  # in any repo
     pytest tests/perf --attnkit-base=origin/main -n 2       # ... sharded over 2 GPUs
     pytest tests/perf --benchmark-compare                   # stored: against baselines/<gpu_key>/
@@ -31,6 +33,8 @@ from attnkit_perf.run import sides
 from attnkit_perf.run.session import ERROR_PROPERTY, VERDICT_PROPERTY, PerfSession
 
 SESSION = pytest.StashKey[PerfSession]()
+#: What selection kept and skipped (:func:`attnkit_perf.select.collection.deselect`), when it ran.
+SELECTION = pytest.StashKey[dict]()
 #: Marks a benchmark skipped because this checkout cannot run its backend (tests/perf sets it).
 DECLINED_MARK = "attnkit_declined"
 
@@ -109,6 +113,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             "do not re-measure suspects (stored mode: at the end of the run, then in paired mode against "
             "the baseline's commit; paired mode: on fresh worker processes)"
         ),
+    )
+    group.addoption(
+        "--attnkit-select",
+        choices=("affected", "all"),
+        default=None,
+        help="affected: run only the rows (and tests) the diff can affect (attnkit_perf.select); "
+        "all: every one. Default: affected in paired mode, all otherwise",
+    )
+    group.addoption(
+        "--attnkit-changes-since",
+        default=None,
+        metavar="REF",
+        help="select the rows and tests the diff between REF and this checkout can affect (paired "
+        "mode: --attnkit-base)",
     )
     for name, kind, default, help_text in _TUNABLE:
         group.addoption("--attnkit-" + name.replace("_", "-"), type=kind, default=None, help=help_text)
@@ -276,6 +294,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items) -> None:
     perf = config.stash.get(SESSION, None)
     if perf is None:
+        _select(config, items, None)
         return
     for item in items:
         declined = item.get_closest_marker(DECLINED_MARK)
@@ -287,6 +306,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             item.own_markers = [m for m in item.own_markers if m.name != "skip"]
         else:
             perf.record_declined(item.nodeid, declined.args[0])
+    _select(config, items, perf)
     # The run's false-alarm budget is split over its benchmarks (attnkit_perf.decide.policy).
     perf.collected(
         [
@@ -295,6 +315,57 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             if "attnkit_perf" in getattr(item, "fixturenames", ()) and item.get_closest_marker("skip") is None
         ]
     )
+
+
+def _select(config: pytest.Config, items, perf) -> None:
+    """Deselect what the diff cannot affect (:mod:`attnkit_perf.select`), in paired mode against
+    the base unless ``--attnkit-select=all``, elsewhere only when ``--attnkit-changes-since`` asks."""
+    paired = perf.base_ref if perf is not None and perf.mode == "paired" else None
+    base = config.getoption("attnkit_changes_since") or paired
+    choice = config.getoption("attnkit_select") or ("affected" if base else "all")
+    if choice == "all":
+        return
+    if base is None:
+        raise pytest.UsageError(
+            "attnkit select: --attnkit-select=affected needs --attnkit-base or --attnkit-changes-since"
+        )
+    if Path(base).is_dir():
+        if perf is not None:
+            perf.notes.append(f"selection: the base {base} is a checkout, not a commit: every row runs")
+        return
+    from attnkit_perf.select import collection
+
+    rows = {} if perf is None else {c.name: c for c in perf.grid(gpu=True) + perf.grid(gpu=False)}
+    decision = collection.decide(Path(config.rootpath), base, None if perf is None else perf.gpu_key)
+    if isinstance(decision, str):
+        if perf is not None:
+            perf.notes.append(f"selection: {decision}")
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"attnkit select: {decision}")
+        return
+    _selected(config, perf, collection.deselect(config, items, decision, rows), base)
+    if hasattr(config, "workeroutput"):  # the controller writes the verdict: it needs the record
+        config.workeroutput["attnkit_selection"] = config.stash[SELECTION]
+
+
+def _selected(config: pytest.Config, perf, record: dict, base: str) -> None:
+    """Keep the selection's ``record`` for the session's end and the verdict."""
+    config.stash[SELECTION] = record
+    if perf is not None and perf.selection is None:
+        perf.selection = record
+        perf.notes += [
+            f"selection (changes since {base}): {skip['count']} deselected: {skip['reason']}"
+            for skip in record["skipped"]
+        ]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist's controller: the selection its workers made (each decides the same diff)."""
+    record = getattr(node, "workeroutput", {}).get("attnkit_selection")
+    if record is not None and SELECTION not in node.config.stash:
+        _selected(node.config, node.config.stash.get(SESSION, None), record, record["base"])
 
 
 def _benchmark_name(item: pytest.Item) -> str:
@@ -362,6 +433,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus):
         # minutes after the first, so one disturbed stretch of time cannot fail the gate.
         perf.confirm_suspects()
     yield
+    selection = session.config.stash.get(SELECTION, None)
+    if (
+        selection
+        and selection["selected"] == 0
+        and not selection["everything"]
+        and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED
+    ):
+        # Every item deselected because the diff reaches none of their code: that run passed,
+        # for that reason alone (the selection lines and the verdict say so).
+        session.exitstatus = pytest.ExitCode.OK
     if perf is None or _is_xdist_worker(session.config):
         return
     document = perf.document or perf.build_document()

@@ -90,6 +90,9 @@ class VerdictDocument:
     notes: list[str] = field(default_factory=list)
     #: False while the run is still deciding benchmarks (a progress file, never a pass).
     complete: bool = True
+    #: What the run selected from the diff and skipped, per reason (attnkit_perf.select), or None
+    #: when every benchmark of the grid was run.
+    selection: dict | None = None
 
     @property
     def fail_on_inconclusive(self) -> bool:
@@ -109,8 +112,15 @@ class VerdictDocument:
         return sum(b.outcome in COMPARED for b in self.benchmarks)
 
     @property
+    def nothing_affected(self) -> bool:
+        """Whether the diff reached no benchmark's code, so none was selected: the one way a
+        verdict with nothing compared passes."""
+        s = self.selection
+        return bool(s) and not s.get("everything") and s.get("selected") == 0 and not self.benchmarks
+
+    @property
     def passed(self) -> bool:
-        return self.complete and not self.failing and self.compared > 0
+        return self.complete and not self.failing and (self.compared > 0 or self.nothing_affected)
 
     def counts(self) -> dict[str, int]:
         counts = Counter(b.outcome for b in self.benchmarks)
@@ -133,6 +143,7 @@ class VerdictDocument:
             "head": self.head,
             "version_differences": self.version_differences,
             "notes": self.notes,
+            **({"selection": self.selection} if self.selection is not None else {}),
             "benchmarks": rows,
         }
 
@@ -153,6 +164,7 @@ class VerdictDocument:
             version_differences=data.get("version_differences", {}),
             notes=data.get("notes", []),
             complete=data.get("complete", True),
+            selection=data.get("selection"),
         )
 
     def write(self, path: Path | str) -> Path:

@@ -110,9 +110,11 @@ def verdict_document(
     notes: list[str],
     stopped_early: str | None,
     complete: bool,
+    selection: dict | None = None,
 ) -> VerdictDocument:
     """The verdict of a run: ``rows`` so far, the policy's thresholds and notes, and whether it is
-    ``complete`` (never when the run ``stopped_early``, the reason why)."""
+    ``complete`` (never when the run ``stopped_early``, the reason why), and what the diff's
+    ``selection`` kept and skipped, when rows were selected."""
     stopped = []
     if stopped_early:
         stopped.append(
@@ -127,4 +129,5 @@ def verdict_document(
         version_differences=versions,
         notes=notes + policy.noise_notes() + policy.budget_notes(rows) + stopped,
         complete=complete and stopped_early is None,
+        selection=selection,
     )

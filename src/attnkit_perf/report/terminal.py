@@ -31,6 +31,11 @@ def summary_line(doc: VerdictDocument) -> str:
     parts = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no benchmark"
     if not doc.complete:
         return f"attnkit perf gate ({doc.mode}): INCOMPLETE, the run did not finish ({parts} so far)"
+    if doc.nothing_affected:
+        return (
+            f"attnkit perf gate ({doc.mode}): passed, nothing to compare: the diff reaches no benchmark's "
+            "code (every row deselected, see 'python -m attnkit_perf.select')"
+        )
     if not doc.compared:
         return (
             f"attnkit perf gate ({doc.mode}): FAILED, nothing compared: no benchmark was measured on "

@@ -108,6 +108,8 @@ class PerfSession:
         self.declined: dict[str, str] = {}
         self.errored: dict[str, BenchmarkVerdict] = {}
         self.run_json: dict | None = None
+        #: What selection ran and skipped (:mod:`attnkit_perf.select.collection`), or None: all ran.
+        self.selection: dict | None = None
         self.document: VerdictDocument | None = None
         self._measurer: CaseMeasurer | None = None
         self._paired: PairedSession | None = None
@@ -363,4 +365,5 @@ class PerfSession:
             notes=self.notes,
             stopped_early=self.stopped_early,
             complete=complete,
+            selection=self.selection,
         )

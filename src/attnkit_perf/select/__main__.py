@@ -1,0 +1,46 @@
+"""``python -m attnkit_perf.select --base REF [--gpu KEY] [--json] [--backends]``: what the
+diff between REF and the working tree can affect, as the gate decides it.
+
+Prints the decision (everything, the backends and passes, or nothing) and each changed file's
+effect; ``--json`` the same as data; ``--backends`` the affected backends' names, one a line
+(empty when nothing is affected; ``all`` when everything is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from attnkit_perf.select.changes import ChangesError, changed_files, text_at
+from attnkit_perf.select.rules import affected
+
+
+def main(argv: list[str] | None = None) -> int:
+    about = __doc__.split("\n\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m attnkit_perf.select", description=about)
+    parser.add_argument("--base", required=True, metavar="REF", help="git ref to compare with")
+    parser.add_argument("--root", default=".", help="the checkout (default: the current directory)")
+    parser.add_argument("--gpu", default=None, metavar="KEY", help="GPU model key (default: any model)")
+    parser.add_argument("--json", action="store_true", help="print the decision as JSON")
+    parser.add_argument("--backends", action="store_true", help="print the affected backends only")
+    args = parser.parse_args(argv)
+    try:
+        changed = changed_files(Path(args.root), args.base)
+    except ChangesError as err:
+        print(f"attnkit select: {err}", file=sys.stderr)
+        return 2
+    root = Path(args.root)
+    decision = affected(root, args.base, changed, args.gpu, lambda path: text_at(root, args.base, path))
+    if args.json:
+        print(json.dumps(decision.to_dict(), indent=1))
+    elif args.backends:
+        print("all" if decision.everything else "\n".join(sorted(decision.backends)))
+    else:
+        print("\n".join(decision.describe()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

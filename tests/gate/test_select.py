@@ -1,0 +1,344 @@
+"""What a diff can affect (attnkit_perf.select), on planted diffs: each changed file's effect,
+the rows and tests kept, and git's view of committed, uncommitted, untracked, deleted and
+renamed files."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import attnkit
+from attnkit.registry import OWN_NAMES, get_backend
+from attnkit_perf.measure.cases import gpu_suite_cases
+from attnkit_perf.select.changes import changed_files
+from attnkit_perf.select.rules import DependencyMap, affected
+
+ROOT = Path(__file__).resolve().parents[2]
+H200, H100 = "nvidia-h200", "nvidia-h100-80gb-hbm3"
+SDPA = {"sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"}
+
+
+@pytest.fixture(scope="module")
+def deps() -> DependencyMap:
+    return DependencyMap(ROOT)
+
+
+def rows_run(changed: list[str], gpu: str) -> set[tuple[str, str]]:
+    decision = affected(ROOT, "base", changed, gpu)
+    return {
+        (c.backend, c.pass_name)
+        for c in gpu_suite_cases()
+        if decision.row_skip(c.backend, c.pass_name) is None
+    }
+
+
+def every_row() -> set[tuple[str, str]]:
+    return {(c.backend, c.pass_name) for c in gpu_suite_cases()}
+
+
+def test_every_file_under_src_is_mapped_or_runs_everything(deps):
+    """No file can silently select nothing: each is shared, a backend's, a test entry point,
+    declared as affecting nothing, or (unmapped) everything."""
+    for path in sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "src").rglob("*") if p.is_file()):
+        if "__pycache__" in path:
+            continue
+        effect = deps.effect(path)
+        assert effect.kind in ("everything", "backends", "correctness", "nothing"), path
+        if effect.kind == "backends":
+            assert effect.backends, f"{path} maps to no backend"
+        if effect.kind == "nothing":
+            assert path.endswith(".md"), f"{path} affects nothing: only documentation may"
+
+
+def test_the_declared_roots_are_the_registered_backends_functions(deps):
+    """The table's roots name the functions attnkit registers for each own backend."""
+    table = deps.table["backends"]
+    for name in sorted(OWN_NAMES - {"auto"}):
+        if name not in attnkit.backend_names():
+            continue
+        spec = table[name]
+        spec = table.get(spec.get("same_as"), spec)
+        backend = get_backend(name)
+        functions = [backend.run, backend.prepare, backend.device_support, backend.problem_support]
+        for fn in filter(None, functions):
+            fn = getattr(fn, "func", fn)
+            if fn.__module__.startswith("attnkit.registry"):
+                continue
+            root = f"{fn.__module__}:{fn.__qualname__}"
+            resolved = {n for r in spec["roots"] for n in deps.graph.resolve(*r.split(":"))}
+            assert deps.graph.resolve(fn.__module__, fn.__qualname__)[0] in resolved, (name, root)
+
+
+def test_a_tile_table_runs_triton_rows_of_its_gpu_only():
+    table = [f"src/attnkit/triton/configs/{H200}.json"]
+    assert rows_run(table, H200) == {r for r in every_row() if r[0] == "triton"}
+    assert rows_run(table, H100) == set()
+
+
+def test_the_backward_kernels_run_every_triton_row():
+    """The forward reaches them too (LaunchSetup names the backward kernels for every problem):
+    no forward row can be proven unaffected, so every Triton row runs."""
+    ran = rows_run(["src/attnkit/triton/backward_kernels.py"], H200)
+    assert ran == {r for r in every_row() if r[0] == "triton"}
+
+
+def test_the_shared_autograd_function_runs_tiled_and_triton():
+    ran = rows_run(["src/attnkit/flash_autograd.py"], H200)
+    assert {b for b, _ in ran} == {"tiled", "triton"}
+
+
+def test_a_gluon_kernel_runs_triton():
+    assert {b for b, _ in rows_run(["src/attnkit/gluon/hopper_forward.py"], H200)} == {"triton"}
+
+
+def test_sdpa_runs_every_sdpa_backend():
+    ran = rows_run(["src/attnkit/sdpa/semantics.py"], H200)
+    assert {b for b, _ in ran} == SDPA & {c.backend for c in gpu_suite_cases()}
+
+
+def test_auto_and_its_tables_run_auto_only(deps):
+    for path in ("src/attnkit/auto.py", f"src/attnkit/auto_tables/{H100}.json"):
+        decision = affected(ROOT, "base", [path], H100)
+        assert set(decision.backends) == {"auto"}, path
+    assert affected(ROOT, "base", [f"src/attnkit/auto_tables/{H100}.json"], H200).backends == {}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "src/attnkit/brand_new_module.py",
+        "pyproject.toml",
+        "src/attnkit_perf/plugin.py",
+        "src/attnkit_perf/select/rules.py",
+        "src/attnkit_pytest/__init__.py",
+        "tests/correctness/conftest.py",
+        ".ci/gpu-gate.sh",
+        "src/attnkit/api.py",
+        "src/attnkit/registry.py",
+        "a/file/nothing/maps.txt",
+    ],
+)
+def test_shared_new_and_unmapped_files_run_everything(path):
+    assert rows_run([path], H200) == every_row()
+
+
+def test_documentation_runs_nothing():
+    assert rows_run(["docs/PERF_GATE.md", "README.md"], H200) == set()
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout
+
+
+def test_changed_files_sees_committed_uncommitted_untracked_deleted_and_renamed(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    for name in ("kept.py", "edited.py", "deleted.py", "renamed.py", "committed.py"):
+        (repo / name).write_text(f"# {name}\nvalue = '{name}' * 40\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "base")
+    _git(repo, "checkout", "-qb", "pr")
+    (repo / "committed.py").write_text("changed = 1\n")
+    _git(repo, "mv", "renamed.py", "moved.py")
+    _git(repo, "commit", "-qam", "pr")
+    (repo / "edited.py").write_text("uncommitted = 1\n")
+    (repo / "deleted.py").unlink()
+    (repo / "untracked.py").write_text("new = 1\n")
+    assert changed_files(repo, "main") == [
+        "committed.py",
+        "deleted.py",
+        "edited.py",
+        "moved.py",
+        "renamed.py",
+        "untracked.py",
+    ]
+
+
+def test_a_deleted_or_renamed_module_runs_everything():
+    gone = ["src/attnkit/triton/removed_helper.py"]
+    assert rows_run(gone, H200) == every_row()
+
+
+def test_a_verdict_with_nothing_affected_passes_only_for_that_reason():
+    from attnkit_perf.decide.verdict import VerdictDocument, summary_line
+
+    selection = {"base": "main", "everything": False, "selected": 0, "skipped": [{"reason": "r", "count": 3}]}
+    doc = VerdictDocument("paired", {"label": "b"}, {"label": "h"}, {}, [], selection=selection)
+    assert doc.passed and "nothing to compare" in summary_line(doc)
+    assert not VerdictDocument("paired", {"label": "b"}, {"label": "h"}, {}, []).passed
+    selection = {**selection, "selected": 2}
+    assert not VerdictDocument("paired", {"label": "b"}, {"label": "h"}, {}, [], selection=selection).passed
+
+
+CORRECTNESS_TESTS = {
+    "tests/correctness/test_triton_named.py": 'def test_names_triton():\n    assert "triton"\n',
+    "tests/correctness/test_by_backend.py": (
+        "import pytest\n\n\n"
+        '@pytest.mark.parametrize("backend", ["triton", "tiled", "sdpa-math"])\n'
+        "def test_each(backend):\n    assert backend\n"
+    ),
+    "tests/correctness/test_independent.py": "def test_alone():\n    assert 1\n",
+}
+
+
+@pytest.fixture
+def planted(pytester, monkeypatch):
+    """A git repository with the library's source (linked) and three correctness test modules,
+    committed: ``change(path)`` plants a changed file, ``run()`` selects against the commit."""
+    (pytester.path / "src").symlink_to(ROOT / "src", target_is_directory=True)
+    for name, text in CORRECTNESS_TESTS.items():
+        (pytester.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (pytester.path / name).write_text(text)
+    _git(pytester.path, "init", "-q", "-b", "main")
+    _git(pytester.path, "add", ".")
+    _git(pytester.path, "commit", "-qm", "base")
+    monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
+
+    def change(path: str) -> None:
+        target = pytester.path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("# changed\n")
+
+    def run(*extra):
+        args = ("-p", "attnkit_perf.plugin", "--attnkit-changes-since", "main", *extra, *CORRECTNESS_TESTS)
+        return pytester.runpytest_inprocess(*args)
+
+    return change, run
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one-process", "xdist"])
+def test_documentation_alone_deselects_every_test_and_passes_for_that_reason(planted, workers):
+    change, run = planted
+    change("docs/NOTES.md")
+    result = run(*workers)
+    assert result.ret == 0, result.stdout.str()
+    if not workers:  # xdist's workers print their selection lines where the controller does not show them
+        result.stdout.fnmatch_lines(["*attnkit select (changes since main): nothing:*", "*5 deselected*"])
+
+
+def test_shared_code_runs_every_test(planted):
+    change, run = planted
+    change("pyproject.toml")
+    result = run()
+    result.assert_outcomes(passed=5)
+
+
+def test_a_table_of_every_backend_keeps_the_backend_tests_not_the_independent_ones(planted):
+    change, run = planted
+    change("baselines/cpu-x86_64/noise-paired.json")
+    result = run()
+    result.assert_outcomes(passed=4, deselected=1)
+    result.stdout.fnmatch_lines(["*1 deselected: backend-independent tests: no shared code changed"])
+
+
+def test_a_changed_test_module_runs_itself(planted, pytester):
+    change, run = planted
+    (pytester.path / "tests/correctness/test_independent.py").write_text("def test_alone():\n    assert 2\n")
+    change("docs/NOTES.md")
+    result = run()
+    result.assert_outcomes(passed=1, deselected=4)
+
+
+def test_the_perf_grid_keeps_the_rows_of_the_backends_a_change_reaches(pytester, monkeypatch):
+    """A copy of the source with tiled.py changed: of the CPU smoke grid only the tiled rows stay;
+    every GPU row (of other backends) is deselected with its reason."""
+    import shutil
+
+    shutil.copytree(ROOT / "src", pytester.path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    _git(pytester.path, "init", "-q", "-b", "main")
+    _git(pytester.path, "add", ".")
+    _git(pytester.path, "commit", "-qm", "base")
+    with open(pytester.path / "src/attnkit/tiled.py", "a") as f:
+        f.write("\n# changed\n")
+    monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
+    result = pytester.runpytest_inprocess(
+        "--pyargs", "attnkit_perf.suite", "--attnkit-changes-since", "main", "--collect-only", "-q"
+    )
+    names = [line for line in result.stdout.lines if "::test_" in line]
+    assert names and all("tiled" in line for line in names), names
+    result.stdout.fnmatch_lines(["*deselected: backend naive: no changed file reaches its code"])
+
+
+@pytest.mark.parametrize("backend", ["naive", "tiled", "sdpa", "sdpa-math", "sdpa-flash", "triton"])
+def test_what_a_backend_runs_on_the_cpu_is_mapped_to_it(deps, backend):
+    """Every library function a call enters (forward alone, then a training step) lies in a
+    module the map gives that backend (for that pass) or calls shared: the derivation holds
+    for what actually runs, kernels interpreted by Triton included."""
+    import sys
+
+    import torch
+
+    if attnkit.unavailable_reason(backend, "cpu"):
+        pytest.skip(attnkit.unavailable_reason(backend, "cpu"))
+    q, k, v = (torch.randn(1, 2, 16, 16) for _ in range(3))
+    for training in (False, True):
+        entered: set[str] = set()
+
+        def profile(frame, event, arg, entered=entered):
+            if event == "call":
+                entered.add(frame.f_globals.get("__name__") or "")
+
+        leaves = [x.clone().requires_grad_(training) for x in (q, k, v)]
+        sys.setprofile(profile)
+        try:
+            out = attnkit.attention(*leaves, causal=True, backend=backend)
+            if training:
+                out.sum().backward()
+        finally:
+            sys.setprofile(None)
+        for module in sorted(m for m in entered if m.startswith("attnkit.")):
+            if module in deps.shared_modules:
+                continue
+            passes = deps.passes_by_module.get(module, {}).get(backend)
+            assert passes is not None, f"{backend} ran {module}, which the map does not give it"
+            assert training or passes == "all", (
+                f"{backend}'s forward ran {module}, mapped to its backward only"
+            )
+
+
+def _retuned(family: str | None) -> str:
+    """The H200 tile table as the base had it, with one family's entry different (None: only
+    its provenance)."""
+    import json
+
+    table = json.loads((ROOT / f"src/attnkit/triton/configs/{H200}.json").read_text())
+    if family is None:
+        table["provenance"] = {"planted": True}
+    else:
+        table["families"][family] = {**table["families"][family], "planted": True}
+    return json.dumps(table)
+
+
+@pytest.mark.parametrize(
+    ("family", "head_dims"),
+    [("16bit-d128-causal", {128}), ("16bit-d64-full", {64}), (None, set())],
+    ids=["d128-causal", "d64-full", "provenance-only"],
+)
+def test_a_retuned_family_runs_the_triton_rows_that_read_it(family, head_dims):
+    """The base's table compared entry by entry: only the rows whose family (either causal
+    mode: a decode's is the kernel's call) changed run; a table whose families are unchanged runs
+    none."""
+    path = f"src/attnkit/triton/configs/{H200}.json"
+    decision = affected(ROOT, "base", [path], H200, before=lambda p: _retuned(family) if p == path else None)
+    ran = {c for c in gpu_suite_cases() if decision.row_skip(c.backend, c.pass_name, c) is None}
+    assert {c.backend for c in ran} <= {"triton"}
+    assert {c.head_dim for c in ran} == head_dims
+    assert ran == {c for c in gpu_suite_cases() if c.backend == "triton" and c.head_dim in head_dims}
+
+
+def test_a_plugin_backend_is_never_deselected():
+    """Its code is not in the map: a diff that runs no attnkit row still runs a plugin's."""
+    decision = affected(ROOT, "base", ["docs/PERF_GATE.md"], H200)
+    assert decision.row_skip("my-plugin-kernel", "fwd") is None
+    assert decision.row_skip("triton", "fwd") is not None
