@@ -85,12 +85,60 @@ def test_the_backward_kernels_run_every_triton_row():
 
 
 def test_the_shared_autograd_function_runs_tiled_and_triton():
+    """The installed suite's log-sum-exp test imports flash_autograd's PATHS but calls the flash
+    op only for the backends registered there (dependencies.json narrows that edge): a change
+    runs the backends whose code reaches it, not every backend."""
     ran = rows_run(["src/attnkit/flash_autograd.py"], H200)
     assert {b for b, _ in ran} == {"tiled", "triton"}
 
 
-def test_a_gluon_kernel_runs_triton():
-    assert {b for b, _ in rows_run(["src/attnkit/gluon/hopper_forward.py"], H200)} == {"triton"}
+@pytest.mark.parametrize(
+    "path",
+    [
+        "src/attnkit/triton/gluon/hopper_forward.py",
+        "src/attnkit/triton/gluon/launch.py",
+        "src/attnkit/triton/gluon/route.py",
+        "src/attnkit/triton/gluon/config.py",
+        "src/attnkit/triton/plan.py",
+        "src/attnkit/triton/softmax.py",
+        "src/attnkit/triton/native_launch.py",
+    ],
+)
+def test_a_gluon_forward_or_plan_file_runs_every_triton_row(path):
+    assert rows_run([path], H200) == {r for r in every_row() if r[0] == "triton"}
+
+
+@pytest.mark.parametrize(
+    "path", ["src/attnkit/triton/gluon/hopper_backward.py", "src/attnkit/triton/gluon/backward_launch.py"]
+)
+def test_a_gluon_backward_file_runs_the_triton_rows_timing_a_backward(path):
+    ran = rows_run([path], H200)
+    assert ran == {r for r in every_row() if r[0] == "triton" and r[1] in ("bwd", "fwd+bwd")}
+    assert ran, "the grid has triton backward rows"
+
+
+def test_every_path_the_map_declares_exists(deps):
+    """No stale entry: each declared glob matches a tracked file, each module and root a module
+    of the tree."""
+    from attnkit_perf.select.rules import _glob
+
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True, check=True)
+    files = tracked.stdout.split()
+    table = deps.table
+    globs = [p for key in ("shared", "tests_only", "nothing", "test_modules") for p in table[key]["paths"]]
+    globs += [p for entry in table["data"] for p in entry["paths"]]
+    for pattern in globs:
+        assert any(_glob(pattern).match(f) for f in files), f"dependencies.json: {pattern} matches no file"
+    modules = [*table["registration"]["modules"]]
+    modules += [m for n in table["narrowed"] for m in (n["from"], n["to"])]
+    for module in modules:
+        assert module in deps.graph.modules, f"dependencies.json: no module {module}"
+    roots = [r for spec in table["backends"].values() for r in spec.get("roots", ())]
+    for entry in (e for e in table["data"] if "read_by" in e):
+        readers = entry["read_by"]
+        roots += [readers] if isinstance(readers, str) else readers
+    for root in roots:
+        assert deps.graph.resolve(*root.split(":")), f"dependencies.json: {root} names nothing"
 
 
 def test_sdpa_runs_every_sdpa_backend():
@@ -171,7 +219,8 @@ def test_a_deleted_or_renamed_module_runs_everything():
 
 
 def test_a_verdict_with_nothing_affected_passes_only_for_that_reason():
-    from attnkit_perf.decide.verdict import VerdictDocument, summary_line
+    from attnkit_perf.decide.verdict import VerdictDocument
+    from attnkit_perf.report.terminal import summary_line
 
     selection = {"base": "main", "everything": False, "selected": 0, "skipped": [{"reason": "r", "count": 3}]}
     doc = VerdictDocument("paired", {"label": "b"}, {"label": "h"}, {}, [], selection=selection)
@@ -307,16 +356,22 @@ def test_what_a_backend_runs_on_the_cpu_is_mapped_to_it(deps, backend):
             )
 
 
-def _retuned(family: str | None) -> str:
-    """The H200 tile table as the base had it, with one family's entry different (None: only
-    its provenance)."""
+def _retuned(family: str | None, section: str = "families") -> str:
+    """The H200 tile table as the base had it, with one entry of ``section`` (slash-separated
+    key path) different (None: only its provenance, and the Gluon section's)."""
     import json
 
     table = json.loads((ROOT / f"src/attnkit/triton/configs/{H200}.json").read_text())
     if family is None:
         table["provenance"] = {"planted": True}
-    else:
-        table["families"][family] = {**table["families"][family], "planted": True}
+        table["gluon"]["provenance"] = {"planted": True}
+        table["gluon"]["provenance_of"] = {}
+        return json.dumps(table)
+    entries = table
+    for key in section.split("/"):
+        entries = entries[key]
+    old = entries.get(family)  # a routed cell's N, a tile config, or absent (a new cell)
+    entries[family] = old + 1 if isinstance(old, int) else {**(old or {}), "planted": True}
     return json.dumps(table)
 
 
@@ -342,3 +397,60 @@ def test_a_plugin_backend_is_never_deselected():
     decision = affected(ROOT, "base", ["docs/PERF_GATE.md"], H200)
     assert decision.row_skip("my-plugin-kernel", "fwd") is None
     assert decision.row_skip("triton", "fwd") is not None
+
+
+def _rows_after(section: str, entry: str | None, gpu: str) -> set:
+    path = f"src/attnkit/triton/configs/{H200}.json"
+    before = _retuned(entry, section)
+    decision = affected(ROOT, "base", [path], gpu, before=lambda p: before if p == path else None)
+    return {c for c in gpu_suite_cases() if decision.row_skip(c.backend, c.pass_name, c) is None}
+
+
+@pytest.mark.parametrize(
+    ("section", "cell", "head_dim", "passes"),
+    [
+        ("gluon/forward", "d128-causal", 128, ("fwd", "bwd", "fwd+bwd")),
+        ("gluon/routed/forward", "d64-full", 64, ("fwd", "bwd", "fwd+bwd")),
+        ("gluon/backward", "d64-causal", 64, ("bwd", "fwd+bwd")),
+        ("gluon/routed/backward", "d128-full", 128, ("bwd", "fwd+bwd")),
+    ],
+)
+def test_a_changed_gluon_cell_runs_its_head_dims_triton_rows(section, cell, head_dim, passes):
+    """One cell of the Gluon section: the Triton rows of that head dim (either causal mode), of
+    the passes it configures (a backward cell: rows timing a backward), on that GPU model only."""
+    triton = [c for c in gpu_suite_cases() if c.backend == "triton"]
+    expected = {c for c in triton if c.head_dim == head_dim and c.pass_name in passes}
+    assert expected and _rows_after(section, cell, H200) == expected
+    assert _rows_after(section, cell, H100) == set()
+
+
+def test_a_provenance_only_change_runs_nothing():
+    """Where the table and its Gluon section were measured: no library code reads it."""
+    path = f"src/attnkit/triton/configs/{H200}.json"
+    decision = affected(ROOT, "base", [path], H200, before=lambda p: _retuned(None) if p == path else None)
+    assert decision.backends == {} and not decision.everything
+    assert decision.effects[0].kind == "nothing"
+
+
+def test_an_unknown_part_of_the_table_runs_every_triton_row():
+    """A key no rule knows (neither entries nor declared unread) may be read by any row."""
+    import json
+
+    path = f"src/attnkit/triton/configs/{H200}.json"
+    table = json.loads((ROOT / path).read_text())
+    table["gluon"]["new_knob"] = 1
+    decision = affected(ROOT, "base", [path], H200, before=lambda p: json.dumps(table) if p == path else None)
+    cases = gpu_suite_cases()
+    ran = {(c.backend, c.pass_name) for c in cases if decision.row_skip(c.backend, c.pass_name, c) is None}
+    assert ran == {r for r in every_row() if r[0] == "triton"}
+
+
+def test_a_routed_cell_reaches_triton_tests_on_every_gpu():
+    """Routed cells of every packaged table are triton's dispatch boundaries (its scale-tier
+    tests), on any GPU model; its perf rows only on the table's."""
+    path = f"src/attnkit/triton/configs/{H200}.json"
+    before = _retuned("d64-full", "gluon/routed/forward")
+    decision = affected(ROOT, "base", [path], H100, before=lambda p: before if p == path else None)
+    assert decision.backends == {} and "triton" in decision.test_backends
+    new_table = DependencyMap(ROOT).effect(path)  # no base text: any cell may differ
+    assert new_table.tests_every_gpu

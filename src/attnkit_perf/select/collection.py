@@ -85,14 +85,14 @@ def _skip(item, decision: Affected, rows: dict, deps: DependencyMap, modules: di
     if backend is not None:
         if backend not in deps.backend_names:
             return None  # a plugin's backend: no map of its code, so it runs
-        if backend in decision.backends:
+        if backend in decision.test_backends:
             return None
         return f"tests of backend {backend}: no changed file reaches its code"
     if relative not in modules:
         source = path.read_text(encoding="utf8")
         modules[relative] = (deps.test_backends(source), deps.test_imports(source))
     backends, imports = modules[relative]
-    if backends & set(decision.backends) or imports & changed:
+    if backends & set(decision.test_backends) or imports & changed:
         return None
     if not backends:
         return "backend-independent tests: no shared code changed"

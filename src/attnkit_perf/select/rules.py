@@ -8,10 +8,14 @@ A file's effect is one of
   rule maps (a new module no backend reaches yet, a deleted or renamed module, anything unknown);
 * ``backends``: the backends whose code reaches it, each with the passes it can change: ``all``,
   or ``backward`` when only a gradient's code reaches it (rows timing a backward);
-  a GPU-keyed table (``{gpu}`` in its path) only on that GPU model;
+  a GPU-keyed table (``{gpu}`` in its path) only on that GPU model, and where its readers look
+  up one entry per row (Triton's shape families, the Gluon section's cells) only the rows
+  reading a changed entry; a table whose declared parts reach every GPU model's correctness
+  tests (routed Gluon cells: Triton's dispatch boundaries) runs those tests on any model;
 * ``correctness``: an entry point no perf row calls (the correctness tests importing it run), or
   a correctness test module (it runs);
-* ``nothing``: documentation and the CPU job's own tests.
+* ``nothing``: documentation and the CPU job's own tests; a table whose changes lie only in
+  parts no reader reads (provenance, the tuner's record).
 """
 
 from __future__ import annotations
@@ -43,8 +47,12 @@ class Effect:
     backends: dict = field(default_factory=dict)
     #: the GPU model a GPU-keyed table belongs to, or None
     gpu: str | None = None
-    #: the table entries (e.g. Triton's shape families) whose content changed, where the reader
-    #: looks up one entry per row; None: any row may read a changed part
+    #: a GPU-keyed table whose change reaches the backends' correctness tests on every GPU model
+    #: (perf rows only on ``gpu``)
+    tests_every_gpu: bool = False
+    #: the table entries whose content changed, as ``section/name`` (e.g.
+    #: ``families/16bit-d128-causal``, ``gluon/backward/d64-full``), where the readers look up one
+    #: entry per row; None: any row may read a changed part
     entries: tuple | None = None
 
 
@@ -118,9 +126,8 @@ class DependencyMap:
                 found = pattern.match(path)
                 if found:
                     effect = self._data_effect(path, entry, found.groupdict().get("gpu"))
-                    if entry.get("entries") and before is not None:
-                        changed = _changed_entries(before, self.root / path, entry["entries"])
-                        effect = dataclasses.replace(effect, entries=changed)
+                    if entry.get("entries"):
+                        effect = self._entries_effect(effect, entry, before)
                     return effect
         for key in ("tests_only", "test_modules"):
             if any(p.match(path) for p in self._paths(key)):
@@ -135,11 +142,30 @@ class DependencyMap:
             return Effect(path, "everything", f"{module} is reached from no backend's roots (not mapped)")
         return Effect(path, "backends", f"{module} is run by these backends' code", dict(backends))
 
+    @property
+    def entry_rules(self) -> dict[str, dict]:
+        """section -> which rows read its entries (``rows``: ``family`` or ``cell``; ``passes``:
+        ``all`` or ``backward``; ``every_gpu``), over the tables read entry by entry."""
+        return {name: rule for entry in self.table["data"] for name, rule in entry.get("entries", {}).items()}
+
+    def _entries_effect(self, effect: Effect, entry: dict, before: str | None) -> Effect:
+        """``effect`` narrowed to the table entries that differ from the base's text (``before``;
+        None: the table is new, or its base unknown: every entry counts as changed)."""
+        sections = entry["entries"]
+        changed = None
+        if before is not None:
+            changed = _changed_entries(before, self.root / effect.path, sections, entry.get("unread", ()))
+        if changed == ():
+            return Effect(effect.path, "nothing", f"only what no reader reads changed: {entry['unread_why']}")
+        touched = sections if changed is None else {name.rpartition("/")[0] for name in changed}
+        every_gpu = any(sections[section].get("every_gpu") for section in touched)
+        return dataclasses.replace(effect, entries=changed, tests_every_gpu=every_gpu)
+
     def _data_effect(self, path: str, entry: dict, gpu: str | None) -> Effect:
         if entry.get("every_backend"):
             return Effect(path, "backends", entry["why"], dict.fromkeys(self.backend_names, "all"), gpu)
-        module, symbol = entry["read_by"].split(":")
-        reader = self.graph.resolve(module, symbol)
+        readers = entry["read_by"] if isinstance(entry["read_by"], list) else [entry["read_by"]]
+        reader = [node for r in readers for node in self.graph.resolve(*r.split(":"))]
         backends = {}
         for name, spec in self.table["backends"].items():
             spec = self.table["backends"].get(spec.get("same_as"), spec)
@@ -148,7 +174,7 @@ class DependencyMap:
                 backends[name] = "all"
             elif set(reader) & self.graph.closure(roots, backward=True):
                 backends[name] = "backward"
-        return Effect(path, "backends", f"{entry['why']} (read by {entry['read_by']})", backends, gpu)
+        return Effect(path, "backends", f"{entry['why']} (read by {', '.join(readers)})", backends, gpu)
 
     def test_backends(self, source: str) -> set[str]:
         """The backends a correctness test module names (string constants) or imports code of."""
@@ -181,17 +207,51 @@ class DependencyMap:
         return {p for p, m in self.modules_by_path.items() if m in reached}
 
 
-def _changed_entries(before: str, after: Path, key: str) -> tuple | None:
-    """The names of the ``key`` entries that differ between the JSON texts, or None when either
-    side does not read as such a table (then every entry counts as changed)."""
+def _changed_entries(before: str, after: Path, sections, unread=()) -> tuple | None:
+    """``section/name`` of each entry of ``sections`` (slash-separated key paths, e.g.
+    ``gluon/backward``; a section absent on one side counts as empty) that differs between the
+    JSON texts; None when either side does not read as such a table or a part of it outside
+    those sections and the ``unread`` key paths differs (then every entry counts as changed)."""
     try:
-        old = json.loads(before)[key]
-        new = json.loads(after.read_text(encoding="utf8"))[key]
-    except (OSError, ValueError, KeyError, TypeError):
+        old = json.loads(before)
+        new = json.loads(after.read_text(encoding="utf8"))
+    except (OSError, ValueError):
         return None
     if not isinstance(old, dict) or not isinstance(new, dict):
         return None
-    return tuple(sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name)))
+    changed = []
+    for section in sections:
+        old_entries, new_entries = _take(old, section), _take(new, section)
+        if not isinstance(old_entries, dict) or not isinstance(new_entries, dict):
+            return None
+        names = old_entries.keys() | new_entries.keys()
+        changed += [f"{section}/{n}" for n in names if old_entries.get(n) != new_entries.get(n)]
+    for path in unread:
+        _take(old, path), _take(new, path)
+    if old != new:  # what is left once the sections and the unread parts are taken out
+        return None
+    return tuple(sorted(changed))
+
+
+def _take(table: dict, path: str):
+    """Remove and return the value at a slash-separated key path of nested dicts ({} if absent),
+    emptied containers left behind."""
+    *parents, last = path.split("/")
+    node = table
+    for key in parents:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node.pop(last, {}) if isinstance(node, dict) else {}
+
+
+def reads_entry(rule: dict, name: str, case) -> bool:
+    """Whether a perf ``case`` reads the table entry ``name`` (its section's ``rule``)."""
+    if rule.get("passes") == "backward" and case.pass_name not in BACKWARD_PASSES:
+        return False
+    if rule["rows"] == "family":
+        return name.startswith(tile_family(case) + "-")
+    if rule["rows"] == "cell":  # attnkit.triton.gluon.config.cell_key, either causal mode
+        return name.startswith(f"d{case.head_dim}-")
+    raise ValueError(f"dependencies.json: entry rows {rule['rows']!r}: expected 'family' or 'cell'")
 
 
 def tile_family(case) -> str:
@@ -215,9 +275,14 @@ class Affected:
     auto_backends: tuple = ("auto",)
     #: the backends the map knows; any other (a plugin's) is never deselected: its code is not mapped
     known: tuple | None = None
+    #: section -> which rows read its entries (:attr:`DependencyMap.entry_rules`)
+    entry_rules: dict = field(default_factory=dict)
 
-    def applies(self, effect: Effect) -> bool:
-        return effect.gpu is None or self.gpu is None or effect.gpu == self.gpu
+    def applies(self, effect: Effect, tests: bool = False) -> bool:
+        """Whether ``effect`` holds on this run's GPU model (``tests``: for correctness tests)."""
+        if effect.gpu is None or self.gpu is None or effect.gpu == self.gpu:
+            return True
+        return tests and effect.tests_every_gpu
 
     @property
     def everything(self) -> list[Effect]:
@@ -225,10 +290,18 @@ class Affected:
 
     @property
     def backends(self) -> dict[str, str]:
-        """backend -> "all" | "backward", over the effects that apply here."""
+        """backend -> "all" | "backward", over the effects that apply here (perf rows)."""
+        return self._backends(tests=False)
+
+    @property
+    def test_backends(self) -> dict[str, str]:
+        """The same for correctness tests (a table's effect on every GPU model's tests counted)."""
+        return self._backends(tests=True)
+
+    def _backends(self, tests: bool) -> dict[str, str]:
         merged: dict[str, str] = {}
         for effect in self.effects:
-            if effect.kind != "backends" or not self.applies(effect):
+            if effect.kind != "backends" or not self.applies(effect, tests):
                 continue
             for name, passes in effect.backends.items():
                 merged[name] = "all" if "all" in (passes, merged.get(name)) else "backward"
@@ -238,16 +311,18 @@ class Affected:
         return merged
 
     def entries(self, backend: str) -> set[str] | None:
-        """The table entries the diff changed for ``backend`` where every effect on it is such a
-        table's, else None (any row of it may be affected)."""
+        """The table entries (``section/name``) the diff changed for ``backend`` where every
+        effect on it is such a table's, else None (any row of it may be affected)."""
         found: set[str] = set()
+        named = False
         for effect in self.effects:
             if effect.kind != "backends" or not self.applies(effect) or backend not in effect.backends:
                 continue
             if effect.entries is None:
                 return None
             found |= set(effect.entries)
-        return found
+            named = True
+        return found if named else None
 
     def row_skip(self, backend: str, pass_name: str, case=None) -> str | None:
         """Why a perf row of ``backend`` timing ``pass_name`` (``case``: its
@@ -259,12 +334,15 @@ class Affected:
             return f"backend {backend}: no changed file reaches its code"
         if passes == "backward" and pass_name not in BACKWARD_PASSES:
             return f"backend {backend}: the diff reaches only its backward, and this row times a forward"
-        entries = self.entries(backend) if case is not None and backend == "triton" else None
+        entries = self.entries(backend) if case is not None else None
         if entries is not None:
-            family = tile_family(case)
-            if not any(name.startswith(family + "-") for name in entries):
+            rules = {name: self.entry_rules[name.rpartition("/")[0]] for name in entries}
+            if not any(reads_entry(rule, name.rpartition("/")[2], case) for name, rule in rules.items()):
                 changed = ", ".join(sorted(entries)) or "none"
-                return f"backend {backend}: its tile table changed families {changed}, not {family}"
+                return (
+                    f"backend {backend}: its tables changed {changed}, none read by a "
+                    f"{tile_family(case)} d{case.head_dim} {case.pass_name} row"
+                )
         return None
 
     def to_dict(self) -> dict:
@@ -306,4 +384,4 @@ def affected(
     deps = DependencyMap(root)
     auto = tuple(n for n, s in deps.table["backends"].items() if s.get("dispatches_to_every_backend"))
     effects = [deps.effect(p, before(p)) for p in changed]
-    return Affected(base, list(changed), effects, gpu, auto, tuple(deps.backend_names))
+    return Affected(base, list(changed), effects, gpu, auto, tuple(deps.backend_names), deps.entry_rules)
