@@ -37,6 +37,7 @@ from attnkit_perf.decide.formats import FormatError
 from attnkit_perf.decide.hostbound import host_bound_throughout, paired_share
 from attnkit_perf.decide.paired import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
+from attnkit_perf.decide.sequential import LookBudget, SequentialPlan
 from attnkit_perf.decide.stored import StoredRule
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.grid import grid_backends, grid_cases
@@ -105,6 +106,8 @@ class PerfSession:
         #: None: the verdict is then incomplete, whatever the rows it holds say.
         self.stopped_early: str | None = None
         self.suspects: list = []
+        #: Paired mode's looks over fresh processes, lent from the rows that settled early.
+        self.look_budget = LookBudget(SequentialPlan())
         #: Benchmarks (by test node id) this checkout skipped (-> why) and those that raised.
         self.declined: dict[str, str] = {}
         self.errored: dict[str, BenchmarkVerdict] = {}
@@ -218,6 +221,7 @@ class PerfSession:
             settings,
             host=self.host_timed(case),
             confirm=not self.opt["no_confirm"],
+            budget=self.look_budget,
         )
         if decision is None:
             pytest.skip(f"neither side runs this case: {measurements[0]['head'].unsupported}")
