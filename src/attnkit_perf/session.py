@@ -29,7 +29,7 @@ import torch
 from attnkit.device import gpu_key
 from attnkit.errors import UnsupportedProblemError
 from attnkit_perf import options as options_
-from attnkit_perf import sides
+from attnkit_perf import shards, sides
 from attnkit_perf.adjudicate import Adjudicator, adjudicate_rows
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.baseline import baseline_path, save_baseline
@@ -108,6 +108,8 @@ class PerfSession:
         self.suspects: list = []
         #: Paired mode's looks over fresh processes, lent from the rows that settled early.
         self.look_budget = LookBudget(SequentialPlan())
+        #: This runner's part of a split grid (``--attnkit-shard``), the verdict's ``shard``.
+        self.shard: dict | None = None
         #: Benchmarks (by test node id) this checkout skipped (-> why) and those that raised.
         self.declined: dict[str, str] = {}
         self.errored: dict[str, BenchmarkVerdict] = {}
@@ -145,6 +147,17 @@ class PerfSession:
             self.notes += options_.noise_coverage(
                 self._noise_source, self.policy.noise, gpu_grid, cpu_grid, names, self.mode, self.device
             )
+
+    def take_shard(self, rows: dict) -> list:
+        """Keep this runner's shard of ``rows`` (pytest item -> benchmark name; the split of
+        ``--attnkit-shard=I/N``, :mod:`attnkit_perf.shards`); returns the items of other shards."""
+        index, count = self.opt["split"]
+        names = set(rows.values())
+        place = shards.assign(names, count)
+        mine = [item for item, name in rows.items() if place[name] == index]
+        self.shard = {"index": index, "count": count, "grid": shards.grid_digest(names), "rows": len(mine)}
+        self.notes.append(f"shard {index} of {count}: {len(mine)} of {len(names)} benchmarks")
+        return [item for item in rows if item not in set(mine)]
 
     def grid(self, gpu: bool) -> list[BenchCase]:
         """The cases this run's backends have on the GPU grid (``gpu``) or the CPU smoke grid."""
@@ -414,4 +427,5 @@ class PerfSession:
             version_differences=versions,
             notes=self.notes + self.policy.noise_notes() + self.policy.budget_notes(self.rows) + stopped,
             complete=complete and self.stopped_early is None,
+            shard=self.shard,
         )

@@ -90,6 +90,9 @@ class VerdictDocument:
     notes: list[str] = field(default_factory=list)
     #: False while the run is still deciding benchmarks (a progress file, never a pass).
     complete: bool = True
+    #: The part of a split grid this verdict covers (``index``, ``count``, ``grid`` digest, its
+    #: ``rows``: :mod:`attnkit_perf.shards`), or the parts a merged verdict joins (``merged``).
+    shard: dict | None = None
 
     @property
     def fail_on_inconclusive(self) -> bool:
@@ -133,6 +136,7 @@ class VerdictDocument:
             "head": self.head,
             "version_differences": self.version_differences,
             "notes": self.notes,
+            **({"shard": self.shard} if self.shard is not None else {}),
             "benchmarks": rows,
         }
 
@@ -153,6 +157,7 @@ class VerdictDocument:
             version_differences=data.get("version_differences", {}),
             notes=data.get("notes", []),
             complete=data.get("complete", True),
+            shard=data.get("shard"),
         )
 
     def write(self, path: Path | str) -> Path:
