@@ -290,7 +290,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     ]
     perf.collected([_benchmark_name(item) for item in benchmarks])
     if perf.opt.get("split"):
-        others = perf.take_shard({item: _benchmark_name(item) for item in benchmarks})
+        rest = [item for item in items if item not in set(benchmarks)]
+        others = perf.take_shard({item: _benchmark_name(item) for item in benchmarks}, rest)
         if others:
             config.hook.pytest_deselected(items=others)
             items[:] = [item for item in items if item not in set(others)]

@@ -110,6 +110,7 @@ class PerfSession:
         self.look_budget = LookBudget(SequentialPlan())
         #: This runner's part of a split grid (``--attnkit-shard``), the verdict's ``shard``.
         self.shard: dict | None = None
+        self._elsewhere: set[str] = set()
         #: Benchmarks (by test node id) this checkout skipped (-> why) and those that raised.
         self.declined: dict[str, str] = {}
         self.errored: dict[str, BenchmarkVerdict] = {}
@@ -148,16 +149,24 @@ class PerfSession:
                 self._noise_source, self.policy.noise, gpu_grid, cpu_grid, names, self.mode, self.device
             )
 
-    def take_shard(self, rows: dict) -> list:
-        """Keep this runner's shard of ``rows`` (pytest item -> benchmark name; the split of
-        ``--attnkit-shard=I/N``, :mod:`attnkit_perf.shards`); returns the items of other shards."""
+    def take_shard(self, rows: dict, rest: list) -> list:
+        """Keep this runner's shard of ``rows`` (pytest item -> benchmark name) and of the other
+        tests ``rest`` (split by node id: the correctness tests of the same runner), as
+        ``--attnkit-shard=I/N`` asks (:mod:`attnkit_perf.shards`); returns the items of the other
+        shards."""
         index, count = self.opt["split"]
         names = set(rows.values())
         place = shards.assign(names, count)
+        by_id = shards.assign([item.nodeid for item in rest], count)
         mine = [item for item, name in rows.items() if place[name] == index]
-        self.shard = {"index": index, "count": count, "grid": shards.grid_digest(names), "rows": len(mine)}
-        self.notes.append(f"shard {index} of {count}: {len(mine)} of {len(names)} benchmarks")
-        return [item for item in rows if item not in set(mine)]
+        self._elsewhere = {name for name in names if place[name] != index}
+        if names:
+            grid = shards.grid_digest(names)
+            self.shard = {"index": index, "count": count, "grid": grid, "rows": len(mine)}
+            self.notes.append(f"shard {index} of {count}: {len(mine)} of {len(names)} benchmarks")
+        return [item for item in rows if place[rows[item]] != index] + [
+            item for item in rest if by_id[item.nodeid] != index
+        ]
 
     def grid(self, gpu: bool) -> list[BenchCase]:
         """The cases this run's backends have on the GPU grid (``gpu``) or the CPU smoke grid."""
@@ -345,6 +354,8 @@ class PerfSession:
         if not self.opt["no_confirm"]:
             compared = adjudicate_rows(compared, self.adjudicator())
         for info, decision, measured in compared:
+            if decision.outcome == "missing" and info.get("name") in self._elsewhere:
+                continue  # another shard's row (--attnkit-shard), not one this run lost
             self.rows.append(BenchmarkVerdict.from_decision(_describe_recorded(info), decision, **measured))
         entries = self._baseline_entries()
         for nodeid, row in self.errored.items():

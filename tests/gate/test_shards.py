@@ -171,3 +171,13 @@ def test_an_unreadable_part_exits_2(tmp_path, capsys):
     bad.write_text("{}")
     assert merge_main([str(bad), "--out", str(tmp_path / "m.json")]) == 2
     assert "not a valid verdict" in capsys.readouterr().err
+
+
+def test_a_baseline_row_one_part_did_not_select_is_not_covered_twice(tmp_path):
+    elsewhere = _part(1, rows=["fwd[row-1-0]", "fwd[row-2-0]", "fwd[row-none]"])
+    for row in elsewhere.benchmarks[1:]:
+        row.outcome = "missing"
+    code, merged = _merge(tmp_path, [elsewhere, _part(2), _part(3)])
+    assert code == 0, merged.notes
+    outcomes = {r.name: r.outcome for r in merged.benchmarks}
+    assert outcomes["fwd[row-2-0]"] == "same" and outcomes["fwd[row-none]"] == "missing", outcomes

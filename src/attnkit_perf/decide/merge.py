@@ -8,7 +8,8 @@ unfinished run does), with a note naming the cause, when:
 * the parts disagree on the split (``N``, or the digest of the rows split: another grid);
 * a part was measured on another GPU model, or compared another base or head (commit and code
   digest of each side), or in another mode;
-* a row is in two parts (the first one's is kept);
+* a row is in two parts (the first one's is kept; "missing", a stored baseline's row a part did
+  not select, covers nothing: the row is listed missing once if no part measured it);
 * a part is itself incomplete (a runner stopped early), or is no shard at all.
 
 A part that failed (a slower row, an error, ...) fails the merged verdict through its rows.
@@ -76,11 +77,18 @@ def merge_verdicts(parts: Sequence[tuple[str, VerdictDocument]]) -> VerdictDocum
         label = f"shard {doc.shard['index']}" if doc.shard and "index" in doc.shard else where
         notes += [f"{label}: {note}" for note in doc.notes]
         for row in doc.benchmarks:
+            if row.outcome == "missing":
+                continue  # a baseline row this part did not select: another part's, or none's
             if row.name in seen:
                 problems.append(f"row {row.name} is in {seen[row.name]} and {where}: covered twice")
                 continue
             seen[row.name] = where
             rows.append(row)
+    for _, doc in parts:  # a baseline row no part measured is missing once
+        for row in doc.benchmarks:
+            if row.outcome == "missing" and row.name not in seen:
+                seen[row.name] = "missing"
+                rows.append(row)
     return VerdictDocument(
         mode=first.mode,
         base=first.base,

@@ -273,8 +273,8 @@ class PairedSession:
 
     def close(self) -> None:
         self._stop_workers()
-        if self._standby is not None:
-            self._stop_workers(workers=self._standby)
+        if self._standby is not None:  # never asked anything: killed, not waited for past imports
+            self._stop_workers(kill=True, workers=self._standby)
             self._standby = None
         shutil.rmtree(self._scratch, ignore_errors=True)
 
