@@ -272,7 +272,8 @@ class PairedSession:
         self._standby = self._spawn()
 
     def close(self) -> None:
-        self._stop_workers()
+        # Every answer is in and every case released: nothing to keep, killed at once.
+        self._stop_workers(kill=True)
         if self._standby is not None:  # never asked anything: killed, not waited for past imports
             self._stop_workers(kill=True, workers=self._standby)
             self._standby = None
