@@ -112,12 +112,17 @@ def run_parts(label: str, slots: list[Slot], args_for, work: Path, env: dict, ok
                 _command(slot, args_for(i, slot)), stdout=out, stderr=subprocess.STDOUT, env=slot_env
             )
         started.append((proc, log, time.perf_counter()))
+    ended: dict[int, float] = {}
+    while len(ended) < len(started):  # each part's own time, whichever ends first
+        for i, (proc, _, _) in enumerate(started):
+            if i not in ended and proc.poll() is not None:
+                ended[i] = time.perf_counter()
+        time.sleep(0.2)
     failed, seconds = [], []
-    for proc, log, start in started:
-        code = proc.wait()
-        seconds.append(time.perf_counter() - start)
-        if code not in ok_codes:
-            failed.append(f"{log} (exit {code})")
+    for i, (proc, log, start) in enumerate(started):
+        seconds.append(ended[i] - start)
+        if proc.returncode not in ok_codes:
+            failed.append(f"{log} (exit {proc.returncode})")
     if failed:
         raise BaselineError(f"{label}: a part failed, see " + ", ".join(failed))
     return seconds

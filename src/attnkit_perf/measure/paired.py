@@ -259,7 +259,7 @@ class PairedSession:
         """Replace every worker by a fresh process: a second measurement then draws new
         process offsets instead of repeating the first one's. The replacement is the standby
         set when there is one (started during the previous measurement: its imports are done);
-        a new standby is started at once, to be ready for the next restart."""
+        a new standby is started at once, to be ready for the next restart (on a GPU)."""
         self._stop_workers(kill=True)
         standby, self._standby = self._standby, None
         if standby is not None and all(w.proc.poll() is None for group in standby.values() for w in group):
@@ -269,7 +269,10 @@ class PairedSession:
             if standby is not None:
                 self._stop_workers(kill=True, workers=standby)
             self._start_workers()
-        self._standby = self._spawn()
+        # Where the workers measure on the CPU (the gate's own tests) a process start is short
+        # next to nothing, and a standby set importing torch would only compete with the pairs.
+        on_cpu = str(self.identity.get("head", {}).get("gpu_key", "")).startswith("cpu-")
+        self._standby = None if on_cpu else self._spawn()
 
     def close(self) -> None:
         # Every answer is in and every case released: nothing to keep, killed at once.
