@@ -1,9 +1,12 @@
 """One command that re-records a GPU model's stored baseline and its noise files for the whole grid
 (host-shape rows included), the machine's GPUs sharing the work:
 
-    python -m attnkit_tools.baselines                    # every visible GPU; writes baselines/<gpu_key>/
-    python -m attnkit_tools.baselines --gpus 0,1,2,3 --recordings 2 --aa-runs 2
-    python -m attnkit_tools.baselines --cpu 2 --out build/try -- -k "naive and fwd"   # dry run, no GPU
+    bash .ci/refresh-baselines.sh                        # every visible GPU; writes baselines/<gpu_key>/
+    bash .ci/refresh-baselines.sh --gpus 0,1,2,3 --recordings 2 --aa-runs 2
+    bash .ci/refresh-baselines.sh --cpu 2 --out build/try -- -k "naive and fwd"   # dry run, no GPU
+
+(the script runs ``python -m attnkit_tools.baselines --tests tests/perf ...`` from the checkout's
+root: the baseline keeps the names that ``pytest tests/perf --benchmark-compare`` looks up).
 
 It writes, under ``--out`` (default ``baselines``), ``<gpu_key>/baseline.json`` and
 ``noise-stored.json`` (``--recordings`` stored-mode recordings pooled:
@@ -90,14 +93,16 @@ def make_slots(gpus: list[str] | None, cpu_slots: int | None) -> list[Slot]:
     return [Slot(gpu, share) for gpu, share in zip(gpus, split_cores(cores, len(gpus)), strict=True)]
 
 
-def _command(slot: Slot, args: list[str]) -> list[str]:
-    pytest = [sys.executable, "-m", "pytest", "tests/perf", "-q", "-p", "no:cacheprovider", *args]
+def _command(slot: Slot, tests: str, args: list[str]) -> list[str]:
+    pytest = [sys.executable, "-m", "pytest", tests, "-q", "-p", "no:cacheprovider", *args]
     if slot.cores and shutil.which("taskset"):
         return ["taskset", "-c", ",".join(map(str, slot.cores)), *pytest]
     return pytest
 
 
-def run_parts(label: str, slots: list[Slot], args_for, work: Path, env: dict, ok_codes=(0,)) -> list[float]:
+def run_parts(
+    label: str, slots: list[Slot], tests: str, args_for, work: Path, env: dict, ok_codes=(0,)
+) -> list[float]:
     """Run one pytest process per slot at once (``args_for(i, slot)``: its arguments); raise
     :class:`BaselineError` naming the log of any that exits outside ``ok_codes``. Returns the
     seconds each took."""
@@ -109,7 +114,7 @@ def run_parts(label: str, slots: list[Slot], args_for, work: Path, env: dict, ok
             slot_env["CUDA_VISIBLE_DEVICES"] = slot.gpu
         with open(log, "w", encoding="utf8") as out:
             proc = subprocess.Popen(
-                _command(slot, args_for(i, slot)), stdout=out, stderr=subprocess.STDOUT, env=slot_env
+                _command(slot, tests, args_for(i, slot)), stdout=out, stderr=subprocess.STDOUT, env=slot_env
             )
         started.append((proc, log, time.perf_counter()))
     ended: dict[int, float] = {}
@@ -165,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attnkit_tools.baselines", description=__doc__.split("\n\n")[0]
     )
+    parser.add_argument(
+        "--tests",
+        required=True,
+        help="the perf tests whose names the baseline keeps (a checkout's tests/perf)",
+    )
     parser.add_argument("--gpus", help="comma-separated GPU ids (default: every visible GPU)")
     parser.add_argument("--cpu", type=int, metavar="N", help="dry run on the CPU smoke grid with N slots")
     parser.add_argument("--recordings", type=int, default=2, help="stored-mode recordings to pool (>= 2)")
@@ -183,9 +193,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _refresh(args) -> int:
-    if not Path("tests/perf").is_dir() or not Path("src").is_dir():
+    if not Path(args.tests).is_dir() or not Path("src").is_dir():
         raise BaselineError(
-            f"run from the root of an attnkit checkout (no tests/perf and src/ in {Path.cwd()})"
+            f"--tests={args.tests}: run from the root of an attnkit checkout, naming its perf tests "
+            f"(no {args.tests} or no src/ in {Path.cwd()})"
         )
     slots = make_slots(args.gpus.split(",") if args.gpus else None, args.cpu)
     work = Path(args.work or tempfile.mkdtemp(prefix="attnkit-baselines-"))
@@ -216,7 +227,7 @@ def _refresh(args) -> int:
             ]
 
         # pytest exits 5 when a slot's shard holds no row of the selection (a narrow -k).
-        seconds = run_parts(f"recording-{r}", slots, record, work, env, ok_codes=(0, 5))
+        seconds = run_parts(f"recording-{r}", slots, args.tests, record, work, env, ok_codes=(0, 5))
         files = [work / f"recording-{r}-part{i + 1}.json" for i in range(count)]
         parts = [read_json(f, "recording part") for f in files if f.is_file()]
         if not parts:
@@ -245,7 +256,7 @@ def _refresh(args) -> int:
 
         # An A/A row may read inconclusive (exit 1): the noise is in its ratio all the same; a
         # slot whose shard holds no row of the selection exits 5.
-        seconds = run_parts(f"aa-{a}", slots, aa, work, env, ok_codes=(0, 1, 5))
+        seconds = run_parts(f"aa-{a}", slots, args.tests, aa, work, env, ok_codes=(0, 1, 5))
         parts = [
             (f"aa-{a}-part{i + 1}", VerdictDocument.read(work / f"aa-{a}-part{i + 1}.json"))
             for i in range(count)
