@@ -23,6 +23,9 @@
 # ATTNKIT_PERF_WORKERS     pytest-xdist processes for paired mode, one per GPU (default: the GPU count)
 # ATTNKIT_PERF_ARGS        extra pytest arguments for the perf step (e.g. thresholds)
 # ATTNKIT_TEST_WORKERS     pytest-xdist processes for the correctness step (default 8; 1: none)
+# ATTNKIT_SHARD            I/N: this runner's shard of the correctness tests and perf rows split over
+#                          N runners (--attnkit-shard); merge the N verdicts with
+#                          python -m attnkit_perf.report merge (docs/CI.md)
 # HYPOTHESIS_PROFILE       correctness examples (default ci: derandomised, the same every run)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,11 +62,13 @@ fi
 
 echo "== 1/3 correctness on the GPU"
 t0=$(date +%s)
+shard=()
+if [ -n "${ATTNKIT_SHARD:-}" ]; then shard=(--attnkit-shard="$ATTNKIT_SHARD"); fi
 workers=()
 if [ "$has_xdist" = 1 ] && [ "${ATTNKIT_TEST_WORKERS:-8}" -gt 1 ]; then
     workers=(-n "${ATTNKIT_TEST_WORKERS:-8}")
 fi
-"${gpu_python[@]}" -m pytest tests/correctness -q -p no:cacheprovider "${workers[@]}" "${selection_args[@]}" \
+"${gpu_python[@]}" -m pytest tests/correctness -q -p no:cacheprovider "${workers[@]}" "${selection_args[@]}" "${shard[@]}" \
     --junitxml="$out/correctness.xml"
 pytest_status $?
 correctness=$?
@@ -71,7 +76,7 @@ echo "correctness: $(( $(date +%s) - t0 )) s"
 
 echo "== 2/3 perf gate"
 t0=$(date +%s)
-perf_args=(--attnkit-verdict-json="$out/verdict.json")
+perf_args=(--attnkit-verdict-json="$out/verdict.json" "${shard[@]}")
 report_args=(--verdict "$out/verdict.json")
 if [ -n "${ATTNKIT_BASE:-}" ]; then
     gpus=$("${gpu_python[@]}" -c "import torch; print(torch.cuda.device_count())")

@@ -31,6 +31,7 @@ from attnkit_perf.measure.repo import RepositoryError, find_repository
 from attnkit_perf.report.terminal import format_table, summary_line
 from attnkit_perf.run import sides
 from attnkit_perf.run.session import ERROR_PROPERTY, VERDICT_PROPERTY, PerfSession
+from attnkit_perf.run.shards import ShardError, parse_shard
 
 SESSION = pytest.StashKey[PerfSession]()
 #: What selection kept and skipped (:func:`attnkit_perf.select.collection.deselect`), when it ran.
@@ -107,6 +108,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="accept benchmarks the base ran and this checkout no longer runs (otherwise they fail)",
     )
     group.addoption(
+        "--attnkit-shard",
+        default=None,
+        metavar="I/N",
+        help="measure shard I of the grid split over N runners (then: python -m attnkit_perf.report merge)",
+    )
+    group.addoption(
         "--attnkit-no-confirm",
         action="store_true",
         help=(
@@ -146,6 +153,10 @@ def _options(config: pytest.Config) -> dict:
         "no_confirm": get("attnkit_no_confirm"),
         "allow_dropped": get("attnkit_allow_dropped"),
     }
+    try:
+        options["split"] = None if get("attnkit_shard") is None else parse_shard(get("attnkit_shard"))
+    except ShardError as err:
+        raise pytest.UsageError(f"attnkit perf gate: {err}") from err
     for name, kind, _, _ in _TUNABLE:
         value = get("attnkit_" + name)
         if value is None and config.getini(f"attnkit_{name}") not in (None, ""):
@@ -307,14 +318,20 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         else:
             perf.record_declined(item.nodeid, declined.args[0])
     _select(config, items, perf)
-    # The run's false-alarm budget is split over its benchmarks (attnkit_perf.decide.policy).
-    perf.collected(
-        [
-            _benchmark_name(item)
-            for item in items
-            if "attnkit_perf" in getattr(item, "fixturenames", ()) and item.get_closest_marker("skip") is None
-        ]
-    )
+    # The run's false-alarm budget is split over its benchmarks (attnkit_perf.decide.policy): over
+    # the whole grid when it is split over runners, whose verdicts are merged into one run.
+    benchmarks = [
+        item
+        for item in items
+        if "attnkit_perf" in getattr(item, "fixturenames", ()) and item.get_closest_marker("skip") is None
+    ]
+    perf.collected([_benchmark_name(item) for item in benchmarks])
+    if perf.opt.get("split"):
+        rest = [item for item in items if item not in set(benchmarks)]
+        others = perf.take_shard({item: _benchmark_name(item) for item in benchmarks}, rest)
+        if others:
+            config.hook.pytest_deselected(items=others)
+            items[:] = [item for item in items if item not in set(others)]
 
 
 def _select(config: pytest.Config, items, perf) -> None:

@@ -195,3 +195,31 @@ def pytest_benchmark_generate_machine_info(config):
 def pytest_benchmark_generate_commit_info(config):
     return {"id": "synthetic"}
 """
+
+
+def look_blocks(
+    rng: np.random.Generator,
+    pairs: int,
+    ratio: float = 1.0,
+    process_sd: float = 0.015,
+    cv: float = 0.03,
+    rounds: int = 3,
+    outlier_rate: float = 0.02,
+) -> tuple[list[float], list[float]]:
+    """``(base blocks, head blocks)`` of one look: ``pairs`` pairs on a fresh set of
+    :data:`PROCESSES_PER_SIDE` processes per side, the head's true time ``ratio`` times the
+    base's. Each process pairing carries a log offset of sd ``process_sd`` (heavy-tailed:
+    Student t with 5 degrees of freedom, rescaled), each round a jitter of ``cv`` with
+    ``outlier_rate`` of rounds 1.2-3x slow; a block is the median of its ``rounds``."""
+    offset = process_sd * rng.standard_t(5, PROCESSES_PER_SIDE) / np.sqrt(5 / 3)
+    process = np.arange(pairs) % PROCESSES_PER_SIDE
+
+    def blocks(scale):
+        values = 1.0 + cv * rng.standard_normal((pairs, rounds))
+        slow = rng.random((pairs, rounds)) < outlier_rate
+        values[slow] *= rng.uniform(1.2, 3.0, slow.sum())
+        return 1e-3 * scale * np.median(np.maximum(values, 0.01), axis=1)
+
+    base = blocks(1.0)
+    head = blocks(ratio) * np.exp(offset[process])
+    return [float(x) for x in base], [float(x) for x in head]

@@ -26,6 +26,7 @@ from attnkit_perf.decide.verdict import VerdictDocument
 from attnkit_perf.measure.machine import gpu_key
 from attnkit_perf.measure.paired_session import PairedSettings
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
+from attnkit_perf.report.merge import main as merge
 
 REPO = Path(__file__).resolve().parents[2]
 USAGE = pytest.ExitCode.USAGE_ERROR
@@ -176,6 +177,27 @@ def test_more_memory_fails_and_names_it(gate_run, pytester):
     assert _outcomes(verdict) == {"flash_a": "same", "cudnn_b": "same", "tiled_c": "more-memory"}, verdict
     row = next(r for r in verdict["benchmarks"] if r["backend"] == "tiled_c")
     assert row["evidence"]["memory_growth_bytes"] == 4 * 2**20, row["evidence"]
+
+
+def test_a_grid_split_over_two_runners_merges_into_the_whole_run(gate_run, pytester):
+    """--attnkit-shard=I/2 on each "runner": disjoint parts that cover the grid, each splitting
+    the false-alarm budget over the whole grid; their verdicts merge into one passing run."""
+    _record(gate_run)
+    parts, measured = [], []
+    for index in (1, 2):
+        result, verdict = _compare(gate_run, pytester, f"--attnkit-shard={index}/2")
+        assert result.ret == 0, _output(result)
+        assert verdict["shard"]["index"] == index and verdict["shard"]["count"] == 2, verdict["shard"]
+        assert verdict["thresholds"]["per_benchmark_alpha"] == pytest.approx(0.01 / len(NAMES))
+        measured.append({r["backend"] for r in verdict["benchmarks"] if r["outcome"] != "missing"})
+        path = pytester.path / f"part{index}.json"
+        path.write_text(json.dumps(verdict))
+        parts.append(str(path))
+    assert not measured[0] & measured[1] and measured[0] | measured[1] == set(NAMES), measured
+    assert merge([*parts, "--out", str(pytester.path / "merged.json")]) == 0
+    merged = VerdictDocument.read(pytester.path / "merged.json")
+    assert merged.passed and {r.backend for r in merged.benchmarks} == set(NAMES), merged.notes
+    assert merge([parts[0], "--out", str(pytester.path / "half.json")]) == 1, "a missing shard fails"
 
 
 def test_new_and_missing_are_listed_not_failed(gate_run, pytester):

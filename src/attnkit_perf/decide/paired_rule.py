@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from attnkit_perf.decide.gate import Decision, Thresholds, confirm_slowdown, decide_paired
+from attnkit_perf.decide.gate import Decision, Thresholds, confirm_slowdown
 from attnkit_perf.decide.host import decide_host, host_summary, join_host, with_kept
 from attnkit_perf.decide.hostbound import host_bound_throughout, paired_limit
 from attnkit_perf.decide.hostcount import CountComparison, compare_counts, count_decision
+from attnkit_perf.decide.sequential import SequentialPlan, decide_sequential
 
 
 def _median(values) -> float | None:
@@ -43,35 +44,27 @@ class PairedRule:
     #: Most sets of processes one measurement of the host metric may pool (paired mode's
     #: ``PairedSettings.host_looks``); its level is spent over them.
     host_looks: int = 1
+    #: The GPU time's sequential plan: looks over fresh sets of processes, levels spent over them.
+    plan: SequentialPlan = field(default_factory=SequentialPlan)
 
     def decide(self, results: Mapping, *earlier: Mapping) -> Decision:
-        """The decision on ``results``; ``earlier`` measurements of the same benchmark (a
-        suspect's first, when ``results`` is its confirmation) only tighten the host-bound
-        classification."""
+        """The GPU time's decision on ``results`` (its blocks, pooled over ``looks`` sets of
+        processes: :func:`attnkit_perf.decide.sequential.decide_sequential`); ``earlier``
+        measurements of the same benchmark only tighten the host-bound classification."""
         base, head = results["base"], results["head"]
         limit = paired_limit(self.threshold, self.thresholds, host_bound_throughout(results, *earlier))
-        return decide_paired(
+        return decide_sequential(
             base.blocks,
             head.blocks,
+            head.workers,
+            getattr(head, "looks", 1),
+            self.plan,
             self.thresholds,
             self.alpha,
             limit,
             base.peak_bytes,
             head.peak_bytes,
-            clusters=head.workers or None,
         )
-
-    @staticmethod
-    def needs_confirmation(decision: Decision) -> bool:
-        """Every pair so far ran on the same processes, whose offsets the rank test cannot see: a
-        slowdown must show again on fresh ones (both sides restarted)."""
-        return decision.outcome == "slower"
-
-    def confirm(self, first: Decision, again: Mapping, earlier: Mapping) -> Decision:
-        """``first`` (slower) against the measurement ``again`` on fresh processes, judged by the
-        first measurement's classification too: a slowdown seen under the GPU rule must not pass
-        because the fresh processes read host-bound."""
-        return confirm_slowdown(first, self.decide(again, earlier))
 
     def count_comparison(self, results: Mapping) -> CountComparison | None:
         """The two sides' host work counts compared (:func:`compare_counts`), or None where
@@ -119,19 +112,19 @@ class PairedRule:
     def confirm_all(
         self, first: tuple[Decision, Decision | None], again: Mapping, earlier: Mapping
     ) -> tuple[Decision, Decision | None]:
-        """Both metrics of a suspect confirmed on fresh processes: each slower stands only when
-        the fresh processes show it too (:func:`confirm_slowdown`); a metric that was not slower
-        keeps its first decision."""
+        """A host-metric suspect confirmed on fresh processes: its slower stands only when the
+        fresh processes show it too (:func:`confirm_slowdown`). The GPU time keeps its first
+        decision: a sequential "slower" already showed on two sets of processes."""
         time, host = first
-        time = self.confirm(time, again, earlier) if time.outcome == "slower" else time
         if host is not None and host.outcome == "slower":
             host = confirm_slowdown(host, self.decide_host(again))
         return time, host
 
     @staticmethod
     def any_slower(time: Decision, host: Decision | None) -> bool:
-        """Whether either metric needs confirmation on fresh processes."""
-        return PairedRule.needs_confirmation(time) or (host is not None and host.outcome == "slower")
+        """Whether a metric needs confirmation on fresh processes: the host metric's slower (the
+        GPU time's is sequential, shown on two sets of processes already)."""
+        return host is not None and host.outcome == "slower"
 
     def join(self, time: Decision, host: Decision | None, results: Mapping) -> Decision:
         """The row's decision: the GPU time's, joined with the host metric's

@@ -93,6 +93,9 @@ class VerdictDocument:
     #: What the run selected from the diff and skipped, per reason (attnkit_perf.select), or None
     #: when every benchmark of the grid was run.
     selection: dict | None = None
+    #: The part of a split grid this verdict covers (``index``, ``count``, ``grid`` digest, its
+    #: ``rows``: :mod:`attnkit_perf.run.shards`), or the parts a merged verdict joins (``merged``).
+    shard: dict | None = None
 
     @property
     def fail_on_inconclusive(self) -> bool:
@@ -144,6 +147,7 @@ class VerdictDocument:
             "version_differences": self.version_differences,
             "notes": self.notes,
             **({"selection": self.selection} if self.selection is not None else {}),
+            **({"shard": self.shard} if self.shard is not None else {}),
             "benchmarks": rows,
         }
 
@@ -165,6 +169,7 @@ class VerdictDocument:
             notes=data.get("notes", []),
             complete=data.get("complete", True),
             selection=data.get("selection"),
+            shard=data.get("shard"),
         )
 
     def write(self, path: Path | str) -> Path:

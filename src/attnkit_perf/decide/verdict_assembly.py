@@ -111,10 +111,12 @@ def verdict_document(
     stopped_early: str | None,
     complete: bool,
     selection: dict | None = None,
+    shard: dict | None = None,
 ) -> VerdictDocument:
     """The verdict of a run: ``rows`` so far, the policy's thresholds and notes, and whether it is
     ``complete`` (never when the run ``stopped_early``, the reason why), and what the diff's
-    ``selection`` kept and skipped, when rows were selected."""
+    ``selection`` kept and skipped, when rows were selected; ``shard``: which part of a grid
+    split over runners this run measured (:mod:`attnkit_perf.run.shards`)."""
     stopped = []
     if stopped_early:
         stopped.append(
@@ -130,4 +132,5 @@ def verdict_document(
         notes=notes + policy.noise_notes() + policy.budget_notes(rows) + stopped,
         complete=complete and stopped_early is None,
         selection=selection,
+        shard=shard,
     )

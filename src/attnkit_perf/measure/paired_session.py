@@ -77,6 +77,9 @@ class PairedSettings:
     #: Most sets of :data:`PROCESSES_PER_SIDE` processes whose host metric one measurement pools
     #: (:func:`attnkit_perf.measure.host_rounds.extend_host`); the decision's ``looks``.
     host_looks: int = 3
+    #: GPU time, decided sequentially (:mod:`attnkit_perf.decide.sequential`): pairs of blocks per
+    #: look (a look is one set of fresh processes; 2 pairs per process pairing at 4 per side).
+    pairs_per_look: int = 8
 
 
 @dataclass
@@ -100,10 +103,20 @@ class SideResult:
     #: Host work count, one answer per worker process (index = worker):
     #: :func:`attnkit_perf.measure.hostcount.host_count`.
     host_counts: list[dict] = field(default_factory=list)
+    #: Sets of processes whose blocks these are (:meth:`pool_look`).
+    looks: int = 1
 
     @property
     def median_s(self) -> float | None:
         return statistics.median(self.blocks) if self.blocks else None
+
+    def pool_look(self, fresh: SideResult) -> None:
+        """Pool the blocks of a further look (a fresh set of processes) into this side's; its
+        workers are labelled apart from every earlier set's (the decision's units)."""
+        offset = self.looks * PROCESSES_PER_SIDE
+        self.blocks += fresh.blocks
+        self.workers += [offset + w for w in fresh.workers]
+        self.looks += 1
 
     def pool_host(self, fresh: SideResult) -> None:
         """Pool the host metric of ``fresh`` processes into this side's
@@ -162,6 +175,9 @@ class PairedSession:
         self._commits = commits
         self._link_dir = link_dir
         self.workers: dict[str, list[WorkerProcess]] = {}
+        #: The next set of workers, started while the current one measures (None until the
+        #: first :meth:`restart`): a restart then costs no process start in the row's time.
+        self._standby: dict[str, list[WorkerProcess]] | None = None
         self.identity: dict[str, dict] = {}
         #: Seconds the last :meth:`measure` spent preparing the case on every worker (building,
         #: compiling or loading kernels, warming up) before its first pair: the gate's own cost.
@@ -169,7 +185,14 @@ class PairedSession:
         self._start_workers()
 
     def _start_workers(self) -> None:
+        self.workers = self._spawn()
+        self._identify()
+
+    def _spawn(self) -> dict[str, list[WorkerProcess]]:
+        """A set of worker processes for both sides, started (their imports under way), not yet
+        asked anything."""
         link_dir, commits = self._link_dir, self._commits
+        spawned = {}
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         # An explicit ATTNKIT_TEST_DEVICE names the GPU itself: the shards are not placed then.
         gpus = visible_gpus() if self.shard is not None and not named_test_device() else []
@@ -191,10 +214,15 @@ class PairedSession:
                 env["CUDA_VISIBLE_DEVICES"] = gpu
             if commits.get(side):
                 env["ATTNKIT_COMMIT"] = commits[side]
-            self.workers[side] = [
+            spawned[side] = [
                 WorkerProcess(side, i, env, self.checkouts[side], self.answer_timeout_s)
                 for i in range(PROCESSES_PER_SIDE)
             ]
+        return spawned
+
+    def _identify(self) -> None:
+        """Ask every worker of the current set who it is; check where it imported the compared
+        code from."""
         request = {"op": "identify"}
         if self.checked_backends is not None:
             request["backends"] = list(self.checked_backends)
@@ -221,28 +249,46 @@ class PairedSession:
         except RepositoryError as err:
             raise WorkerError(f"{worker.label} {err}", side) from None
 
-    def _stop_workers(self, kill: bool = False) -> None:
-        """Stop every worker: told first, then waited for, so their exits overlap. ``kill``: a
-        restart's, whose workers hold nothing to keep (every answer is in, the case released):
-        killed at once, since an interpreter's teardown with torch loaded took ~1 s per worker
-        on the CPU, most of a restart's cost after the imports."""
-        every = [worker for workers in self.workers.values() for worker in workers]
+    def _stop_workers(self, kill: bool = False, workers: dict | None = None) -> None:
+        """Stop every worker of the current set (or of ``workers``): told first, then waited for,
+        so their exits overlap. ``kill``: a restart's, whose workers hold nothing to keep (every
+        answer is in, the case released): killed at once, since an interpreter's teardown with
+        torch loaded took ~1 s per worker on the CPU, most of a restart's cost after the imports."""
+        every = [worker for group in (workers or self.workers).values() for worker in group]
         for worker in every:
             if kill and worker.proc.poll() is None:
                 worker.proc.kill()
             worker.hang_up()
         for worker in every:
             worker.close()
-        self.workers = {}
+        if workers is None:
+            self.workers = {}
 
     def restart(self) -> None:
         """Replace every worker by a fresh process: a second measurement then draws new
-        process offsets instead of repeating the first one's."""
+        process offsets instead of repeating the first one's. The replacement is the standby
+        set when there is one (started during the previous measurement: its imports are done);
+        a new standby is started at once, to be ready for the next restart (on a GPU)."""
         self._stop_workers(kill=True)
-        self._start_workers()
+        standby, self._standby = self._standby, None
+        if standby is not None and all(w.proc.poll() is None for group in standby.values() for w in group):
+            self.workers = standby
+            self._identify()
+        else:
+            if standby is not None:
+                self._stop_workers(kill=True, workers=standby)
+            self._start_workers()
+        # Where the workers measure on the CPU (the gate's own tests) a process start is short
+        # next to nothing, and a standby set importing torch would only compete with the pairs.
+        on_cpu = str(self.identity.get("head", {}).get("gpu_key", "")).startswith("cpu-")
+        self._standby = None if on_cpu else self._spawn()
 
     def close(self) -> None:
-        self._stop_workers()
+        # Every answer is in and every case released: nothing to keep, killed at once.
+        self._stop_workers(kill=True)
+        if self._standby is not None:  # never asked anything: killed, not waited for past imports
+            self._stop_workers(kill=True, workers=self._standby)
+            self._standby = None
         shutil.rmtree(self._scratch, ignore_errors=True)
 
     def _prepare(self, case: dict) -> tuple[dict[str, SideResult], int | None]:

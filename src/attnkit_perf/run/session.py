@@ -31,6 +31,7 @@ from attnkit_perf.decide.baseline import baseline_path, save_baseline
 from attnkit_perf.decide.formats import FormatError
 from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
+from attnkit_perf.decide.sequential import LookBudget, SequentialPlan
 from attnkit_perf.decide.stored import StoredRule
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.decide.verdict_assembly import (
@@ -48,7 +49,7 @@ from attnkit_perf.measure.paired_session import PairedSession, PairedSettings
 from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S, shard_problem, visible_gpus
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
 from attnkit_perf.run import options as options_
-from attnkit_perf.run import sides
+from attnkit_perf.run import shards, sides
 from attnkit_perf.run.backend_choice import grid_backends, grid_cases
 from attnkit_perf.run.paired_benchmark import measure_paired
 from attnkit_perf.run.stored_recheck import Adjudicator, adjudicate_rows
@@ -104,6 +105,11 @@ class PerfSession:
         #: None: the verdict is then incomplete, whatever the rows it holds say.
         self.stopped_early: str | None = None
         self.suspects: list = []
+        #: Paired mode's looks over fresh processes, lent from the rows that settled early.
+        self.look_budget = LookBudget(SequentialPlan())
+        #: This runner's part of a split grid (``--attnkit-shard``), the verdict's ``shard``.
+        self.shard: dict | None = None
+        self._elsewhere: set[str] = set()
         #: Benchmarks (by test node id) this checkout skipped (-> why) and those that raised.
         self.declined: dict[str, str] = {}
         self.errored: dict[str, BenchmarkVerdict] = {}
@@ -143,6 +149,25 @@ class PerfSession:
             self.notes += options_.noise_coverage(
                 self._noise_source, self.policy.noise, gpu_grid, cpu_grid, names, self.mode, self.device
             )
+
+    def take_shard(self, rows: dict, rest: list) -> list:
+        """Keep this runner's shard of ``rows`` (pytest item -> benchmark name) and of the other
+        tests ``rest`` (split by node id: the correctness tests of the same runner), as
+        ``--attnkit-shard=I/N`` asks (:mod:`attnkit_perf.run.shards`); returns the items of the other
+        shards."""
+        index, count = self.opt["split"]
+        names = set(rows.values())
+        place = shards.assign(names, count)
+        by_id = shards.assign([item.nodeid for item in rest], count)
+        mine = [item for item, name in rows.items() if place[name] == index]
+        self._elsewhere = {name for name in names if place[name] != index}
+        if names:
+            grid = shards.grid_digest(names)
+            self.shard = {"index": index, "count": count, "grid": grid, "rows": len(mine)}
+            self.notes.append(f"shard {index} of {count}: {len(mine)} of {len(names)} benchmarks")
+        return [item for item in rows if place[rows[item]] != index] + [
+            item for item in rest if by_id[item.nodeid] != index
+        ]
 
     def grid(self, gpu: bool) -> list[BenchCase]:
         """The cases this run's backends have on the GPU grid (``gpu``) or the CPU smoke grid."""
@@ -219,6 +244,7 @@ class PerfSession:
             settings,
             host=self.host_timed(case),
             confirm=not self.opt["no_confirm"],
+            budget=self.look_budget,
         )
         if decision is None:
             pytest.skip(f"neither side runs this case: {measurements[0]['head'].unsupported}")
@@ -308,6 +334,12 @@ class PerfSession:
         compared = self.stored_rule.compare(self.baseline, run, self.declined, errored=self.errored)
         if not self.opt["no_confirm"]:
             compared = adjudicate_rows(compared, self.adjudicator())
+        # Another shard's rows (--attnkit-shard) are not rows this run lost.
+        compared = [
+            (info, decision, measured)
+            for info, decision, measured in compared
+            if not (decision.outcome == "missing" and info.get("name") in self._elsewhere)
+        ]
         recorded = {nodeid: entry["extra_info"] for nodeid, entry in self._baseline_entries().items()}
         self.rows += stored_rows(compared, self.errored, recorded, _describe_recorded)
 
@@ -366,4 +398,5 @@ class PerfSession:
             stopped_early=self.stopped_early,
             complete=complete,
             selection=self.selection,
+            shard=self.shard,
         )

@@ -6,7 +6,7 @@ git repository at the run's rootdir as ``--attnkit-base`` extracts it (:mod:`att
 attnkit's ``src``, or another repository's import roots) and checked against the recorded
 ``source`` digest. Each suspect is
 then measured as paired mode measures a benchmark (worker processes of both sides on this GPU,
-a slowdown confirmed on fresh ones: :func:`paired_decision`, which bisect uses too).
+in looks over fresh sets of processes until settled: :func:`paired_decision`, which bisect uses too).
 """
 
 from __future__ import annotations
@@ -25,23 +25,20 @@ from attnkit_perf.measure.paired_session import PairedSession, PairedSettings
 from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S, WorkerError
 from attnkit_perf.measure.repo import Repository
 from attnkit_perf.run import sides
+from attnkit_perf.run.paired_benchmark import measure_looks
 
 
 def paired_decision(
     session: PairedSession, case: BenchCase, rule: PairedRule, settings: PairedSettings
 ) -> tuple[Decision | None, str | None]:
-    """``(decision, None)`` of ``case`` measured on both sides of ``session`` until settled, a
-    slowdown confirmed on fresh processes; ``(None, why)`` when a side cannot run it."""
-    results = session.measure(case.as_dict(), settings, lambda r: rule.decide(r).settled)
+    """``(decision, None)`` of ``case`` measured on both sides of ``session`` in looks over fresh
+    sets of processes until settled (:func:`attnkit_perf.run.paired_benchmark.measure_looks`: a slowdown
+    shows on two sets); ``(None, why)`` when a side cannot run it."""
+    results, _ = measure_looks(session, rule, case.as_dict(), settings, host=False)
     unsupported = results["base"].unsupported or results["head"].unsupported
     if unsupported:
         return None, unsupported
-    decision = rule.decide(results)
-    if rule.needs_confirmation(decision):
-        session.restart()
-        again = session.measure(case.as_dict(), settings, lambda r: rule.decide(r, results).settled)
-        decision = rule.confirm(decision, again, results)
-    return decision, None
+    return rule.decide(results), None
 
 
 class Adjudicator:
