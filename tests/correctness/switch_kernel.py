@@ -106,7 +106,10 @@ def run_suite(root: Path, switch_at: int, dropped: bool, *select: str, env: dict
     install(site, switch_at, dropped)
     workdir.mkdir()
     attnkit_root = str(Path(attnkit.__file__).resolve().parents[1])
-    environment = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join([str(site), attnkit_root])}
+    # Folders already on PYTHONPATH (wheels a GPU runner carries) stay visible, after these two.
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    path = os.pathsep.join([str(site), attnkit_root, *inherited])
+    environment = {**os.environ, **(env or {}), "PYTHONPATH": path}
     command = suite_command(*select)
     return subprocess.run(command, cwd=workdir, env=environment, capture_output=True, text=True, timeout=3000)
 
