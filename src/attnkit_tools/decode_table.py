@@ -35,7 +35,7 @@ from attnkit_perf.measure.cases import captured
 from attnkit_perf.measure.machine import provenance
 from attnkit_perf.measure.timing import median_time_s
 from attnkit_tools.provenance import produced_by, provenance_table, require_cuda
-from attnkit_tools.tune import time_over_best
+from attnkit_tools.ranking import time_over_best
 
 HQ, HKV, D, DTYPE = 32, 8, 128, torch.bfloat16
 #: (B, N, M) of the table: decode steps of a batch and of one long sequence, and a short

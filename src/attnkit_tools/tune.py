@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import multiprocessing
 import os
 import sys
@@ -53,6 +52,7 @@ from attnkit.triton.gluon.config import PASSES, cell_key, parse_cell
 from attnkit.triton.launch import LaunchSetup, attention_forward, bwd_dkdv, bwd_dq, bwd_preprocess
 from attnkit_perf.measure.machine import provenance
 from attnkit_perf.measure.timing import median_time_s
+from attnkit_tools.ranking import time_over_best, tuning_inputs
 from attnkit_tools.tune_gluon import CELLS as GLUON_CELLS
 from attnkit_tools.tune_gluon import (
     carried_section,
@@ -85,21 +85,13 @@ CANDIDATES = {
 FAMILIES = [(torch.bfloat16, d, causal) for d in (64, 128) for causal in (False, True)]
 
 
-def _inputs(dtype, head_dim, causal, seq_len, batch=4):
-    heads = 2048 // head_dim
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    shape = (batch, heads, seq_len, head_dim)
-    q, k, v, do = (torch.randn(shape, generator=gen, device="cuda", dtype=dtype) for _ in range(4))
-    return q, k, v, do, check_inputs(q, k, v, causal, None)
-
-
 class _Family:
     """One family's inputs at one sequence length, with the forward's log-sum-exp and the
     backward's row sums from the default config: ``runner(kernel, setup)`` launches one kernel
     of a candidate's setup on them."""
 
     def __init__(self, dtype, head_dim, causal, seq_len) -> None:
-        self.q, self.k, self.v, self.do, self.problem = _inputs(dtype, head_dim, causal, seq_len)
+        self.q, self.k, self.v, self.do, self.problem = tuning_inputs(dtype, head_dim, causal, seq_len)
         self.base = default_config(dtype, head_dim, head_dim)
         ref_setup = LaunchSetup.build(self.problem, self.base)
         out, self.lse = attention_forward(self.q, self.k, self.v, ref_setup)
@@ -191,18 +183,6 @@ def tune_family(
         for kernel in kernels
     }
     return chosen, timings
-
-
-def time_over_best(times: dict) -> dict:
-    """{candidate: geometric mean over the points of its time / the best candidate's time at
-    that point} from ``times`` = {candidate: {point: time}}, every candidate timed at the same
-    points. The ranking rule of every config choice here and in ``attnkit_tools.decode_table``."""
-    points = next(iter(times.values()), {})
-    best = {n: min(per_point[n] for per_point in times.values()) for n in points}
-    return {
-        candidate: math.prod(per_point[n] / best[n] for n in points) ** (1 / len(points))
-        for candidate, per_point in times.items()
-    }
 
 
 def closest_to_best(configs: list[KernelConfig], timings: dict, seq_lens) -> KernelConfig | None:

@@ -464,7 +464,7 @@ def _usable(pass_name, head_dim, causal, labels, verdicts, cell_timings, log) ->
 def _measure_forward(cells, seq_lens, verdicts, log, budget_s):
     from attnkit.triton.launch import attention_forward, launch_setup
     from attnkit_perf.measure.timing import median_time_s
-    from attnkit_tools.tune import _inputs, time_over_best
+    from attnkit_tools.ranking import time_over_best, tuning_inputs
 
     device = torch.device("cuda")
     configs, routed, timings = {}, {}, {}
@@ -475,7 +475,7 @@ def _measure_forward(cells, seq_lens, verdicts, log, budget_s):
         if not usable:
             continue
         for n in seq_lens:
-            q, k, v, _, problem = _inputs(torch.bfloat16, head_dim, causal, n)
+            q, k, v, _, problem = tuning_inputs(torch.bfloat16, head_dim, causal, n)
             for label in usable:
                 run = _gluon_run(q, k, v, problem, FORWARD_CANDIDATES[label])
                 ms = 1e3 * median_time_s(run, device, budget_s)
@@ -486,7 +486,7 @@ def _measure_forward(cells, seq_lens, verdicts, log, budget_s):
         configs[key] = dataclasses.asdict(FORWARD_CANDIDATES[chosen])
         gluon_ms, plain_ms = {}, {}
         for n in ROUTING_SEQ_LENS:
-            q, k, v, _, problem = _inputs(torch.bfloat16, head_dim, causal, n)
+            q, k, v, _, problem = tuning_inputs(torch.bfloat16, head_dim, causal, n)
             plain = partial(attention_forward, q, k, v, launch_setup(problem))
             gluon = _gluon_run(q, k, v, problem, FORWARD_CANDIDATES[chosen])
             gluon_ms[n] = 1e3 * median_time_s(gluon, device, budget_s)
@@ -511,7 +511,7 @@ def _measure_backward(cells, verdicts, log):
 
     from attnkit.triton.gluon.backward_launch import launch
     from attnkit.triton.launch import attention_backward, attention_forward, launch_setup
-    from attnkit_tools.tune import _inputs, time_over_best
+    from attnkit_tools.ranking import time_over_best, tuning_inputs
 
     configs, routed, timings = {}, {}, {}
     for head_dim, causal in cells:
@@ -523,7 +523,7 @@ def _measure_backward(cells, verdicts, log):
             continue
         plain_ms = {}
         for n in ROUTING_SEQ_LENS:
-            q, k, v, do, problem = _inputs(torch.bfloat16, head_dim, causal, n, batch=backward_batch(n))
+            q, k, v, do, problem = tuning_inputs(torch.bfloat16, head_dim, causal, n, batch=backward_batch(n))
             setup = launch_setup(problem)
             out, lse = attention_forward(q, k, v, setup)
             plain = partial(attention_backward, do, q, k, v, out, lse, setup)

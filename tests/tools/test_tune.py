@@ -254,7 +254,7 @@ def test_the_backward_measurement_keeps_the_closest_candidate_and_routes_where_i
     import attnkit.triton.gluon.backward_launch as backward_launch
     import attnkit.triton.launch as triton_launch
     import attnkit_perf.measure.machine as machine
-    from attnkit_tools import tune, tune_gluon
+    from attnkit_tools import ranking, tune_gluon
 
     lengths = tune_gluon.ROUTING_SEQ_LENS
     plain = dict(zip(lengths, (1.0, 2.0, 4.0, 8.0, 16.0), strict=True))
@@ -285,7 +285,7 @@ def test_the_backward_measurement_keeps_the_closest_candidate_and_routes_where_i
     monkeypatch.setattr(gluon, "unavailable_reason", lambda: None)
     monkeypatch.setattr(machine, "provenance", lambda device: {"gpu_key": "fake"})
     monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
-    monkeypatch.setattr(tune, "_inputs", fake_inputs)
+    monkeypatch.setattr(ranking, "tuning_inputs", fake_inputs)
     monkeypatch.setattr(triton_launch, "launch_setup", lambda problem: None)
     monkeypatch.setattr(triton_launch, "attention_forward", lambda *args: (None, None))
     monkeypatch.setattr(triton_launch, "attention_backward", fake_plain_backward)
