@@ -88,12 +88,16 @@ def _names_package(arg: str, package: str) -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-benchmark opens its storage (its hook is trylast)
 def pytest_configure(config: pytest.Config) -> None:
-    if runs_installed_tests(config) and getattr(config.option, "benchmark_storage", None) == (
-        _DEFAULT_BENCHMARK_STORAGE
+    if (
+        runs_installed_tests(config)
+        and getattr(config.option, "benchmark_storage", None) == _DEFAULT_BENCHMARK_STORAGE
+        and not getattr(config.option, "benchmark_compare", False)
     ):
         # Neither reads pytest-benchmark's storage (the perf gate keeps its baselines itself), but
         # pytest-benchmark would still make .benchmarks/ where pytest was started. A
-        # --benchmark-storage the user gives is kept.
+        # --benchmark-storage the user gives is kept, and so is the default under
+        # --benchmark-compare: pytest-benchmark then names its storage relative to the working
+        # directory, and fails on a folder outside it.
         config.option.benchmark_storage = "file://" + str(scratch_dir(config, "benchmarks"))
     if runs_installed_tests(config):
         # torch's own torch/utils/mkldnn.py calls the deprecated torch.jit.script_method when

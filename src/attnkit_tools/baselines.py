@@ -23,9 +23,13 @@ benchmarks side by side; each benchmark carries its own calibration), an A/A run
 
 **Checked before it reports success**: every file validates against its schema (the gate's own
 readers load it, as a run would), the baseline and the paired noise cover every row of the
-grid (the host metric's entry ``NAME@host`` of every host-timed row too), and nothing is
-written into ``--out`` until every part has succeeded. ``--cpu N`` runs the same path with N
-slots on the CPU smoke grid (``--attnkit-allow-cpu``), for trying the command without a GPU.
+grid, and nothing is
+written into ``--out`` until every part has succeeded. A host-timed row's wall-time entry
+``NAME@host`` is written where the A/A runs timed its host metric: on unchanged code the host
+work count decides that metric with no wall time (:mod:`attnkit_perf.decide.hostcount`), so
+a row without the entry keeps the default host threshold when a count grows. ``--cpu N`` runs
+the same path with N slots on the CPU smoke grid (``--attnkit-allow-cpu``), for trying the
+command without a GPU.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnkit_perf.commands import noise as noise_command
+from attnkit_perf.commands import pool as pool_command
 from attnkit_perf.decide import noise, pooled
 from attnkit_perf.decide.baseline import load_baseline
 from attnkit_perf.decide.formats import FormatError, read_json, validate
@@ -162,7 +168,9 @@ def check_outputs(folder: Path, key: str, selected: set[str], hosted: set[str]) 
     recorded = {b["extra_info"]["name"] for b in baseline["benchmarks"]}
     lacking = [f"baseline lacks {n}" for n in sorted(selected - recorded)]
     lacking += [f"noise-paired lacks {n}" for n in sorted(selected - set(sds))]
-    lacking += [f"noise-paired lacks {host_noise_name(n)}" for n in sorted((selected & hosted) - set(sds))]
+    # NAME@host only of host-timed rows (it is absent where the count decided the host metric).
+    foreign = {n for n in sds if n.endswith("@host")} - {host_noise_name(n) for n in selected & hosted}
+    lacking += [f"noise-paired has {n}, of no host-timed row measured" for n in sorted(foreign)]
     return lacking
 
 
@@ -270,8 +278,8 @@ def _refresh(args) -> int:
         print(f"A/A run {a}: {merged.counts()}, slots {_span(seconds)}")
 
     staged = work / "out"
-    code = pooled.main([*map(str, recordings), "--out", str(staged / "baseline.json")])
-    code = code or noise.main([*map(str, verdicts), "--out", str(staged / "noise-paired.json")])
+    code = pool_command.main([*map(str, recordings), "--out", str(staged / "baseline.json")])
+    code = code or noise_command.main([*map(str, verdicts), "--out", str(staged / "noise-paired.json")])
     if code:
         raise BaselineError(f"pooling or the noise file failed (exit {code}); parts in {work}")
     key = read_json(recordings[0], "recording")["machine_info"]["attnkit"]["gpu_key"]

@@ -51,7 +51,12 @@ def test_every_call_after_warm_up_counts_the_same(case):
     counted = host_count(_warm(case), repeats=3)
     assert counted["repeatable"], f"{case.name}: counts moved between calls: {counted['counts']}"
     assert counted["instructions"] > 50 and counted["c_calls"] > 0, counted
-    assert counted["fastpath"] is None and counted["environment"] == ENV, counted
+    # The call enters the compiled fast path only where it is loaded (CI builds it), and the
+    # count then names that build.
+    fast = sys.modules.get("attnkit.fastpath")
+    loaded = getattr(getattr(fast, "memo", None), "__name__", None)
+    assert counted["fastpath"] in {None, loaded}, counted
+    assert counted["environment"] == ENV, counted
 
 
 def _loop(n: int):

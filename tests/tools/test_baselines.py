@@ -89,6 +89,8 @@ def test_a_dry_run_on_the_cpu_writes_valid_files_covering_what_it_measured(tmp_p
     names = {b["extra_info"]["name"] for b in baseline["benchmarks"]}
     assert names == {"fwd[naive-fp32-B1-H2-N128-D32]"}, names
     sds = noise.load_noise(folder / "noise-paired.json", folder.name, "paired")
-    assert set(sds) == names | {f"{n}@host" for n in names}, sorted(sds)
+    # The host metric's wall-time entry only where the A/A runs timed it: unchanged code's host
+    # work count decides it without wall time.
+    assert names <= set(sds) <= names | {f"{n}@host" for n in names}, sorted(sds)
     spread = json.loads((folder / "noise-stored.json").read_text())
     assert set(spread["benchmarks"]) == names, spread["benchmarks"].keys()
