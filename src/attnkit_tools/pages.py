@@ -274,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
             redirect = f" > {step.stdout}" if step.stdout else ""
             print(f"    {' '.join(step.command())}{redirect}")
     if args.dry_run:
+        shutil.rmtree(scratch)
         return 0
     (args.docs / key / "data").mkdir(parents=True, exist_ok=True)
     status = run_jobs(jobs, slots, env, args.deadline_s, scratch, cwd=REPO)
-    print(f"logs in {scratch}")
     for name, verdict in status.items():
         print(f"  {name}: {verdict}")
     missing = [
@@ -289,7 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     # A job the plan skipped (no ncu here) is said above; anything else unfinished is a failure.
     planned_skips = {job.name for job in jobs if job.skip_reason}
     finished = all(verdict == "ok" or name in planned_skips for name, verdict in status.items())
-    return 0 if finished and not missing else 1
+    if finished and not missing:
+        shutil.rmtree(scratch)  # the jobs' logs matter only when one failed
+        return 0
+    print(f"logs kept in {scratch}")
+    return 1
 
 
 if __name__ == "__main__":
