@@ -27,9 +27,10 @@ AXES = {
     "scores": "B * Hq * N * M, moved through M",
 }
 
-#: The fields of the problem around a boundary (those of
-#: :func:`attnkit.testing.strategies.attention_problem`; ``window`` a (left, right) pair).
-PROBLEM_FIELDS = (
+#: The fields of :class:`~attnkit.inputs.AttentionProblem` a drawn problem sets directly (scale
+#: and window come from the call's arguments, the device from its tensors); the suite's
+#: strategies (:func:`attnkit.testing.strategies.attention_problem`) take the same.
+SHAPE_FIELDS = (
     "batch",
     "q_heads",
     "kv_heads",
@@ -39,8 +40,9 @@ PROBLEM_FIELDS = (
     "value_dim",
     "causal",
     "dtype",
-    "window",
 )
+#: The fields of the problem around a boundary: the shape, and ``window`` a (left, right) pair.
+PROBLEM_FIELDS = (*SHAPE_FIELDS, "window")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
+from attnkit.boundaries import SHAPE_FIELDS
 from attnkit.inputs import AttentionProblem, check_inputs
 from attnkit.testing import LAYOUTS, MAGNITUDES, make_tensor
 
@@ -35,19 +36,6 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: 16-byte aligned, the layout class that crashed Triton 3.6's causal forward before).
 HEAD_DIMS = (3, 16, 17, 24, 32, 40, 59, 64, 80, 96, 111, 128, 160, 256)
 
-#: The fields of AttentionProblem a case sets directly; scale and the window come from the
-#: call's arguments (resolved and normalised by check_inputs), the device from tensors().
-_SHAPE_FIELDS = (
-    "batch",
-    "q_heads",
-    "kv_heads",
-    "q_len",
-    "kv_len",
-    "head_dim",
-    "value_dim",
-    "causal",
-    "dtype",
-)
 _DEFAULTS = {
     "batch": 1,
     "q_heads": 1,
@@ -70,10 +58,10 @@ def attention_problem(
     value_dim, causal, dtype``; omitted ones default to 1, 1, 1, 16, 16, 32, head_dim, False,
     float32.
     """
-    unknown = set(fields) - set(_SHAPE_FIELDS)
+    unknown = set(fields) - set(SHAPE_FIELDS)
     if unknown:
         raise TypeError(
-            f"attention_problem: unknown fields {sorted(unknown)}; expected some of {_SHAPE_FIELDS}"
+            f"attention_problem: unknown fields {sorted(unknown)}; expected some of {SHAPE_FIELDS}"
         )
     f = {**_DEFAULTS, "dtype": torch.float32, **fields}
     f.setdefault("value_dim", f["head_dim"])
@@ -115,7 +103,7 @@ class AttentionCase:
     def replace(self, **changes) -> AttentionCase:
         """This case with some shape fields or arguments changed (the problem made anew)."""
         own = {name: changes.pop(name) for name in list(changes) if name in _CASE_FIELDS}
-        shape = {name: getattr(self.problem, name) for name in _SHAPE_FIELDS}
+        shape = {name: getattr(self.problem, name) for name in SHAPE_FIELDS}
         args = {name: getattr(self, name) for name in _CASE_FIELDS}
         return AttentionCase.make(**{**shape, **changes, **args, **own})
 
@@ -165,7 +153,7 @@ class AttentionCase:
         """A Python expression that makes this case again (``torch`` and :class:`AttentionCase`
         imported): the same problem, arguments and seed, so the same tensors."""
         p = self.problem
-        fields = [f"{name}={getattr(p, name)!r}" for name in _SHAPE_FIELDS]
+        fields = [f"{name}={getattr(p, name)!r}" for name in SHAPE_FIELDS]
         fields += [f"{name}={getattr(self, name)!r}" for name in _CASE_FIELDS]
         return f"AttentionCase.make({', '.join(fields)})"
 

@@ -99,18 +99,28 @@ def launch(q, k, v, o, do, lse, problem: AttentionProblem, config: BackwardConfi
     return dq, dk, dv
 
 
+def _descriptors(q, do, k, v, problem: AttentionProblem, block_m: int, block_n: int):
+    """TMA descriptors of q and do in blocks of ``block_m`` rows, of k and v in blocks of
+    ``block_n``, each tensor viewed as its (B * H * rows, D) matrix."""
+    p = problem
+    d, dtype = p.head_dim, _GL_DTYPES[p.dtype]
+    q_rows, kv_rows = p.batch * p.q_heads * p.q_len, p.batch * p.kv_heads * p.kv_len
+    q_layout = gl.NVMMASharedLayout.get_default_for([block_m, d], dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, d], dtype)
+    return (
+        TensorDescriptor.from_tensor(q.view(q_rows, d), [block_m, d], q_layout),
+        TensorDescriptor.from_tensor(do.view(q_rows, d), [block_m, d], q_layout),
+        TensorDescriptor.from_tensor(k.view(kv_rows, d), [block_n, d], kv_layout),
+        TensorDescriptor.from_tensor(v.view(kv_rows, d), [block_n, d], kv_layout),
+    )
+
+
 def dkdv(q, k, v, do, lse, delta, problem: AttentionProblem, cfg: BackwardConfig):
     """The Gluon dK/dV pass alone: (dk, dv), (B, Hkv, M, D) in q's dtype."""
     p = problem
     d = p.head_dim
     b, hq, n, hk, m = p.batch, p.q_heads, p.q_len, p.kv_heads, p.kv_len
-    dtype = _GL_DTYPES[p.dtype]
-    q_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, d], dtype)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([cfg.block_n, d], dtype)
-    q_desc = TensorDescriptor.from_tensor(q.view(b * hq * n, d), [cfg.block_m, d], q_layout)
-    do_desc = TensorDescriptor.from_tensor(do.view(b * hq * n, d), [cfg.block_m, d], q_layout)
-    k_desc = TensorDescriptor.from_tensor(k.view(b * hk * m, d), [cfg.block_n, d], kv_layout)
-    v_desc = TensorDescriptor.from_tensor(v.view(b * hk * m, d), [cfg.block_n, d], kv_layout)
+    q_desc, do_desc, k_desc, v_desc = _descriptors(q, do, k, v, p, cfg.block_m, cfg.block_n)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     grid = (triton.cdiv(m, cfg.consumers * cfg.block_n) * b * hk,)
@@ -129,14 +139,8 @@ def dq_pass(q, k, v, do, lse, delta, problem: AttentionProblem, cfg: BackwardCon
     """The Gluon dQ pass alone: dq, (B, Hq, N, D) in q's dtype."""
     p = problem
     d = p.head_dim
-    b, hq, n, hk, m = p.batch, p.q_heads, p.q_len, p.kv_heads, p.kv_len
-    dtype = _GL_DTYPES[p.dtype]
-    q_layout = gl.NVMMASharedLayout.get_default_for([cfg.dq_block_m, d], dtype)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([cfg.dq_block_n, d], dtype)
-    q_desc = TensorDescriptor.from_tensor(q.view(b * hq * n, d), [cfg.dq_block_m, d], q_layout)
-    do_desc = TensorDescriptor.from_tensor(do.view(b * hq * n, d), [cfg.dq_block_m, d], q_layout)
-    k_desc = TensorDescriptor.from_tensor(k.view(b * hk * m, d), [cfg.dq_block_n, d], kv_layout)
-    v_desc = TensorDescriptor.from_tensor(v.view(b * hk * m, d), [cfg.dq_block_n, d], kv_layout)
+    b, hq, n, m = p.batch, p.q_heads, p.q_len, p.kv_len
+    q_desc, do_desc, k_desc, v_desc = _descriptors(q, do, k, v, p, cfg.dq_block_m, cfg.dq_block_n)
     dq = torch.empty_like(q)
     grid = (triton.cdiv(n, cfg.dq_consumers * cfg.dq_block_m) * b * hq,)
     consumer_regs, producer_regs, maxnreg = REGISTERS[cfg.dq_consumers]
