@@ -9,9 +9,10 @@ its plot), AUTO and AUTO_CHECK (the auto table, written to ``src/attnkit/auto_ta
 and the check of ``auto`` against the fastest path), DECODE, PROFILE (Nsight Compute: skipped
 with the reason when ``ncu`` is not installed), PER_CALL and YARDSTICK. Each tool's raw
 measurement is kept in ``docs/<gpu_key>/data/`` so a page renders again without a GPU (the
-tools' ``--render`` / ``--from-json``); ncu's counters, which are large, stay in a scratch
-directory. Each page heads itself with its command and provenance (GPU, driver, CUDA, torch,
-triton, commit), without scratch paths (:mod:`attnkit_tools.provenance`).
+tools' ``--render`` / ``--from-json``); ncu's counters, which are large, and the yardstick's
+samples, which no tool renders from, stay in a scratch directory. Each page heads itself with
+its command and provenance (GPU, driver, CUDA, torch, triton, commit), without scratch paths
+(:mod:`attnkit_tools.provenance`).
 
 Every job is a sequence of tool commands (``python -m attnkit_tools.<tool> ...``) run as
 subprocesses of this one, with the checkout's ``src`` first on ``PYTHONPATH``. Jobs are spread
@@ -136,7 +137,7 @@ def plan_jobs(
         yardstick = [
             tool(
                 "yardstick", "--device", "cpu", "--seeds", "1", "--backends", "tiled",
-                "--doc", out / "YARDSTICK.md", "--out", data / "yardstick.json",
+                "--doc", out / "YARDSTICK.md", "--out", scratch / "yardstick.json",
             )
         ]  # fmt: skip
         profile: list[Step] = []
@@ -174,7 +175,7 @@ def plan_jobs(
         yardstick = [
             tool(
                 "yardstick", "--device", "cuda", "--seeds", "2",
-                "--doc", out / "YARDSTICK.md", "--out", data / "yardstick.json",
+                "--doc", out / "YARDSTICK.md", "--out", scratch / "yardstick.json",
             )
         ]  # fmt: skip
         cases, counters = scratch / "profile_cases.json", scratch / "profile_counters.csv"
