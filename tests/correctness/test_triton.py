@@ -252,7 +252,7 @@ def test_unsupported_problem_is_rejected_before_launch(dtype, head_dim, message)
 def test_cpu_without_interpreted_kernels_says_what_is_missing(monkeypatch, variable):
     """Kernels compiled for a GPU (TRITON_INTERPRET unset at import) cannot run on the CPU,
     whatever the variable says now; the reason says what to do."""
-    monkeypatch.setattr(attnkit.triton, "_KERNELS_INTERPRETED", False)
+    monkeypatch.setattr(attnkit.triton.router, "_KERNELS_INTERPRETED", False)
     if variable is None:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     else:
