@@ -281,7 +281,7 @@ def _locked(path: str):
 
 
 def _gluon_run(q, k, v, problem, cfg: HopperForwardConfig) -> Callable[[], object]:
-    from attnkit.triton.gluon.launch import launch
+    from attnkit.triton.gluon.forward_launch import launch
 
     return lambda: launch(q, k, v, problem.causal, problem.scale, cfg)
 
@@ -290,7 +290,7 @@ def outside_tolerance_rule(head_dim: int, causal: bool, cfg: HopperForwardConfig
     """'' if the Gluon forward with ``cfg`` (and the Triton backward from its log-sum-exp) passes
     attnkit.testing's tolerance rule on a ragged problem, else the failed quantities."""
     from attnkit.triton import TritonImplementation
-    from attnkit.triton.gluon.launch import launch
+    from attnkit.triton.gluon.forward_launch import launch
 
     class GluonForward:
         op_name = None

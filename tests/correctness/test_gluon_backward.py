@@ -129,10 +129,10 @@ def test_compiles_for_sm90_to_wgmma_and_tma(d, causal, kernel, tmp_path):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from attnkit.triton.gluon.hopper_backward import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
+    from attnkit.triton.gluon.hopper_backward import _gluon_bwd_dkdv_kernel, _gluon_bwd_dq_kernel
 
     cfg = ROUTED_CELLS[(d, causal)]
-    fn = _attn_bwd_dkdv_kernel if kernel == "dkdv" else _attn_bwd_dq_kernel
+    fn = _gluon_bwd_dkdv_kernel if kernel == "dkdv" else _gluon_bwd_dq_kernel
     rows_q, rows_k = (cfg.block_m, cfg.block_n) if kernel == "dkdv" else (cfg.dq_block_m, cfg.dq_block_n)
     consumer_regs, producer_regs, maxnreg = REGISTERS[2]
     layouts = [gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16) for rows in (rows_q, rows_k)]

@@ -125,7 +125,7 @@ def every_backward(monkeypatch):
         calls.append(problem)
         return attention_backward(grad_out, q, k, v, out, lse, launch_setup(problem))
 
-    monkeypatch.setattr("attnkit.triton.gluon_backward", recording)
+    monkeypatch.setattr("attnkit.triton.router.gluon_backward", recording)
     forget_plans()
     attnkit.api._forget_plans()
     yield calls
@@ -175,7 +175,7 @@ def test_a_layout_the_kernel_does_not_read_runs_the_plain_backward(every_backwar
 def test_training_calls_run_the_planned_gluon_backward_without_planning_again(every_backward, monkeypatch):
     decided = []
     real = kernel_plan.plan_kernels
-    monkeypatch.setattr("attnkit.triton.plan_kernels", lambda p: decided.append(p) or real(p))
+    monkeypatch.setattr("attnkit.triton.router.plan_kernels", lambda p: decided.append(p) or real(p))
     gen = torch.Generator().manual_seed(0)
     kw = {"dtype": torch.float32, "device": DEVICE, "generator": gen}
     q, k, v = (make_tensor((1, 2, 24, 16), **kw).requires_grad_() for _ in range(3))
@@ -226,7 +226,7 @@ def gluon_backward_calls(monkeypatch):
         calls.append(problem)
         return real(grad_out, q, k, v, out, lse, problem)
 
-    monkeypatch.setattr("attnkit.triton.gluon_backward", counting)
+    monkeypatch.setattr("attnkit.triton.router.gluon_backward", counting)
     forget_plans()
     attnkit.api._forget_plans()
     yield calls

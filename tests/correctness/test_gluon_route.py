@@ -127,7 +127,7 @@ def test_the_plan_is_made_once_per_problem_and_carried_by_the_prepared_run(monke
         decided.append(problem)
         return real(problem)
 
-    monkeypatch.setattr("attnkit.triton.plan_kernels", counting)
+    monkeypatch.setattr("attnkit.triton.router.plan_kernels", counting)
     forget_plans()
     try:
         problem = _problem(n=128, m=128)
@@ -148,7 +148,7 @@ def test_a_run_with_an_explicit_config_never_routes(monkeypatch):
     of the problem says."""
     _route_everything(monkeypatch)
     called = []
-    monkeypatch.setattr("attnkit.triton.planned_kernels", lambda problem: called.append(problem))
+    monkeypatch.setattr("attnkit.triton.router.planned_kernels", lambda problem: called.append(problem))
     from attnkit.triton.config import get_config
 
     gen = torch.Generator().manual_seed(0)
@@ -211,7 +211,7 @@ def gluon_calls(monkeypatch):
         calls.append(problem)
         return real(q, k, v, problem)
 
-    monkeypatch.setattr("attnkit.triton.gluon_forward", counting)
+    monkeypatch.setattr("attnkit.triton.router.gluon_forward", counting)
     # Plans and attention()'s prepared runs made by earlier tests hold the routing of then.
     forget_plans()
     attnkit.api._forget_plans()
@@ -294,7 +294,7 @@ def test_training_calls_run_the_plan_made_when_the_problem_was_prepared(monkeypa
     decided = []
     real = kernel_plan.plan_kernels
     monkeypatch.setattr(
-        "attnkit.triton.plan_kernels", lambda problem: decided.append(problem) or real(problem)
+        "attnkit.triton.router.plan_kernels", lambda problem: decided.append(problem) or real(problem)
     )
     forget_plans()
     attnkit.api._forget_plans()

@@ -96,7 +96,7 @@ def test_the_shared_autograd_function_runs_tiled_and_triton():
     "path",
     [
         "src/attnkit/triton/gluon/hopper_forward.py",
-        "src/attnkit/triton/gluon/launch.py",
+        "src/attnkit/triton/gluon/forward_launch.py",
         "src/attnkit/triton/gluon/route.py",
         "src/attnkit/triton/gluon/config.py",
         "src/attnkit/triton/plan.py",

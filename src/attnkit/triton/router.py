@@ -20,7 +20,7 @@ from attnkit.errors import UnsupportedProblemError
 from attnkit.flash_autograd import PATHS, flash_attention
 from attnkit.inputs import AttentionProblem
 from attnkit.prepared import NativeForward, PreparedRun
-from attnkit.triton.config import AttentionConfig, KernelConfig
+from attnkit.triton.config import AttentionConfig
 from attnkit.triton.decode import (
     DEFAULT_DECODE_CONFIG,
     decode_forward,

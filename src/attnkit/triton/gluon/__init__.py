@@ -7,9 +7,10 @@ its backward on these kernels where its plan says so (:mod:`attnkit.triton.plan`
 
 Modules: ``support`` (what the kernels take: problems, layouts, devices; the one rule),
 ``config`` (tiles and routed cells, per GPU, from the config table), ``route`` (which problems
-the Triton path runs here), ``hopper_forward`` (the kernel and its partitions), ``launch``
-(input checks, descriptors, grid: :func:`forward`), ``hopper_backward`` (the backward's dK/dV
-and dQ passes) and ``backward_launch`` (their launcher).
+the Triton path runs here), ``schedule`` (the walk over query tiles the forward and the dQ pass
+share), ``hopper_forward`` (the kernel and its partitions), ``forward_launch`` (input checks,
+descriptors, grid: :func:`forward`), ``hopper_backward`` (the backward's dK/dV and dQ passes)
+and ``backward_launch`` (their launcher).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from attnkit.triton.gluon.support import GLUON_API_VERSION, device_support
 
 try:
-    from attnkit.triton.gluon.launch import forward
+    from attnkit.triton.gluon.forward_launch import forward
 except Exception as error:  # ImportError, or a Gluon API this code does not know
     forward = None
     IMPORT_ERROR: Exception | None = error

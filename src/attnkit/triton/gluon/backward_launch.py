@@ -22,7 +22,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem, check_inputs
 from attnkit.triton.gluon.config import BackwardConfig, backward_config
-from attnkit.triton.gluon.hopper_backward import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel
+from attnkit.triton.gluon.hopper_backward import _gluon_bwd_dkdv_kernel, _gluon_bwd_dq_kernel
 from attnkit.triton.gluon.support import backward_problem_support, device_support, layout_ok
 from attnkit.triton.launch import bwd_dq, bwd_preprocess, launch_setup
 
@@ -125,7 +125,7 @@ def dkdv(q, k, v, do, lse, delta, problem: AttentionProblem, cfg: BackwardConfig
     dv = torch.empty_like(v)
     grid = (triton.cdiv(m, cfg.consumers * cfg.block_n) * b * hk,)
     consumer_regs, producer_regs, maxnreg = REGISTERS[cfg.consumers]
-    _attn_bwd_dkdv_kernel[grid](
+    _gluon_bwd_dkdv_kernel[grid](
         q_desc, do_desc, k_desc, v_desc, lse, delta, dk, dv,
         n, m, hq, hk, p.group_size, p.causal_offset, p.scale * math.log2(math.e), p.scale,
         HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=p.causal,
@@ -144,7 +144,7 @@ def dq_pass(q, k, v, do, lse, delta, problem: AttentionProblem, cfg: BackwardCon
     dq = torch.empty_like(q)
     grid = (triton.cdiv(n, cfg.dq_consumers * cfg.dq_block_m) * b * hq,)
     consumer_regs, producer_regs, maxnreg = REGISTERS[cfg.dq_consumers]
-    _attn_bwd_dq_kernel[grid](
+    _gluon_bwd_dq_kernel[grid](
         q_desc, do_desc, k_desc, v_desc, lse, delta, dq,
         n, m, b * hq, hq, p.group_size, p.causal_offset, p.scale * math.log2(math.e), p.scale,
         HEAD_DIM=d, BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, STAGES=cfg.dq_stages, CAUSAL=p.causal,

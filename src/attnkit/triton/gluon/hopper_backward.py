@@ -1,4 +1,4 @@
-"""Warp-specialized dK/dV pass of the attention backward for Hopper (sm_90), written in Gluon.
+"""Warp-specialized dK/dV and dQ passes of the attention backward for Hopper (sm_90), in Gluon.
 
 One program owns a key block of ``CONSUMERS * BLOCK_N`` keys of one (batch, kv head) and its
 dK and dV, accumulated in registers and written once, so the pass is deterministic: the
@@ -23,8 +23,11 @@ Partitions (:func:`gluon.language.warp_specialize`):
 
   then dK * scale and dV are stored with masked pointer stores (keys past M are dropped).
 
-dQ is not computed here: the portable dQ pass follows (:func:`attnkit.triton.launch.bwd_dq`),
-which keeps every gradient element owned by one program.
+The dQ pass is the second kernel of this module, :func:`_gluon_bwd_dq_kernel`: one program per
+tile of query rows (the forward's walk, :mod:`attnkit.triton.gluon.schedule`) streams every key
+block the rows see and writes its dQ once, so every gradient element is owned by one program
+and the backward stays deterministic. Which pass runs in Gluon and which in the portable
+kernels (:mod:`attnkit.triton.backward_kernels`) is the kernel plan's choice per cell.
 
 Masks: rows that see no key of the block are never loaded (the causal start); a block of rows
 whose first row does not see the block's last key is masked (the causal diagonal: by a
@@ -43,6 +46,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from attnkit.triton.gluon.schedule import query_tile
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 
@@ -221,7 +226,7 @@ _DYNAMIC_INTS = ["q_len", "kv_len", "q_heads", "kv_heads", "group_size", "causal
 
 
 @gluon.jit(do_not_specialize=_DYNAMIC_INTS)
-def _attn_bwd_dkdv_kernel(
+def _gluon_bwd_dkdv_kernel(
     q_desc, do_desc, k_desc, v_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     q_len, kv_len, q_heads, kv_heads, group_size, causal_offset, qk_scale, scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
@@ -294,27 +299,6 @@ def _attn_bwd_dkdv_kernel(
 
 
 @gluon.jit
-def _dq_tile(pid, n_bh, q_len, kv_len, causal_offset, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr,
-             CAUSAL: gl.constexpr):  # fmt: skip
-    """(bh, m0, free_end, n_blocks) of program ``pid``: its (batch x query head) index, first
-    row, the key index up to which every row sees whole blocks, and its key block count."""
-    n_mblocks = gl.cdiv(q_len, TILE_M)
-    if CAUSAL:
-        # The row blocks that see the most keys first, every head's, to shorten the tail.
-        m0 = (n_mblocks - 1 - pid // n_bh) * TILE_M
-        bh = pid % n_bh
-        kv_end = gl.minimum(kv_len, gl.maximum(m0 + TILE_M + causal_offset, 0))
-        free_end = gl.minimum(kv_len, gl.maximum(m0 + causal_offset + 1, 0))
-    else:
-        m0 = (pid % n_mblocks) * TILE_M
-        bh = pid // n_mblocks
-        kv_end = kv_len
-        free_end = kv_len
-    free_end = (free_end // BLOCK_N) * BLOCK_N
-    return bh, m0, free_end, gl.cdiv(kv_end, BLOCK_N)
-
-
-@gluon.jit
 def _dq_producer(
     args, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr, WG: gl.constexpr,
@@ -323,8 +307,16 @@ def _dq_producer(
     (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_smem, v_smem, q_ready, ready, empty,
      _lse_ptr, _delta_ptr, _dq_ptr, q_len, kv_len, n_bh, q_heads, group_size, causal_offset,
      _qk_scale, _scale) = args  # fmt: skip
-    bh, m0, _free_end, n_blocks = _dq_tile(
-        gl.program_id(0), n_bh, q_len, kv_len, causal_offset, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL
+    bh, m0, _free_end, n_blocks = query_tile(
+        gl.program_id(0),
+        n_bh,
+        gl.cdiv(q_len, CONSUMERS * BLOCK_M),
+        q_len,
+        kv_len,
+        causal_offset,
+        CONSUMERS * BLOCK_M,
+        BLOCK_N,
+        CAUSAL,
     )
     q_row = bh * q_len + m0
     for wg in gl.static_range(CONSUMERS):
@@ -365,8 +357,16 @@ def _dq_consumer(
     row_a: gl.constexpr = gl.SliceLayout(1, acc_layout)
     col_a: gl.constexpr = gl.SliceLayout(0, acc_layout)
 
-    bh, m0, free_end, n_blocks = _dq_tile(
-        gl.program_id(0), n_bh, q_len, kv_len, causal_offset, CONSUMERS * BLOCK_M, BLOCK_N, CAUSAL
+    bh, m0, free_end, n_blocks = query_tile(
+        gl.program_id(0),
+        n_bh,
+        gl.cdiv(q_len, CONSUMERS * BLOCK_M),
+        q_len,
+        kv_len,
+        causal_offset,
+        CONSUMERS * BLOCK_M,
+        BLOCK_N,
+        CAUSAL,
     )
     row0 = m0 + WG * BLOCK_M
     rows = row0 + gl.arange(0, BLOCK_M, layout=row_s)
@@ -411,7 +411,7 @@ _DQ_DYNAMIC_INTS = ["q_len", "kv_len", "n_bh", "q_heads", "group_size", "causal_
 
 
 @gluon.jit(do_not_specialize=_DQ_DYNAMIC_INTS)
-def _attn_bwd_dq_kernel(
+def _gluon_bwd_dq_kernel(
     q_desc, do_desc, k_desc, v_desc, lse_ptr, delta_ptr, dq_ptr,
     q_len, kv_len, n_bh, q_heads, group_size, causal_offset, qk_scale, scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,

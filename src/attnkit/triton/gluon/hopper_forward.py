@@ -54,30 +54,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from attnkit.triton.gluon.schedule import query_tile
+
 LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
-
-
-@gluon.jit
-def _tile(tile, n_bh, n_mblocks, q_len, kv_len, causal_offset, TILE_M: gl.constexpr, BLOCK_N: gl.constexpr,
-          CAUSAL: gl.constexpr):  # fmt: skip
-    """(bh, m0, free_end, n_blocks) of work item ``tile``: its (batch x head) index and first
-    row, the key index up to which every row of the tile sees whole blocks, and the number of
-    key blocks it streams."""
-    if CAUSAL:
-        # Row blocks that see the most keys first, for every head, then the next lighter ones.
-        m0 = (n_mblocks - 1 - tile // n_bh) * TILE_M
-        bh = tile % n_bh
-        kv_end = gl.minimum(kv_len, gl.maximum(m0 + TILE_M + causal_offset, 0))
-        # Row m0 sees keys j <= m0 + causal_offset, and every later row sees at least those.
-        free_end = gl.minimum(kv_len, gl.maximum(m0 + causal_offset + 1, 0))
-    else:
-        # A head's row blocks back to back: they share its K and V in L2.
-        m0 = (tile % n_mblocks) * TILE_M
-        bh = tile // n_mblocks
-        kv_end = kv_len
-        free_end = kv_len
-    free_end = (free_end // BLOCK_N) * BLOCK_N
-    return bh, m0, free_end, gl.cdiv(kv_end, BLOCK_N)
 
 
 @gluon.jit
@@ -108,7 +87,7 @@ def _produce_tile(
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      _turn, _out_ptr, _lse_ptr, q_len, kv_len, causal_offset, n_bh, n_mblocks, _n_tiles,
      _qk_scale) = args  # fmt: skip
-    bh, m0, _free_end, n_blocks = _tile(
+    bh, m0, _free_end, n_blocks = query_tile(
         tile, n_bh, n_mblocks, q_len, kv_len, causal_offset, BLOCK_M * CONSUMERS, BLOCK_N, CAUSAL
     )
     q_row = bh * q_len + m0
@@ -286,7 +265,7 @@ def _consume_tile(
     s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     q_buf = q_smem.index(WG)
 
-    bh, m0, free_end, n_blocks = _tile(
+    bh, m0, free_end, n_blocks = query_tile(
         tile, n_bh, n_mblocks, q_len, kv_len, causal_offset, BLOCK_M * CONSUMERS, BLOCK_N, CAUSAL
     )
     row0 = m0 + WG * BLOCK_M

@@ -75,7 +75,7 @@ def gluon_forward(
     Returns out (B, H, N, D) in q's dtype and lse (B, H, N) float32, as
     :func:`attnkit.triton.launch.attention_forward`."""
     # The unchecked launch: the plan and the layout rule have checked what forward() would.
-    from attnkit.triton.gluon.launch import launch
+    from attnkit.triton.gluon.forward_launch import launch
 
     return launch(q, k, v, problem.causal, problem.scale)
 
