@@ -17,6 +17,11 @@ from attnkit.testing.profiles import load_profiles
 
 
 def pytest_configure(config):
+    # One block per failing check instead of a traceback per example (attnkit.suite.reporting).
+    from attnkit.suite import reporting
+
+    if not config.pluginmanager.is_registered(reporting):
+        config.pluginmanager.register(reporting, "attnkit-suite-reporting")
     # A conftest's pytest_configure runs as soon as it is loaded, before the test modules are
     # imported: their @settings then start from the loaded profile.
     home = os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY")
