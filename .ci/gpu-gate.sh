@@ -6,8 +6,10 @@
 #
 # 0. what the diff against ATTNKIT_BASE can affect  -> OUT_DIR/selection.json
 # 1. the correctness suite on the GPU                -> OUT_DIR/correctness.xml
-#    with ATTNKIT_BASE: the PR tier, the tests of the backends the diff reaches (and every test
-#    when shared code changed); the whole suite otherwise, and nightly
+#    what only a GPU can show: tests marked device_independent are left to the CPU CI. With
+#    ATTNKIT_BASE: the PR tier, the tests of the backends the diff reaches (and every test when
+#    shared code changed), without those marked nightly; otherwise, and with ATTNKIT_SELECT=all,
+#    the nightly tier too (docs/TESTING.md, "Tiers"). The 25 slowest tests are printed.
 # 2. the perf gate                                  -> OUT_DIR/verdict.json (+ benchmarks.json)
 #    paired mode against ATTNKIT_BASE (the PR's merge base) when it is set, on the rows the diff
 #    can affect; else stored mode against this GPU model's committed baseline, every row
@@ -23,6 +25,9 @@
 # ATTNKIT_PERF_WORKERS     pytest-xdist processes for paired mode, one per GPU (default: the GPU count)
 # ATTNKIT_PERF_ARGS        extra pytest arguments for the perf step (e.g. thresholds)
 # ATTNKIT_TEST_WORKERS     pytest-xdist processes for the correctness step (default 8; 1: none)
+# ATTNKIT_TEST_TIER        pr: the GPU tests without the nightly ones (default with ATTNKIT_BASE and
+#                          ATTNKIT_SELECT=affected); nightly: every GPU test (default otherwise);
+#                          all: the device-independent tests as well
 # ATTNKIT_SHARD            I/N: this runner's shard of the correctness tests and perf rows split over
 #                          N runners (--attnkit-shard); merge the N verdicts with
 #                          python -m attnkit_perf.report merge (docs/CI.md)
@@ -68,8 +73,19 @@ workers=()
 if [ "$has_xdist" = 1 ] && [ "${ATTNKIT_TEST_WORKERS:-8}" -gt 1 ]; then
     workers=(-n "${ATTNKIT_TEST_WORKERS:-8}")
 fi
-"${gpu_python[@]}" -m pytest tests/correctness -q -p no:cacheprovider "${workers[@]}" "${selection_args[@]}" "${shard[@]}" \
-    --junitxml="$out/correctness.xml"
+tier="${ATTNKIT_TEST_TIER:-}"
+if [ -z "$tier" ]; then
+    if [ -n "${ATTNKIT_BASE:-}" ] && [ "$select" = affected ]; then tier=pr; else tier=nightly; fi
+fi
+case "$tier" in
+    pr) tier_args=(-m "not device_independent and not nightly") ;;
+    nightly) tier_args=(-m "not device_independent") ;;
+    all) tier_args=() ;;
+    *) echo "ATTNKIT_TEST_TIER: expected pr, nightly or all, got '$tier'" >&2; exit 2 ;;
+esac
+echo "tier: $tier ${tier_args[*]}"
+"${gpu_python[@]}" -m pytest tests/correctness -q -p no:cacheprovider "${workers[@]}" "${tier_args[@]}" \
+    "${selection_args[@]}" "${shard[@]}" --durations=25 --junitxml="$out/correctness.xml"
 pytest_status $?
 correctness=$?
 echo "correctness: $(( $(date +%s) - t0 )) s"
@@ -99,11 +115,14 @@ if [ ! -f "$out/verdict.json" ]; then
 fi
 
 echo "== 3/3 report"
+t0=$(date +%s)
 report=1
 if [ -f "$out/verdict.json" ]; then
     ATTNKIT_ALLOW_CPU=1 "${gpu_python[@]}" -m attnkit_perf.report "${report_args[@]}" --out-dir "$out/report"
     report=$?
 fi
+echo "report: $(( $(date +%s) - t0 )) s"
+echo "gpu-gate: $SECONDS s in all"
 
 echo "== gpu-gate: correctness=$correctness perf=$perf not-compared=$compared report=$report (0 = ok)"
 [ "$correctness" -eq 0 ] && [ "$perf" -eq 0 ] && [ "$compared" -eq 0 ] && [ "$report" -eq 0 ]

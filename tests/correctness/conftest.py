@@ -46,6 +46,36 @@ SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa"
 SDPA_DTYPE = torch.float32 if DEVICE.type == "cpu" else torch.bfloat16
 
 
+#: The 16-bit dtypes of a grid of compiled GPU kernels (Triton, Gluon), each compiled once per
+#: dtype and config: the PR tier compiles each config in bfloat16; float16, the same kernel source
+#: with another element type, runs nightly (docs/TESTING.md, "Tiers").
+HALF_DTYPES = [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.nightly)]
+
+#: On CUDA these backends are compositions of ATen ops: the Python the CPU CI runs, over CUDA's
+#: ATen kernels (cuBLAS, CUDA's softmax). Those kernels are not attnkit's, so their tests are the
+#: nightly tier on a GPU; the oracle and the naive yardstick still run on the GPU inside every
+#: CUDA path's test. What CUDA's ATen can change for them is a property declared per device
+#: (cuBLAS picks its kernel by batch size): those tests stay in the PR tier.
+ATEN_REFERENCE_PATHS = frozenset({"naive", "tiled", "sdpa-math"})
+DEVICE_DECLARED_PROPERTIES = frozenset(
+    {
+        "test_a_sequence_gives_the_same_result_alone_and_inside_a_batch",
+        "test_repeated_backward_is_bitwise_equal",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``nightly`` the tests of :data:`ATEN_REFERENCE_PATHS`, except those of their
+    :data:`DEVICE_DECLARED_PROPERTIES`."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("attnkit_backend") if callspec is not None else None
+        if backend in ATEN_REFERENCE_PATHS and item.originalname not in DEVICE_DECLARED_PROPERTIES:
+            item.add_marker(pytest.mark.nightly)
+
+
 def skip_if_unavailable(name: str) -> None:
     """Skip the test with the reason backend ``name`` cannot run on DEVICE (``auto`` always can)."""
     reason = None if name == "auto" else attnkit.unavailable_reason(name, DEVICE)

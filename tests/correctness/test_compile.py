@@ -81,6 +81,7 @@ def test_fullgraph_compile_forward_and_backward(backend, window):
             )
 
 
+@pytest.mark.device_independent
 @pytest.mark.skipif(ON_GPU, reason="the GPU run compiles every backend with Inductor already")
 def test_inductor_compiles_the_op_on_cpu():
     torch._dynamo.reset()

@@ -149,6 +149,7 @@ def test_split_kv_without_gradients_matches_the_forward_with_them(problem):
     assert len({out.data_ptr() for out in outputs[:3]}) == 3, "outputs share memory across calls"
 
 
+@pytest.mark.device_independent
 @needs_triton
 @pytest.mark.parametrize(
     ("q_len", "kv_len", "group", "expected"),
@@ -221,6 +222,7 @@ def test_n_below_m_runs_without_the_square_detour(name, q_len):
             )
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("kernel", "kv_heads", "head_dim", "with_grad"),
     [

@@ -103,6 +103,7 @@ def _bad_inputs():
 BAD = list(_bad_inputs())
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "message"), [b[1:] for b in BAD], ids=[b[0] for b in BAD]
 )
@@ -113,6 +114,7 @@ def test_bad_input_raises_named_error_before_any_compute(args, kwargs, error, me
     assert recorder.ops == [], f"ops ran before the error: {recorder.ops}"
 
 
+@pytest.mark.device_independent
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a CUDA-only backend on a CPU-only machine")
 @pytest.mark.parametrize("backend", ["sdpa-efficient", "sdpa-cudnn"])
 def test_cuda_only_backend_on_cpu_says_why(backend):
@@ -121,18 +123,21 @@ def test_cuda_only_backend_on_cpu_says_why(backend):
         attention(q, k, v, backend=backend)
 
 
+@pytest.mark.device_independent
 def test_forced_backend_that_declines_names_itself_and_the_reason():
     q, k, v = _qkv(dtype=torch.float64)
     with pytest.raises(NotImplementedError, match=r"'sdpa-flash'.*float64"):
         attention(q, k, v, backend="sdpa-flash")
 
 
+@pytest.mark.device_independent
 def test_forced_backend_without_masks_declines_windows_by_name():
     q, k, v = _qkv()
     with pytest.raises(NotImplementedError, match=r"'sdpa-flash'.*window=\(2, -1\).*takes no attn_mask"):
         attention(q, k, v, window=(2, -1), backend="sdpa-flash")
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -49,6 +49,7 @@ def compiled_memo(monkeypatch):
     MEMO.forget()
 
 
+@pytest.mark.device_independent
 @needs_memo
 def test_minus_zero_and_zero_scales_are_one_signature(compiled_memo):
     q, k, v = _operands([(1, 2, 8, 16)] * 3)
@@ -166,6 +167,7 @@ def _flags() -> tuple[bool, ...]:
     )
 
 
+@pytest.mark.device_independent
 @needs_memo
 def test_a_plain_call_sdpa_declines_goes_to_the_run_with_the_flags_back_and_no_warnings(compiled_memo):
     """An entry whose SDPA call raises (here: only the efficient kernel allowed for CPU operands)
@@ -217,6 +219,7 @@ def test_a_kept_plain_call_is_made_without_the_run_unless_the_layout_test_fails(
     assert called == ["problem"]
 
 
+@pytest.mark.device_independent
 @needs_memo
 def test_a_run_that_empties_the_memo_mid_call_returns(compiled_memo):
     """An entry's run may call attention() itself and fill the memo until it is cleared: the
@@ -233,6 +236,7 @@ def test_a_run_that_empties_the_memo_mid_call_returns(compiled_memo):
     assert compiled_memo.size() == 0
 
 
+@pytest.mark.device_independent
 @needs_memo
 def test_a_full_memo_is_emptied_before_the_next_entry(compiled_memo):
     """Bounded as the Python memo is: 4096 entries, emptied when full."""
@@ -243,6 +247,7 @@ def test_a_full_memo_is_emptied_before_the_next_entry(compiled_memo):
     assert compiled_memo.size() == 1
 
 
+@pytest.mark.device_independent
 @needs_memo
 def test_a_torch_function_mode_sees_every_call(compiled_memo):
     """Under a ``__torch_function__`` mode the compiled memo takes no call: the mode sees the
@@ -267,6 +272,7 @@ def test_a_torch_function_mode_sees_every_call(compiled_memo):
         assert "scaled_dot_product_attention" in seen.names
 
 
+@pytest.mark.device_independent
 def test_an_unknown_mode_is_an_error_naming_the_variable(monkeypatch):
     monkeypatch.setenv("ATTNKIT_FAST_CALLS", "always")
     with pytest.raises(
@@ -275,11 +281,13 @@ def test_an_unknown_mode_is_an_error_naming_the_variable(monkeypatch):
         loader._load()
 
 
+@pytest.mark.device_independent
 def test_off_loads_nothing(monkeypatch):
     monkeypatch.setenv("ATTNKIT_FAST_CALLS", "off")
     assert loader._load() == (None, "off: ATTNKIT_FAST_CALLS=off")
 
 
+@pytest.mark.device_independent
 def test_auto_without_a_build_runs_the_python_memo_and_says_how_to_build(monkeypatch, tmp_path):
     monkeypatch.setenv("ATTNKIT_FAST_CALLS", "auto")
     monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path))
@@ -288,6 +296,7 @@ def test_auto_without_a_build_runs_the_python_memo_and_says_how_to_build(monkeyp
     assert "python -m attnkit.fastpath build" in status
 
 
+@pytest.mark.device_independent
 def test_a_build_is_named_for_its_torch_and_its_source(monkeypatch, tmp_path):
     """A build made for another torch or another source is never found."""
     monkeypatch.setenv("ATTNKIT_CACHE_DIR", str(tmp_path))
@@ -300,6 +309,7 @@ def test_a_build_is_named_for_its_torch_and_its_source(monkeypatch, tmp_path):
     assert loader.build_location()[0] != name
 
 
+@pytest.mark.device_independent
 def test_the_command_says_whether_the_memo_is_in_use(capsys):
     from attnkit.fastpath.__main__ import main
 
@@ -308,6 +318,7 @@ def test_the_command_says_whether_the_memo_is_in_use(capsys):
     assert main(["rebuild"]) == 2
 
 
+@pytest.mark.device_independent
 @needs_memo
 def test_the_build_command_builds_through_the_package(tmp_path):
     """``python -m attnkit.fastpath build`` runs the package's command and builds (here: finds
@@ -326,6 +337,7 @@ def test_the_build_command_builds_through_the_package(tmp_path):
     assert f"attnkit fast path: built in {directory}" in done.stdout, done.stdout[-2000:]
 
 
+@pytest.mark.device_independent
 @needs_memo
 def test_a_finished_build_is_loaded_as_it_is(monkeypatch):
     """With a build of this source for this torch in the cache, ``build`` mode loads it without
@@ -338,12 +350,14 @@ def test_a_finished_build_is_loaded_as_it_is(monkeypatch):
     assert status.startswith("on: ")
 
 
+@pytest.mark.device_independent
 def test_an_install_without_the_source_runs_the_python_memo(monkeypatch, tmp_path):
     monkeypatch.setenv("ATTNKIT_FAST_CALLS", "auto")
     monkeypatch.setattr(loader, "SOURCE", tmp_path / "fast_calls.cpp")
     assert loader._load() == (None, f"off: {tmp_path / 'fast_calls.cpp'} is not installed")
 
 
+@pytest.mark.device_independent
 def test_a_build_under_way_or_stopped_is_named_with_its_lock(monkeypatch, tmp_path):
     """torch's build tool holds a lock file in the build's directory; one left by a stopped
     build makes every later build wait: the status names it."""
@@ -358,6 +372,7 @@ def test_a_build_under_way_or_stopped_is_named_with_its_lock(monkeypatch, tmp_pa
     assert status == f"off: a build is under way, or was stopped (then remove {directory / 'lock'})"
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("prepared", ["PreparedRun", "plain function"])
 def test_a_backends_prepare_may_return_a_prepared_run_or_a_plain_run(monkeypatch, prepared, memo_in_front):
     """The registry's protocol: ``prepare`` returns a PreparedRun, or a plain run function that
@@ -381,6 +396,7 @@ def test_a_backends_prepare_may_return_a_prepared_run_or_a_plain_run(monkeypatch
         MEMO.forget()
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -148,12 +148,14 @@ def _assert_key_refines_triton(kernel, arg_sets, kwargs, backend=None):
     assert len(distinct) > 4, "the argument sets should exercise several Triton specialisations"
 
 
+@pytest.mark.device_independent
 def test_launch_key_never_merges_what_triton_specialises_apart():
     """The forward kernel over layouts (misaligned bases, strides not divisible by 16, strides
     of 1 in size-1 dims, zero strides), dtypes, do_not_specialize ints of 1 and past int32."""
     _assert_key_refines_triton(_plain_fwd_kernel, _forward_arg_sets("cpu"), FORWARD_CONSTEXPRS)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     "kernel", [_attn_bwd_preprocess, _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _decode_split_kernel,
                _decode_combine_kernel],
@@ -184,6 +186,7 @@ def test_launch_key_refines_triton_for_every_kernel(kernel):
     _assert_key_refines_triton(kernel, arg_sets, constexprs)
 
 
+@pytest.mark.device_independent
 def test_launch_key_is_equal_for_equal_layouts_and_differs_otherwise():
     gen = torch.Generator().manual_seed(2)
     args = _forward_arg_sets("cpu")[0]
@@ -269,6 +272,7 @@ def _kinds(log):
     return [entry[0] for entry in log]
 
 
+@pytest.mark.device_independent
 def test_second_launch_with_the_same_key_is_direct_with_triton_arguments(fake):
     log, _, launch = fake
     x = torch.zeros(8)
@@ -282,6 +286,7 @@ def test_second_launch_with_the_same_key_is_direct_with_triton_arguments(fake):
     assert log[1][1][10:] == (5, 32)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     "change",
     ["misaligned pointer", "value 1", "divisible by 16", "dtype", "device", "debug knob"],
@@ -309,6 +314,7 @@ def test_a_new_specialisation_takes_the_normal_path(fake, monkeypatch, change):
     assert _kinds(log) == ["normal", "normal", "direct"], f"{change}: not keyed"
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     "hook", [lambda metadata: None, _HookChain([lambda metadata: None])], ids=["callable", "hook-chain"]
 )
@@ -322,6 +328,7 @@ def test_launch_hooks_keep_every_launch_on_the_normal_path(fake, hook, which):
     assert _kinds(log) == ["normal", "normal"]
 
 
+@pytest.mark.device_independent
 def test_pre_run_hooks_and_rebound_globals_take_the_normal_path(fake):
     log, kernel, launch = fake
     x = torch.zeros(8)
@@ -336,6 +343,7 @@ def test_pre_run_hooks_and_rebound_globals_take_the_normal_path(fake):
     assert _kinds(log) == ["normal", "direct", "normal", "normal"]
 
 
+@pytest.mark.device_independent
 def test_missing_internals_take_the_normal_path(monkeypatch):
     x = torch.zeros(8)
     log = []
@@ -367,6 +375,7 @@ def test_missing_internals_take_the_normal_path(monkeypatch):
     assert _kinds(log) == ["normal"] * 12
 
 
+@pytest.mark.device_independent
 def test_a_bound_launch_passes_its_tensors_then_the_bound_arguments(fake):
     log, _, launch = fake
     x = torch.zeros(8)
@@ -382,6 +391,7 @@ def test_a_bound_launch_passes_its_tensors_then_the_bound_arguments(fake):
     assert bound_args[9] is y and bound_args[10:] == direct[10:] == (5, 32)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     "change",
     ["misaligned pointer", "dtype", "device", "debug knob", "launch hook", "kernel debug", "pre-run hook",
@@ -417,6 +427,7 @@ def test_a_bound_launch_declines_a_call_its_key_would_not_match(fake, monkeypatc
     assert _kinds(log) == ["normal", "direct"]
 
 
+@pytest.mark.device_independent
 def test_bind_declines_what_is_not_launched_directly(fake, monkeypatch):
     _, kernel, launch = fake
     x = torch.zeros(8)
@@ -431,6 +442,7 @@ def test_bind_declines_what_is_not_launched_directly(fake, monkeypatch):
     assert launch.bind((1,), (x, 5), 1) is None, "bound without a runtime"
 
 
+@pytest.mark.device_independent
 def test_forward_only_launches_a_layout_bound_after_its_first_call(fake):
     """LaunchSetup.forward_only with its forward launch on the fake runtime (a fake kernel with
     the forward's parameters): a layout's first call launches through KernelLaunch, the next
@@ -460,6 +472,7 @@ def test_forward_only_launches_a_layout_bound_after_its_first_call(fake):
     assert _kinds(log) == ["normal", "direct", "normal", "normal"]
 
 
+@pytest.mark.device_independent
 def test_find_runtime_declines_without_cuda_or_when_disabled(monkeypatch):
     if not torch.cuda.is_available():
         assert triton_runtime.find_runtime() is None, "a CPU-only machine has no direct launch path"
@@ -480,6 +493,7 @@ def _closure_like_triton36(launcher, tensordesc_indices, tensordesc_meta):
     )  # fmt: skip
 
 
+@pytest.mark.device_independent
 def test_descriptor_expansion_follows_triton36_make_tensordesc_arg():
     """The direct launch's TMA path, without a GPU: the plan read from a 3.6-shaped launcher
     (positions, swizzle, element size, dtype code through Triton's device-to-host table, box),
@@ -696,6 +710,7 @@ def _bound(types, leading_key, tail, *, native=True, pdl=False):
 _ALIGNED_BF16, _UNALIGNED_FP32 = (torch.bfloat16, True), (torch.float32, False)
 
 
+@pytest.mark.device_independent
 def test_a_native_launch_packs_the_parameters_triton36_passes():
     """Pointers from the call's tensor slots, each scalar the compiled signature keeps with its
     kind, none of the parameters Triton made constant, then the two (null) scratch pointers."""
@@ -713,6 +728,7 @@ def test_a_native_launch_packs_the_parameters_triton36_passes():
     assert launch.ready == bound.ready
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("types", "tail", "slots", "native"),
     [
@@ -739,6 +755,7 @@ def _compiled(**metadata):
     )
 
 
+@pytest.mark.device_independent
 def test_native_layout_is_read_only_from_a_plain_triton36_launch():
     assert native_layout(_compiled(), True) == (
         ("*bf16", "i32", "constexpr"),
@@ -775,6 +792,7 @@ def compiled_memo(monkeypatch):
     MEMO.forget()
 
 
+@pytest.mark.device_independent
 @needs_memo
 @pytest.mark.parametrize(
     "program",
@@ -801,6 +819,7 @@ def test_a_malformed_native_program_is_an_error_when_it_is_kept(compiled_memo, p
         compiled_memo.remember(q, q, q, False, None, None, "triton", "problem", prepared)
 
 
+@pytest.mark.device_independent
 @needs_memo
 def test_native_programs_are_asked_for_calls_without_gradients_and_declined_off_cuda(compiled_memo):
     """The memo asks a prepared run's ``native_forward`` for each call the run made without gradients;

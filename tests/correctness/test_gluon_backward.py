@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from conftest import DEVICE
+from conftest import DEVICE, HALF_DTYPES
 
 from attnkit import UnsupportedProblemError
 from attnkit.inputs import check_inputs
@@ -39,6 +39,7 @@ def _problem(hq=2, hk=2, n=128, m=128, d=64, dtype=torch.bfloat16, causal=False,
     return check_inputs(q, k, k, causal, scale, window)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -53,12 +54,14 @@ def test_support_rule_names_what_it_declines(change, message):
     assert reason is not None and message in reason
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_support_rule_takes_gqa_and_either_mask(d, causal):
     assert backward_problem_support(_problem(hq=4, hk=2, d=d, causal=causal)) is None
 
 
+@pytest.mark.device_independent
 def test_the_h200_table_routes_the_measured_cells_with_their_configs():
     assert routed_cells(H200, "backward") == {(d, c): 4096 for d in (64, 128) for c in (False, True)}
     assert ROUTED_CELLS[128, False] == BackwardConfig(dq_block_n=128)
@@ -67,12 +70,14 @@ def test_the_h200_table_routes_the_measured_cells_with_their_configs():
     assert "nvidia-h200" in H200["provenance_of"]["backward"]["source"]
 
 
+@pytest.mark.device_independent
 def test_the_h100_table_routes_no_backward():
     # Not measured there: the H100 keeps the plain backward.
     h100 = packaged_section("nvidia-h100-80gb-hbm3")
     assert routed_cells(h100, "backward") == {} and backward_configs(h100) == {}
 
 
+@pytest.mark.device_independent
 def test_declines_a_cpu_problem_before_any_kernel():
     q, k, v, o, do = (torch.randn(1, 2, 64, 64, dtype=torch.bfloat16) for _ in range(5))
     lse = torch.zeros(1, 2, 64)
@@ -80,6 +85,7 @@ def test_declines_a_cpu_problem_before_any_kernel():
         backward_launch.backward(q, k, v, o, do, lse)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -113,6 +119,7 @@ else:
         _API_REASON = "kernels built for the interpreter; set TRITON_INTERPRET=0 to compile for sm_90"
 
 
+@pytest.mark.device_independent
 @pytest.mark.skipif(_API_REASON is not None, reason=f"Gluon API: {_API_REASON}")
 @pytest.mark.parametrize("kernel", ["dkdv", "dq"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -223,7 +230,7 @@ STAGES = {
     [(1, 4, 4, 1000, 1000), (2, 4, 2, 777, 777), (1, 2, 2, 300, 517), (1, 2, 1, 517, 300), (1, 2, 2, 64, 1)],
     ids=["mha", "gqa", "n<m", "n>m-mqa", "one-key"],
 )
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 def test_gradients_pass_the_tolerance_rule(d, causal, dtype, b, hq, hk, n, m, stage):

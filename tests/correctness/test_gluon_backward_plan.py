@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DEVICE
+from conftest import DEVICE, HALF_DTYPES
 
 import attnkit
 import attnkit.triton.gluon as gluon
@@ -53,6 +53,7 @@ def _problem(b=4, n=8192, m=None, d=128, causal=True, dtype=torch.bfloat16, kv_h
     return check_inputs(q, k, v, causal, kw.pop("scale", None), **kw)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("n", [2048, 4096, 8192, 16384])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
@@ -64,6 +65,7 @@ def test_the_plan_runs_the_gluon_backward_exactly_in_the_routed_cells(sm90, d, c
     assert plan.forward == "plain", "the section routes no forward"
 
 
+@pytest.mark.device_independent
 def test_grouped_heads_run_the_gluon_backward_but_not_the_gluon_forward(sm90):
     sm90.section = {**FAKE_SECTION, "routed": {**FAKE_SECTION["routed"], "forward": {"d128-causal": 1}}}
     mha = kernel_plan.plan_kernels(_problem())
@@ -72,6 +74,7 @@ def test_grouped_heads_run_the_gluon_backward_but_not_the_gluon_forward(sm90):
     assert gqa == kernel_plan.KernelPlan(forward="plain", backward="gluon")
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     "change",
     [
@@ -89,12 +92,14 @@ def test_problems_the_gluon_backward_does_not_take_keep_the_plain_one(sm90, chan
     assert kernel_plan.plan_kernels(problem).backward == "plain", problem.describe()
 
 
+@pytest.mark.device_independent
 def test_the_switch_turns_it_off(sm90, monkeypatch):
     assert kernel_plan.plan_kernels(_problem()).backward == "gluon"
     monkeypatch.setenv(route.ENV_SWITCH, "0")
     assert kernel_plan.plan_kernels(_problem()).backward == "plain"
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("gpu", "routes"), [("nvidia-h200", True), ("nvidia-h100-80gb-hbm3", False), (None, False)]
 )
@@ -108,6 +113,7 @@ def test_each_gpu_routes_what_its_table_measured(sm90, gpu, routes):
             assert (plan.backward == "gluon") is routes, f"{gpu} D={d} causal={causal}: {plan}"
 
 
+@pytest.mark.device_independent
 def test_never_off_cuda(monkeypatch):
     monkeypatch.delenv(route.ENV_SWITCH, raising=False)
     monkeypatch.setattr(route, "device_section", lambda device: FAKE_SECTION)
@@ -152,6 +158,7 @@ def _tensors(layout: str):
     return q, k, v, out, grad_out, lse
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("layout", "runs_gluon"),
     [
@@ -172,6 +179,7 @@ def test_a_layout_the_kernel_does_not_read_runs_the_plain_backward(every_backwar
     assert [tuple(g.shape) for g in grads] == [tuple(q.shape), tuple(k.shape), tuple(v.shape)]
 
 
+@pytest.mark.device_independent
 def test_training_calls_run_the_planned_gluon_backward_without_planning_again(every_backward, monkeypatch):
     decided = []
     real = kernel_plan.plan_kernels
@@ -186,6 +194,7 @@ def test_training_calls_run_the_planned_gluon_backward_without_planning_again(ev
     assert len(every_backward) == 2, f"{len(every_backward)} of 2 backwards ran on the Gluon kernel"
 
 
+@pytest.mark.device_independent
 def test_the_gluon_backward_keeps_the_determinism_promise(every_backward):
     """Under torch.use_deterministic_algorithms(True) the Triton path (whose backward is Gluon or
     plain, both without atomics) stays a candidate and runs the planned backward."""
@@ -235,7 +244,7 @@ def gluon_backward_calls(monkeypatch):
 
 
 @needs_hopper
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
 @pytest.mark.parametrize(
     ("b", "h", "hk", "n", "m", "d", "causal"),
     [

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from conftest import DEVICE
+from conftest import DEVICE, HALF_DTYPES
 
 import attnkit.triton.gluon as gluon
 from attnkit import UnsupportedProblemError
@@ -50,6 +50,7 @@ if gluon.forward is not None:
         _API_REASON = "kernels built for the interpreter; set TRITON_INTERPRET=0 to compile for sm_90"
 
 
+@pytest.mark.device_independent
 @pytest.mark.skipif(_API_REASON is not None, reason=f"Gluon API: {_API_REASON}")
 @pytest.mark.parametrize("variant", ["grid", "persistent", "3wg"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -124,6 +125,7 @@ def _qkv(b=1, h=2, n=128, m=128, d=64, dtype=torch.bfloat16, device=DEVICE):
     return (torch.randn(b, h, rows, d, dtype=dtype, device=device) for rows in (n, m, m))
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("change", "error", "message"),
     [
@@ -149,6 +151,7 @@ def test_declines_before_any_kernel(change, error, message):
         gluon.forward(q, k, v, change.get("causal", False), change.get("scale", 0.125))
 
 
+@pytest.mark.device_independent
 def test_declines_the_cpu():
     with pytest.raises(UnsupportedProblemError, match="runs on CUDA"):
         gluon.forward(*_qkv(device="cpu"), causal=False, scale=0.125)
@@ -195,7 +198,7 @@ VARIANTS = {
 
 @needs_hopper
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
 @pytest.mark.parametrize(
     ("b", "h", "n", "m", "d", "causal", "magnitude"),
     [

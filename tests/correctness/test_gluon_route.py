@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import DEVICE
+from conftest import DEVICE, HALF_DTYPES
 
 import attnkit
 import attnkit.triton.gluon as gluon
@@ -33,6 +33,7 @@ def _problem(
     return check_inputs(q, k, v, causal, kw.pop("scale", None), **kw)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize(("n", "m"), [(4096, 4096), (1000, 1000), (300, 700), (700, 300), (1, 257)])
@@ -42,6 +43,7 @@ def test_the_kernel_takes_what_its_launcher_takes(d, n, m, causal, dtype):
     assert support.problem_support(problem) is None, problem.describe()
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("gpu", list(MEASURED))
 @pytest.mark.parametrize(("d", "causal"), [(64, False), (64, True), (128, False), (128, True)])
 def test_routed_cells_and_the_size_floor(gpu, d, causal):
@@ -60,6 +62,7 @@ def test_routed_cells_and_the_size_floor(gpu, d, causal):
     assert not route.preferred(small, cells), small.describe()
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("gpu", list(MEASURED))
 def test_the_large_d128_cells_are_routed(gpu):
     # The cells the Gluon kernel exists for: if this fails, the table lost them.
@@ -68,11 +71,13 @@ def test_the_large_d128_cells_are_routed(gpu):
         assert route.preferred(large, MEASURED[gpu]), f"{gpu}: {large.describe()}"
 
 
+@pytest.mark.device_independent
 def test_a_gpu_without_measured_cells_routes_nothing():
     assert routed_cells({}) == {}
     assert not route.preferred(_problem(b=4, h=16, n=8192, m=8192, d=128), {})
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
@@ -92,17 +97,20 @@ def test_the_kernel_declines_what_it_does_not_run(change, reason):
     assert reason_given is not None and reason in reason_given, f"{change}: {reason_given!r}"
 
 
+@pytest.mark.device_independent
 def test_a_window_that_hides_nothing_is_no_window():
     # check_inputs normalises a window covering every key away: the kernel takes the problem.
     assert support.problem_support(_problem(n=512, m=512, window=(4096, -1))) is None
 
 
+@pytest.mark.device_independent
 def test_the_switch_turns_it_off_before_any_device_query(monkeypatch):
     monkeypatch.setenv(route.ENV_SWITCH, "0")
     assert route.switch(torch.device("cuda", 0)) == f"${route.ENV_SWITCH}=0"
     assert not route.routed(_problem(), "forward")
 
 
+@pytest.mark.device_independent
 def test_never_off_cuda(monkeypatch):
     monkeypatch.setenv(route.ENV_SWITCH, "1")
     problem = dataclasses.replace(_problem(), device=torch.device("cpu"))
@@ -116,6 +124,7 @@ def _route_everything(monkeypatch):
     monkeypatch.setattr(kernel_plan, "FORWARD_KINDS", rule)
 
 
+@pytest.mark.device_independent
 def test_the_plan_is_made_once_per_problem_and_carried_by_the_prepared_run(monkeypatch):
     """The registry's prepared run carries the plan its kernels run; a training call of the same
     problem reuses it instead of deciding again."""
@@ -161,6 +170,7 @@ def test_a_run_with_an_explicit_config_never_routes(monkeypatch):
     assert not called, "an explicit config asked for the problem's plan"
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     "kinds",
     [{"forward": "gluon"}, {"forward": "split_kv"}, {"backward": "plain"}, {}],
@@ -169,12 +179,14 @@ def test_a_plan_names_known_kinds(kinds):
     assert kernel_plan.KernelPlan(**kinds)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("kinds", [{"forward": "cudnn"}, {"backward": "gluon-soon"}])
 def test_a_plan_rejects_an_unknown_kind(kinds):
     with pytest.raises(ValueError, match="expected one of"):
         kernel_plan.KernelPlan(**kinds)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("layout", "expected"),
     [("contiguous", True), ("transposed", False), ("misaligned", False), ("sliced", False)],
@@ -221,7 +233,7 @@ def gluon_calls(monkeypatch):
 
 
 @needs_hopper
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
 @pytest.mark.parametrize(
     ("b", "h", "n", "m", "d", "causal"),
     [

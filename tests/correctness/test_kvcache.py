@@ -172,6 +172,7 @@ BAD_PAGED = {
 }
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(("overrides", "message"), BAD.values(), ids=list(BAD))
 def test_bad_input_raises_before_any_compute(overrides, message):
     args = {**_valid(), **overrides}
@@ -181,6 +182,7 @@ def test_bad_input_raises_before_any_compute(overrides, message):
     assert torch.equal(args["k_cache"], before[0]) and torch.equal(args["v_cache"], before[1])
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(("overrides", "message"), BAD_PAGED.values(), ids=list(BAD_PAGED))
 def test_bad_paged_input_raises_before_any_compute(overrides, message):
     args = {**_paged(), **overrides}
@@ -188,6 +190,7 @@ def test_bad_paged_input_raises_before_any_compute(overrides, message):
         attention_with_kvcache(**args, backend="naive")
 
 
+@pytest.mark.device_independent
 def test_unused_table_entries_are_ignored():
     """Entries past a sequence's last block (padding, e.g. -1) are never read nor checked."""
     args = _paged()

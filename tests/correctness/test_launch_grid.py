@@ -24,6 +24,7 @@ def _meta_problem(batch, heads, n, d=16):
     return check_inputs(q, q, q, True, None)
 
 
+@pytest.mark.device_independent
 def test_batch_times_heads_beyond_65535_is_one_axis_of_programs():
     problem = _meta_problem(8200, 16, 100)  # B * H = 131200 > 65535, the old axis-1 limit
     assert triton_problem_support(problem) is None
@@ -38,6 +39,7 @@ def test_batch_times_heads_beyond_65535_is_one_axis_of_programs():
     assert got == {name: (count,) for name, count in expected.items()}, f"grids {got}, expected {expected}"
 
 
+@pytest.mark.device_independent
 def test_more_programs_than_the_grid_axis_holds_is_rejected_before_launch():
     problem = _meta_problem(2**16, 2**10, 2**10)  # 64 blocks of 16 rows x 2**26 heads = 2**32 programs
     reason = triton_problem_support(problem)

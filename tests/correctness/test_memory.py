@@ -74,6 +74,7 @@ def _largest_allocation(backend, n, device):
     return mode.largest
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("backend", ["tiled", "naive"])
 def test_largest_intermediate_grows_linearly_for_tiled_and_quadratically_for_naive(backend, device):
     # N = 512 -> 1024: linear storage doubles, a score matrix quadruples.

@@ -53,6 +53,7 @@ def test_layer_is_projections_around_attention(backend, num_heads, num_kv_heads,
     assert not missing, f"{backend}: no finite gradient for {missing}"
 
 
+@pytest.mark.device_independent
 def test_layer_rejects_wrong_input_rank():
     with pytest.raises(ValueError, match=r"x: expected \(batch, seq_len, embed_dim\), got shape \(11, 64\)"):
         MultiHeadAttention(64, 4)(torch.randn(11, 64))

@@ -35,6 +35,7 @@ def _run_or_skip(backend, *args, **kwargs):
         pytest.skip(f"{backend} declines these inputs: {err}")
 
 
+@pytest.mark.device_independent
 def test_numpy_scalars_are_accepted_as_flags_and_scales():
     q, k, v = _qkv()
     expected = attention(q, k, v, causal=True, scale=0.25, backend="naive")
@@ -45,6 +46,7 @@ def test_numpy_scalars_are_accepted_as_flags_and_scales():
     assert torch.equal(integer, attention(q, k, v, scale=1.0, backend="naive")), "numpy int scale differs"
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
@@ -65,6 +67,7 @@ def test_odd_flag_and_scale_types_raise_before_compute(kwargs, error, message):
     assert recorder.ops == [], f"ops ran before the error: {recorder.ops}"
 
 
+@pytest.mark.device_independent
 def test_scale_that_overflows_these_scores_is_rejected_after_one_reduction():
     """Above 1, the scale is checked against the inputs: |scale| * max|q| * max|k| * D must fit
     the score dtype. Only the reductions that measure q and k run before the error."""
@@ -153,6 +156,7 @@ def _check_zero_size_dimension(backend: str, dim: str, causal: bool, device) -> 
         assert largest == 0, f"{dim}=0: output or gradient is {largest:.3e}, not 0"
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("backend", ["sdpa", "sdpa-flash"])
 def test_the_cpu_flash_kernel_zeroes_a_nan_query_row_as_documented(backend, device):
     """A NaN in q row 2 makes output row 2 NaN on every path (the installed suite's
@@ -171,6 +175,7 @@ def test_the_cpu_flash_kernel_zeroes_a_nan_query_row_as_documented(backend, devi
     assert (row == 0).all(), f"{backend} on the CPU: the documented zero row is now {row.tolist()}"
 
 
+@pytest.mark.device_independent
 def test_module_with_wrong_embedding_size_names_the_argument():
     layer, x = MultiHeadAttention(64, 4), torch.randn(2, 5, 48)
     recorder = RecordOps()
@@ -179,6 +184,7 @@ def test_module_with_wrong_embedding_size_names_the_argument():
     assert recorder.ops == [], f"ops ran before the error: {recorder.ops}"
 
 
+@pytest.mark.device_independent
 def test_auto_never_picks_interpreted_triton(monkeypatch):
     """On the CPU Triton runs interpreted (~1000x slower): ``auto`` passes it over even when it is
     available; asking for it by name still runs it."""
@@ -192,6 +198,7 @@ def test_auto_never_picks_interpreted_triton(monkeypatch):
     assert len(calls) == 1, "triton requested by name did not run"
 
 
+@pytest.mark.device_independent
 def test_triton_interpret_set_after_import_is_reported_not_crashed():
     """Triton decides at import whether its kernels are interpreted; setting TRITON_INTERPRET=1
     later must not list triton as available and then crash with "0 active drivers"."""

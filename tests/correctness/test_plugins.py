@@ -19,6 +19,9 @@ import attnkit
 from attnkit import plugins, registry
 from attnkit.reference import reference_attention
 
+# Registry and entry-point logic, on the CPU: the CPU CI's run decides it.
+pytestmark = pytest.mark.device_independent
+
 _KERNEL = """
 import attnkit
 from attnkit.reference import reference_attention

@@ -67,6 +67,7 @@ def _problem(dtype, device):
     return q, k, v, torch.randn(shape_q, generator=gen).to(device=device, dtype=dtype)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("mutant", list(MUTANTS))
 def test_rule_rejects_mutant(mutant, dtype):
@@ -95,6 +96,7 @@ def test_rule_accepts_every_correct_path(backend, dtype, device):
     assert_close_to_reference(f"unmutated {backend} in {dtype}", checks)
 
 
+@pytest.mark.device_independent
 def test_floor_holds_one_subnormal_rounding_of_fp16():
     # A gradient scaled by a tiny scale (the H100's thorough run drew 2.6e-6) lands below fp16's
     # smallest normal number, where one rounding is 2**-24 whatever the value: the rule's
@@ -108,6 +110,7 @@ def test_floor_holds_one_subnormal_rounding_of_fp16():
         assert floor < 1.01 * relative, f"{dtype}: floor {floor:.3e} beyond one relative rounding"
 
 
+@pytest.mark.device_independent
 def test_a_failure_where_the_naive_path_is_exact_says_so_instead_of_an_infinite_ratio():
     from attnkit.testing import QuantityCheck
 
@@ -118,6 +121,7 @@ def test_a_failure_where_the_naive_path_is_exact_says_so_instead_of_an_infinite_
     assert "error/naive = 3.00x" in ratio, ratio
 
 
+@pytest.mark.device_independent
 def test_a_drawn_case_prints_as_the_call_that_makes_it_not_on_the_meta_device():
     from attnkit.testing.strategies import AttentionCase
 

@@ -26,6 +26,7 @@ CASES = {
 }  # fmt: skip
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_block_of_rows_sees_exactly_its_rows_keys(name):
     p = dataclasses.replace(CASES[name].problem, device=torch.device("cpu"))
@@ -35,6 +36,7 @@ def test_a_block_of_rows_sees_exactly_its_rows_keys(name):
         assert torch.equal(visibility(block, torch.device("cpu")), whole[start:stop]), (start, stop)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_rule_judges_the_same_in_blocks_as_in_one(name, monkeypatch):
     case = CASES[name]
@@ -57,6 +59,7 @@ def test_the_rule_judges_the_same_in_blocks_as_in_one(name, monkeypatch):
         assert split.bound == pytest.approx(one.bound, rel=0.25), one.quantity
 
 
+@pytest.mark.device_independent
 def test_the_cpu_ladder_reaches_1024_causal_and_the_gpu_ladder_16k():
     assert ladder_lengths(CPU_LIMITS.max_len, CPU_LIMITS.ladder_steps)[-1] == 1024
     assert any(c.problem.causal and c.problem.q_len == c.problem.kv_len == 1024 for c in ladder(CPU_LIMITS))
@@ -67,6 +70,7 @@ def test_the_cpu_ladder_reaches_1024_causal_and_the_gpu_ladder_16k():
     assert {c.problem.head_dim for c in gpu} >= {3, 17, 59, 111, 256}
 
 
+@pytest.mark.device_independent
 def test_boundary_problems_straddle_the_declared_value():
     scores = DispatchBoundary("s", "scores", 2**20, {"q_len": 1000, "q_heads": 2})
     sizes = [
@@ -112,6 +116,7 @@ def test_each_triton_boundary_is_where_its_router_switches():
         assert _triton_path(below) != _triton_path(at), (boundary.name, _triton_path(below))
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -126,6 +131,7 @@ def test_a_bad_boundary_is_refused_naming_what_is_wrong(kwargs, message):
         DispatchBoundary(**kwargs)
 
 
+@pytest.mark.device_independent
 def test_register_backend_takes_only_boundaries_and_bools():
     def fn(q, k, v, *, causal, scale, window):
         return q

@@ -301,6 +301,7 @@ def test_a_forcer_enables_exactly_its_kernel_and_puts_every_flag_back(name):
         assert flags() == before, f"{name}: enable-flags {before} became {flags()} after a failed call"
 
 
+@pytest.mark.device_independent
 def test_forcers_are_not_made_for_enable_flags_they_were_not_written_for(monkeypatch):
     """The forcers are written out over torch's five enable-flags; with any other set, none is
     made, and forced calls go through ``sdpa_kernel`` instead."""
@@ -355,6 +356,7 @@ def test_a_declined_call_prints_no_warnings(name, recwarn, memo_in_front):
     assert not printed, f"{name}: a declined call printed {printed}"
 
 
+@pytest.mark.device_independent
 def test_a_declined_first_call_is_explained_again_when_repeated(memo_in_front):
     """A signature whose first call the kernel declined (CPU flash: Dv != D) is not taken for
     accepted: the same call again gets PyTorch's reasons again, without PyTorch's build paths
@@ -404,6 +406,7 @@ _LAYOUTS = {
 }
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(("x", "passes"), list(_LAYOUTS.values()), ids=list(_LAYOUTS))
 def test_fused_kernel_layout_rule(x, passes):
     """An operand goes to CUDA's fused kernels as it is only when its data pointer, every
@@ -418,6 +421,7 @@ def test_fused_kernel_layout_rule(x, passes):
     assert torch.equal(out, x), "the copy's values differ from the operand's"
 
 
+@pytest.mark.device_independent
 def test_layout_memo_skips_the_rule_only_for_strides_it_passed():
     """The per-problem memo of the layout rule: operands in the layout the rule last passed
     untouched go as they are; the same strides at a pointer off a 16-byte boundary, and strides
@@ -469,6 +473,7 @@ def test_sdpa_math_takes_every_layout_as_it_is(monkeypatch, layout):
         assert_close_to_reference(f"sdpa-math, {layout}, {call} call", checks)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_a_window_on_flash_suggests_only_paths_that_run_on_the_problems_device(device):
     """Flash takes no mask, so no window: the paths its error suggests instead are exactly the

@@ -76,11 +76,13 @@ def _check_split_on_cpu(problem: AttentionCase) -> None:
     assert_close_to_reference(f"the split on the CPU flash kernel, {problem}", checks)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("edge", list(SPLIT_EDGES))
 def test_split_matches_reference_at_its_edges(edge):
     _check_split_on_cpu(SPLIT_EDGES[edge])
 
 
+@pytest.mark.device_independent
 @given(problem=split_causal_problems())
 def test_split_matches_reference(problem):
     """Output and dq, dk, dv of the merged parts against the oracle, under the one tolerance rule."""
@@ -92,6 +94,7 @@ def _kernel_key_lengths(calls, op: str) -> list[int]:
     return [args[2][-2] if "backward" in op else args[1][-2] for name, args, _ in calls if name == op]
 
 
+@pytest.mark.device_independent
 def test_the_split_runs_two_calls_and_forms_no_n_by_m_tensor():
     """Forward and backward: one call on the M - N prefix keys, one on the last N, and nothing
     of the visibility matrix's (N, M) shape anywhere."""
@@ -145,6 +148,7 @@ def test_the_merge_kernel_matches_the_merge_in_pytorch_ops(dtype, value_dim, lse
     torch.testing.assert_close(out, want_out, rtol=torch.finfo(dtype).eps, atol=torch.finfo(dtype).eps)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(("kv_heads", "with_grad"), [(2, True), (4, True), (1, False)])
 def test_the_cudnn_calls_match_their_schemas(kv_heads, with_grad):
     """cuDNN's private ops on meta tensors: the arguments bind to the schemas of this PyTorch,
@@ -159,6 +163,7 @@ def test_the_cudnn_calls_match_their_schemas(kv_heads, with_grad):
         assert [g.shape for g in grads] == [x.shape for x in (q, k, v)], f"gradients {grads}"
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("q_len", "kv_len", "window", "split", "masked"),
     [

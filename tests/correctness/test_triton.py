@@ -200,6 +200,7 @@ def test_backward_is_bitwise_deterministic(causal, window):
         assert differing == 0, f"{name}: {differing} elements differ between two identical runs"
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -214,6 +215,7 @@ def test_bad_kernel_config_is_rejected(kwargs, message):
         KernelConfig(**kwargs)
 
 
+@pytest.mark.device_independent
 def test_config_table_entry_round_trips_and_rejects_missing_kernels():
     config = default_config(torch.bfloat16, 128, 128)
     assert AttentionConfig.from_dict(config.as_dict()) == config
@@ -223,6 +225,7 @@ def test_config_table_entry_round_trips_and_rejects_missing_kernels():
     assert [padded_dim(d) for d in (1, 16, 24, 80, 256)] == [16, 16, 32, 128, 256]
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("dim", [16, 40, 64, 128, 256])
 def test_float32_default_tiles_keep_the_unrolled_dot_small(dim):
     """float32 dots unroll into per-thread FMAs whose ptxas time grows with the tile: the
@@ -237,6 +240,7 @@ def test_float32_default_tiles_keep_the_unrolled_dot_small(dim):
         assert bf16.block_m * bf16.block_n > fp32.fwd.block_m * fp32.fwd.block_n, (bf16, fp32.fwd)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("dtype", "head_dim", "message"),
     [(torch.float64, 32, "float64"), (torch.float32, 264, "head_dim 264")],
@@ -248,6 +252,7 @@ def test_unsupported_problem_is_rejected_before_launch(dtype, head_dim, message)
         attention(q, q, q, backend="triton")
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("variable", [None, "1"], ids=["unset", "set-after-import"])
 def test_cpu_without_interpreted_kernels_says_what_is_missing(monkeypatch, variable):
     """Kernels compiled for a GPU (TRITON_INTERPRET unset at import) cannot run on the CPU,
@@ -262,6 +267,7 @@ def test_cpu_without_interpreted_kernels_says_what_is_missing(monkeypatch, varia
     assert "triton" not in attnkit.available_backends("cpu"), "listed triton although it cannot run"
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("dim", [3, 17, 59, 111])
 def test_aligned_copy_pads_rows_to_16_bytes(dtype, dim):

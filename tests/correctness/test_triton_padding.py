@@ -37,6 +37,7 @@ from attnkit.triton.padding import padded_attention, padded_dims, padded_problem
 _16BIT = (torch.float16, torch.bfloat16)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("dtype", "dims", "expected"),
     [
@@ -60,6 +61,7 @@ def test_padded_dims_pick_whole_16_byte_rows(dtype, dims, expected):
     assert padded_dims(*dims, dtype) == expected, f"{dtype} D, Dv = {dims}"
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 def test_padded_dims_keep_every_rule_for_every_dim_up_to_256(dtype):
     """For every D, Dv in 1..256: rows of whole 16 bytes, no wider than needed, D's tile
@@ -86,6 +88,7 @@ def test_padded_dims_keep_every_rule_for_every_dim_up_to_256(dtype):
     assert not failures, f"{len(failures)} violations, first: {failures[:5]}"
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("dtype", "head_dim", "value_dim"),
     [

@@ -22,6 +22,7 @@ def _problem(q_len, kv_len, causal=False, window=None, q_heads=2, kv_heads=2):
     return check_inputs(q, k, k, causal, None, window)
 
 
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("q_len", "kv_len", "causal", "window", "expected"),
     [
@@ -46,6 +47,7 @@ def test_window_is_normalised(q_len, kv_len, causal, window, expected):
                             causal, None, problem.window) == problem  # fmt: skip
 
 
+@pytest.mark.device_independent
 @given(
     q_len=st.integers(1, 40),
     kv_len=st.integers(1, 40),
@@ -76,6 +78,7 @@ def test_split_kv_decode_declines_windows_and_the_plain_forward_runs():
     assert not use_split_kv(_problem(1, 4096, True, (256, -1), q_heads=8, kv_heads=2))
 
 
+@pytest.mark.device_independent
 def test_kvcache_rejects_a_window_before_any_compute():
     q = torch.randn(1, 2, 1, 16)
     cache = torch.zeros(1, 2, 8, 16)
@@ -83,6 +86,7 @@ def test_kvcache_rejects_a_window_before_any_compute():
         attention_with_kvcache(q, cache, cache, 4, window=(2, 0))
 
 
+@pytest.mark.device_independent
 def test_module_passes_its_window():
     torch.manual_seed(0)
     layer = MultiHeadAttention(32, 4, causal=True, window=(3, -1), backend="naive").double()
@@ -96,6 +100,7 @@ def test_module_passes_its_window():
     assert not torch.allclose(layer(x), MultiHeadAttention(32, 4, causal=True, backend="naive").double()(x))
 
 
+@pytest.mark.device_independent
 def test_window_changes_the_result_where_it_hides_keys():
     """Guard against a window silently ignored: (2, 0) hides keys that causal alone shows."""
     gen = torch.Generator().manual_seed(0)

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# The gate proven on a GPU, in one command (docs/CI.md, "Proving the gate on a GPU"). Run it after
+# any change to the gate, the tests, or the kernels' dispatch.
+#
+#   bash .ci/gpu-acceptance.sh [--dry-run] [--step-timeout S] OUT [STEP...]
+#
+# Steps (default: aa stored change:host-3us), each from cold caches (fresh Triton, Inductor and
+# attnkit caches under a scratch folder), each writing OUT/<step>/ (the gate's folder, its log,
+# its wall times), then OUT/summary.md (python -m attnkit_tools.acceptance):
+#
+#   aa           the whole gate (.ci/gpu-gate.sh) on unchanged code against a copy of itself: a
+#                scratch clone of this tree whose head commit adds a comment to src/attnkit/api.py
+#                (shared code: the default selection runs every test and row), ATTNKIT_BASE the
+#                tree's own commit. Every failure is a false alarm.
+#   aa-all       the same with ATTNKIT_SELECT=all (the nightly tier; every row timed; long)
+#   stored       stored mode on unchanged code: pytest tests/perf --benchmark-compare against this
+#                GPU model's committed baseline. Every row not same or faster is a false alarm.
+#   change:NAME  tests/perf/gate_changes/NAME.patch committed in a scratch clone, the whole gate
+#                run on it, then its true effect measured side by side on the cases its first
+#                line names (python -m attnkit_tools.ab_dobench: alternating fresh processes;
+#                python -m attnkit_tools.detection: the gate's verdict beside it). Passes when the
+#                gate failed on a row those cases name. (tests/perf/verify_gate_on_gpu.sh runs
+#                the same patches through paired mode alone, many times.)
+#
+# The tree under test is this checkout's HEAD plus its uncommitted changes to tracked files.
+# --dry-run prints each step's commands and runs nothing. --step-timeout S stops a step after S
+# seconds (its verdict is then incomplete and the step fails). AB_ROUNDS: ab_dobench's rounds (3).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+dry=0
+step_timeout=
+usage() { echo "usage: bash .ci/gpu-acceptance.sh [--dry-run] [--step-timeout S] OUT [aa|aa-all|stored|change:NAME ...]" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    case $1 in
+        --dry-run) dry=1; shift ;;
+        --step-timeout) [ $# -ge 2 ] || usage; step_timeout=$2; shift 2 ;;
+        --step-timeout=*) step_timeout=${1#*=}; shift ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -*) echo "unknown option $1" >&2; usage ;;
+        *) break ;;
+    esac
+done
+[ $# -ge 1 ] || usage
+case $step_timeout in ''|*[!0-9]*) [ -z "$step_timeout" ] || { echo "--step-timeout: expected seconds, got '$step_timeout'" >&2; exit 2; } ;; esac
+out=$(realpath -m "$1"); shift
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(aa stored change:host-3us)
+# Every step is checked before anything runs: a typo must not cost a GPU run.
+for step in "${steps[@]}"; do
+    case $step in
+        aa|aa-all|stored) ;;
+        change:*)
+            [ -f "$root/tests/perf/gate_changes/${step#change:}.patch" ] || {
+                echo "$step: no tests/perf/gate_changes/${step#change:}.patch; there are:" \
+                    "$(cd "$root/tests/perf/gate_changes" && ls -- *.patch | sed 's/\.patch$//' | tr '\n' ' ')" >&2
+                exit 2
+            } ;;
+        *) echo "unknown step '$step': expected aa, aa-all, stored or change:NAME" >&2; exit 2 ;;
+    esac
+done
+
+run() {  # print the command; run it unless --dry-run
+    echo "+ $*" >&2
+    [ "$dry" = 1 ] || "$@"
+}
+limited() {  # a step's long command, within --step-timeout
+    if [ -n "$step_timeout" ]; then run timeout --kill-after=30 "$step_timeout" "$@"; else run "$@"; fi
+}
+python=${ATTNKIT_PYTHON:-python3}  # the interpreter with the CUDA torch, as .ci/gpu-python.sh
+git_id=(-c user.name=attnkit-acceptance -c user.email=acceptance@localhost)
+
+# A scratch clone of the tree under test, its commit in $base: HEAD, plus a commit of the
+# uncommitted changes to tracked files when there are any.
+clone_tree() {  # $1: folder
+    run git clone --quiet --no-hardlinks "$root" "$1"
+    if [ "$dry" = 1 ]; then base=HEAD; return; fi
+    if ! git -C "$root" diff --quiet HEAD; then
+        git -C "$root" diff --binary HEAD | git -C "$1" apply --index || return 1
+        git "${git_id[@]}" -C "$1" commit --quiet -m "the tree under test" || return 1
+    fi
+    base=$(git -C "$1" rev-parse HEAD)
+}
+
+cold_env() {  # $1: cache folder; fresh caches for one step
+    export ATTNKIT_CACHE_DIR=$1/attnkit TRITON_CACHE_DIR=$1/triton TORCHINDUCTOR_CACHE_DIR=$1/inductor
+    run mkdir -p "$ATTNKIT_CACHE_DIR" "$TRITON_CACHE_DIR" "$TORCHINDUCTOR_CACHE_DIR"
+}
+
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/attnkit-acceptance.XXXXXX")
+[ "$dry" = 1 ] && echo "(dry run: nothing runs; scratch folder $scratch)"
+mkdir -p "$out"
+folders=()
+for step in "${steps[@]}"; do
+    name=${step/:/-}
+    dir=$out/$name
+    rm -rf "$dir" && mkdir -p "$dir"
+    folders+=("$dir")
+    tree=$scratch/$name
+    echo "== $step -> $dir"
+    t0=$(date +%s)
+    (
+        cold_env "$scratch/cache-$name"
+        clone_tree "$tree" || exit 1
+        case $step in
+            aa|aa-all)
+                run sh -c "echo '# unchanged code: the same source with one more comment' >> '$tree/src/attnkit/api.py'"
+                run git "${git_id[@]}" -C "$tree" commit --quiet -am "no-op change"
+                select=affected; [ "$step" = aa-all ] && select=all
+                echo "cd $tree && ATTNKIT_SELECT=$select ATTNKIT_BASE=$base bash .ci/gpu-gate.sh $dir/gate" > "$dir/command"
+                run cd "$tree" && limited env ATTNKIT_SELECT="$select" ATTNKIT_BASE="$base" bash .ci/gpu-gate.sh "$dir/gate" ;;
+            stored)
+                echo "cd $tree && bash .ci/gpu-python.sh -m pytest tests/perf -p no:cacheprovider --benchmark-compare" \
+                    "--attnkit-verdict-json=$dir/verdict.json" > "$dir/command"
+                run cd "$tree" && limited bash .ci/gpu-python.sh -m pytest tests/perf -p no:cacheprovider --benchmark-compare \
+                    --attnkit-verdict-json="$dir/verdict.json" --benchmark-json="$dir/benchmarks.json" ;;
+            change:*)
+                patch=$root/tests/perf/gate_changes/${step#change:}.patch
+                head -1 "$patch" | sed 's/^# cases: //' > "$dir/cases"
+                # patch(1), as tests/perf/verify_gate_on_gpu.sh applies them: it takes a shifted context
+                (run cd "$tree" && run patch -s -p1 -i "$patch") || exit 1
+                run git "${git_id[@]}" -C "$tree" commit --quiet -am "planted change ${step#change:}"
+                run git -C "$tree" worktree add --quiet --detach "$scratch/$name-base" "$base"
+                echo "cd $tree && ATTNKIT_BASE=$base bash .ci/gpu-gate.sh $dir/gate" > "$dir/command"
+                (run cd "$tree" && limited env ATTNKIT_BASE="$base" bash .ci/gpu-gate.sh "$dir/gate")
+                gate=$?
+                read -r -a words < "$dir/cases"
+                run cd "$tree" && limited env PYTHONPATH="$tree/src" "$python" -m attnkit_tools.ab_dobench \
+                    --base "$scratch/$name-base/src" --head "$tree/src" --match "${words[@]}" \
+                    --rounds "${AB_ROUNDS:-3}" --out "$dir/ab.json" > "$dir/ab.txt"
+                if [ -f "$dir/ab.json" ] && [ -f "$dir/gate/verdict.json" ]; then
+                    run env PYTHONPATH="$tree/src" "$python" -m attnkit_tools.detection --effects "$dir/ab.json" \
+                        --verdict "$dir/gate/verdict.json" --out "$dir/detection.md" > /dev/null
+                fi
+                exit "$gate" ;;
+        esac
+    ) 2>&1 | tee "$dir/log.txt"
+    status=${PIPESTATUS[0]}
+    [ "$dry" = 1 ] && continue
+    echo "$status" > "$dir/status"
+    {
+        echo "wall time: $(( $(date +%s) - t0 )) s"
+        grep -E '^(correctness|perf|report): [0-9]+ s$|^gpu-gate: [0-9]+ s in all$' "$dir/log.txt"
+    } > "$dir/times"
+    echo "== $step: exit $status, $(head -1 "$dir/times")"
+done
+[ "$dry" = 1 ] && { rm -rf "$scratch"; exit 0; }
+rm -rf "$scratch"
+PYTHONPATH=$root/src python3 -m attnkit_tools.acceptance "$out" "${folders[@]}"

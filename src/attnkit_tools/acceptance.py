@@ -1,0 +1,121 @@
+"""The GPU acceptance run's summary (``bash .ci/gpu-acceptance.sh OUT``): for each step's folder,
+what the gate decided, every false alarm, and the step's verdict, read from the files the step
+wrote (the gate's ``correctness.xml`` and ``verdict.json``, the step's ``status`` and ``times``).
+
+A step is one of:
+
+* ``aa`` / ``aa-all``: the whole gate on unchanged code against a copy of itself. Every failed
+  correctness test and every perf row that is not ``same`` or ``faster`` is a false alarm; the
+  step passes when the gate passed with none.
+* ``stored``: stored mode on unchanged code. Every row that is not ``same`` or ``faster`` is a
+  false alarm (``new`` and ``missing`` included: the baseline must cover the grid).
+* ``change-NAME``: the gate on a planted change. It passes when the gate failed on a row the
+  change's cases name (``# cases:`` of its patch), as ``slower`` or ``more-memory``.
+
+    python -m attnkit_tools.acceptance OUT STEP_FOLDER...   (writes OUT/summary.md, prints it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+#: Perf outcomes that are never a false alarm on unchanged code.
+QUIET = ("same", "faster")
+#: Perf outcomes that fail a row: what a planted change must cause on its affected row.
+FAILING = ("slower", "more-memory", "kept-memory")
+
+
+def correctness_failures(junit: Path) -> tuple[dict, list[str]]:
+    """How many tests of a JUnit file ran, failed, errored and were skipped, and the failed ids."""
+    cases = list(ET.parse(junit).getroot().iter("testcase"))
+    kinds = {kind: [c for c in cases if c.find(kind) is not None] for kind in ("failure", "error", "skipped")}
+    counts = {"run": len(cases), **{kind: len(found) for kind, found in kinds.items()}}
+    failed = [f"{c.get('classname')}::{c.get('name')}" for c in kinds["failure"] + kinds["error"]]
+    return counts, failed
+
+
+def perf_rows(verdict: Path) -> tuple[dict, list[dict]]:
+    """The verdict's summary (mode, passed, complete, counts) and its rows."""
+    doc = json.loads(verdict.read_text())
+    head = {key: doc.get(key) for key in ("mode", "passed", "counts")}
+    head["complete"] = doc.get("complete", True)
+    return head, doc.get("benchmarks", [])
+
+
+def _read(path: Path, default: str = "") -> str:
+    return path.read_text().strip() if path.is_file() else default
+
+
+def summarize(folder: Path) -> tuple[bool, list[str]]:
+    """One step's verdict and its Markdown lines."""
+    step = folder.name
+    status = _read(folder / "status", "not run")
+    lines = [f"## {step}", "", f"- command: `{_read(folder / 'command')}`", f"- exit status: {status}"]
+    lines += [f"- {line}" for line in _read(folder / "times").splitlines() if line]
+    gate = folder / "gate" if (folder / "gate").is_dir() else folder
+    alarms: list[str] = []
+    junit = gate / "correctness.xml"
+    if junit.is_file():
+        counts, failed = correctness_failures(junit)
+        lines.append("- correctness: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+        alarms += [f"correctness failed: {name}" for name in failed]
+    verdict = gate / "verdict.json"
+    rows: list[dict] = []
+    if verdict.is_file():
+        head, rows = perf_rows(verdict)
+        lines.append(
+            f"- perf ({head['mode']}): passed={head['passed']} complete={head['complete']} "
+            f"counts={head['counts']}"
+        )
+        if not head["complete"]:
+            alarms.append("perf: the verdict is incomplete (the run was stopped)")
+    else:
+        lines.append("- perf: no verdict.json (nothing was compared)")
+    if step.startswith("change-"):
+        words = _read(folder / "cases").split()
+        hit = [r for r in rows if r["outcome"] in FAILING and all(w in r["name"] for w in words)]
+        passed = status not in ("0", "not run") and bool(hit)
+        lines.append(f"- rows named by the change's cases ({' '.join(words)}), failed: {len(hit)}")
+        lines += [f"  - {r['outcome']} {r['name']} ratio={r.get('ratio')}: {r.get('reason')}" for r in hit]
+        effect = _read(folder / "ab.txt")
+        if effect:
+            lines += ["", "True effect (attnkit_tools.ab_dobench, head/base):", "", "```", effect, "```"]
+        detection = _read(folder / "detection.md")
+        if detection:
+            lines += ["", detection]
+    else:
+        alarms += [
+            f"perf {r['outcome']}: {r['name']}: {r.get('reason')}" for r in rows if r["outcome"] not in QUIET
+        ]
+        passed = status == "0" and not alarms and verdict.is_file()
+        lines.append(f"- false alarms: {len(alarms)}")
+        lines += [f"  - {alarm}" for alarm in alarms]
+    lines += [f"- **verdict: {'PASS' if passed else 'FAIL'}**", ""]
+    return passed, lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attnkit_tools.acceptance", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("out", type=Path, help="the acceptance run's folder: summary.md is written here")
+    parser.add_argument("steps", type=Path, nargs="+", help="the steps' folders, in the order they ran")
+    args = parser.parse_args(argv)
+    verdicts, lines = [], ["# GPU acceptance of the gate", ""]
+    for folder in args.steps:
+        passed, step_lines = summarize(folder)
+        verdicts.append((folder.name, passed))
+        lines += step_lines
+    lines += ["## Verdicts", ""] + [f"- {name}: {'PASS' if ok else 'FAIL'}" for name, ok in verdicts]
+    text = "\n".join(lines) + "\n"
+    (args.out / "summary.md").write_text(text)
+    sys.stdout.write(text)
+    return 0 if all(ok for _, ok in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""The GPU acceptance command (.ci/gpu-acceptance.sh) on the CPU: its arguments, its dry run,
+and the summary it writes from the files a step leaves (attnkit_tools.acceptance)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from attnkit_tools import acceptance
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / ".ci" / "gpu-acceptance.sh"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_a_dry_run_prints_each_steps_commands_and_runs_nothing(tmp_path):
+    done = _run("--dry-run", str(tmp_path / "out"), "aa", "aa-all", "stored", "change:fwd-workspace")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout + done.stderr
+    assert "env ATTNKIT_SELECT=affected ATTNKIT_BASE=HEAD bash .ci/gpu-gate.sh" in text
+    assert "env ATTNKIT_SELECT=all ATTNKIT_BASE=HEAD bash .ci/gpu-gate.sh" in text
+    assert "pytest tests/perf -p no:cacheprovider --benchmark-compare" in text
+    assert "patch -s -p1 -i " + str(ROOT / "tests/perf/gate_changes/fwd-workspace.patch") in text
+    assert "-m attnkit_tools.ab_dobench" in text and "--match triton fwd" in text
+    fresh = [line for line in text.splitlines() if line.startswith("+ mkdir -p ") and "/cache-" in line]
+    assert len(fresh) == 4 and all("/triton " in line and line.endswith("/inductor") for line in fresh), (
+        "every step gets fresh attnkit, Triton and Inductor caches"
+    )
+    assert not (tmp_path / "out" / "summary.md").exists(), "a dry run writes no summary"
+    assert not any((tmp_path / "out").rglob("status")), "a dry run runs no step"
+
+
+def test_the_default_steps_are_aa_stored_and_one_planted_change(tmp_path):
+    done = _run("--dry-run", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    steps = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("== ")]
+    assert steps == ["aa", "stored", "change:host-3us"], steps
+
+
+@pytest.mark.parametrize(
+    ("options", "steps", "message"),
+    [
+        ([], ["aa", "bogus"], "unknown step 'bogus': expected aa, aa-all, stored or change:NAME"),
+        (
+            [],
+            ["change:nope"],
+            "change:nope: no tests/perf/gate_changes/nope.patch; there are: decode-tile-64",
+        ),
+        (["--step-timeout", "soon"], ["aa"], "--step-timeout: expected seconds, got 'soon'"),
+    ],
+)
+def test_a_bad_argument_is_refused_before_anything_runs(tmp_path, options, steps, message):
+    done = _run("--dry-run", *options, str(tmp_path / "out"), *steps)
+    assert done.returncode == 2 and message in done.stderr, (done.returncode, done.stderr)
+    assert "==" not in done.stdout, "no step may start"
+
+
+def test_no_output_folder_is_a_usage_error():
+    done = _run("--dry-run")
+    assert done.returncode == 2 and "usage: bash .ci/gpu-acceptance.sh" in done.stderr
+
+
+def _junit(path: Path, failed: list[str], passed: int) -> None:
+    cases = "".join(f'<testcase classname="m" name="{n}"><failure message="x"/></testcase>' for n in failed)
+    cases += "".join(f'<testcase classname="m" name="ok{i}"/>' for i in range(passed))
+    path.write_text(
+        f'<testsuites><testsuite tests="{passed + len(failed)}" failures="{len(failed)}" errors="0" '
+        f'skipped="0">{cases}</testsuite></testsuites>'
+    )
+
+
+def _verdict(path: Path, rows: dict[str, str], complete: bool = True) -> None:
+    benchmarks = [{"name": n, "outcome": o, "ratio": 1.0, "reason": f"{o} reason"} for n, o in rows.items()]
+    counts = {o: list(rows.values()).count(o) for o in set(rows.values())}
+    path.write_text(
+        json.dumps(
+            {
+                "mode": "paired",
+                "passed": "slower" not in rows.values(),
+                "complete": complete,
+                "counts": counts,
+                "benchmarks": benchmarks,
+            }
+        )
+    )
+
+
+def _step(tmp_path: Path, name: str, status: int, junit_failed=(), rows=None, cases="") -> Path:
+    folder = tmp_path / name
+    (folder / "gate").mkdir(parents=True)
+    (folder / "status").write_text(f"{status}\n")
+    (folder / "command").write_text("bash .ci/gpu-gate.sh OUT\n")
+    (folder / "times").write_text("wall time: 412 s\ncorrectness: 120 s\nperf: 280 s\n")
+    _junit(folder / "gate" / "correctness.xml", list(junit_failed), 5)
+    _verdict(folder / "gate" / "verdict.json", rows or {"fwd[triton-D64]": "same"})
+    if cases:
+        (folder / "cases").write_text(cases + "\n")
+    return folder
+
+
+def test_every_false_alarm_of_an_aa_step_is_listed_and_fails_it(tmp_path):
+    folder = _step(
+        tmp_path,
+        "aa",
+        1,
+        ["test_x[naive]"],
+        {"fwd[a]": "same", "fwd[b]": "slower", "loop[c]": "inconclusive"},
+    )
+    passed, lines = acceptance.summarize(folder)
+    text = "\n".join(lines)
+    assert not passed
+    assert "false alarms: 3" in text, text
+    for alarm in (
+        "correctness failed: m::test_x[naive]",
+        "perf slower: fwd[b]",
+        "perf inconclusive: loop[c]",
+    ):
+        assert alarm in text, text
+    assert "wall time: 412 s" in text and "correctness: 120 s" in text
+
+
+def test_a_clean_aa_step_passes_and_a_faster_row_is_no_alarm(tmp_path):
+    passed, lines = acceptance.summarize(
+        _step(tmp_path, "aa", 0, rows={"fwd[a]": "same", "fwd[b]": "faster"})
+    )
+    assert passed and "false alarms: 0" in "\n".join(lines)
+
+
+def test_an_incomplete_verdict_fails_the_step(tmp_path):
+    folder = _step(tmp_path, "aa-all", 0)
+    _verdict(folder / "gate" / "verdict.json", {"fwd[a]": "same"}, complete=False)
+    passed, lines = acceptance.summarize(folder)
+    assert not passed and "incomplete" in "\n".join(lines)
+
+
+def test_a_change_passes_only_when_the_gate_failed_on_a_row_its_cases_name(tmp_path):
+    rows = {"fwd[triton-bf16-D64]": "slower", "fwd[sdpa-flash-D64]": "same"}
+    caught = _step(tmp_path / "1", "change-fwd-workspace", 1, rows=rows, cases="triton fwd")
+    assert acceptance.summarize(caught)[0]
+    elsewhere = _step(
+        tmp_path / "2", "change-fwd-workspace", 1, rows={"bwd[triton]": "slower"}, cases="triton fwd"
+    )
+    assert not acceptance.summarize(elsewhere)[0], "a failure on another row is not the change caught"
+    missed = _step(
+        tmp_path / "3", "change-fwd-workspace", 0, rows={"fwd[triton]": "same"}, cases="triton fwd"
+    )
+    assert not acceptance.summarize(missed)[0], "a gate that passed missed the change"
+
+
+def test_the_summary_file_holds_every_steps_verdict(tmp_path):
+    steps = [_step(tmp_path, "aa", 0), _step(tmp_path, "stored", 1, rows={"fwd[a]": "missing"})]
+    assert acceptance.main([str(tmp_path), *map(str, steps)]) == 1
+    summary = (tmp_path / "summary.md").read_text()
+    assert "- aa: PASS" in summary and "- stored: FAIL" in summary and "perf missing: fwd[a]" in summary
