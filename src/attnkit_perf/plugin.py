@@ -170,7 +170,8 @@ def _options(config: pytest.Config) -> dict:
         "allow_cpu": get("attnkit_allow_cpu"),
         "no_confirm": get("attnkit_no_confirm"),
         "allow_dropped": get("attnkit_allow_dropped"),
-        "time_budget": get("attnkit_time_budget") or config.getini("attnkit_time_budget"),
+        "time_budget": get("attnkit_time_budget"),
+        "time_budget_ini": config.getini("attnkit_time_budget"),
         "out_of_time": get("attnkit_out_of_time") or config.getini("attnkit_out_of_time"),
     }
     try:

@@ -13,7 +13,7 @@ from perf_synthetic import SHAPE
 
 from attnkit_perf.decide.formats import validate
 from attnkit_perf.decide.gate import Decision
-from attnkit_perf.decide.out_of_time import not_reached, unfinished
+from attnkit_perf.decide.out_of_time import after_looks, not_reached, unfinished
 from attnkit_perf.decide.sequential import SequentialPlan
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.cases import BenchCase
@@ -208,6 +208,15 @@ def test_a_run_out_of_time_names_every_undecided_row_and_passes_only_when_told(o
     assert "`fwd[b]`, `fwd[c]`" in markdown, markdown
 
 
+@pytest.mark.parametrize("outcome", ["slower", "more-memory", "same", "faster"])
+def test_a_row_decided_before_the_cut_keeps_its_outcome(outcome):
+    decided = Decision(outcome, reason="decided in time")
+    assert after_looks(decided, "5 s left", 2, 6) is decided
+    measured_out = after_looks(Decision("inconclusive"), None, 6, 6)
+    assert measured_out.outcome == "inconclusive", "not cut: measured to the end of its plan"
+    assert after_looks(Decision("inconclusive"), "5 s left", 1, 6).outcome == "unfinished"
+
+
 def test_an_unfinished_row_keeps_its_evidence_and_counts_its_looks():
     cut = Decision("inconclusive", ratio=1.01, reason="x1.0100: cannot tell", extra={"looks": 2})
     row = unfinished(cut, "5 s left", 2, 6)
@@ -282,3 +291,17 @@ def test_the_run_order_is_by_tier_then_cheapest_first_ties_kept_in_grid_order():
         ("sdpa", "fwd", "eager"),
         ("sdpa", "bwd", "eager"),
     ], names
+
+
+def test_the_option_outside_paired_mode_is_refused_and_the_ini_key_ignored():
+    """Every run of a project reads its ini keys (the correctness suite too): a budget set there
+    plans the paired runs and leaves the others alone; the option, given by hand, is refused."""
+    from attnkit_perf.run.options import time_budget
+
+    assert time_budget(None, "paired", "300") == 300.0
+    assert time_budget(None, None, "300") is None and time_budget(None, "stored", "300") is None
+    assert time_budget("none", "paired", "300") is None, "the option overrides the ini key"
+    with pytest.raises(pytest.UsageError, match="this run is not comparing: drop the option"):
+        time_budget("300", None)
+    with pytest.raises(pytest.UsageError, match="expected a number of seconds > 0 or 'none', got 'soon'"):
+        time_budget(None, "paired", "soon")

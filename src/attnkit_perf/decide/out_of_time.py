@@ -35,6 +35,15 @@ def unfinished(decision: Decision, why: str, looks: int, planned: int) -> Decisi
     )
 
 
+def after_looks(decision: Decision, cut: str | None, looks: int, planned: int) -> Decision:
+    """A row's decision once its looks ended: :func:`unfinished` when the time budget cut them
+    (``cut``: why) while the row was still inconclusive; otherwise the decision stands (a
+    slowdown, more memory or a settled time found before the cut is a verdict on the code)."""
+    if cut is None or decision.outcome != "inconclusive":
+        return decision
+    return unfinished(decision, cut, looks, planned)
+
+
 def not_reached(why: str) -> Decision:
     """The row of a benchmark the run did not start: its budget was spent (``why``)."""
     reason = f"not started within the time budget ({why})"

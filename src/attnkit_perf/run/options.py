@@ -60,8 +60,14 @@ def _host_count_slower(value: float | None) -> float:
     return value
 
 
-def time_budget(value: str | None, mode: str | None) -> float | None:
-    """``--attnkit-time-budget``: seconds for the paired run (None: no budget; also ``none``)."""
+def time_budget(value: str | None, mode: str | None, ini: str | None = None) -> float | None:
+    """``--attnkit-time-budget`` (``value``), else the ini key ``attnkit_time_budget`` (``ini``):
+    seconds for the paired run (None: no budget; also ``none``). Given outside paired mode, the
+    option is a usage error; the ini key, which every run of the project reads, applies to
+    paired runs only."""
+    if value is None and ini not in (None, "") and mode != "paired":
+        return None
+    value = ini if value is None else value
     if value is None or str(value).strip().lower() in ("", "none"):
         return None
     try:

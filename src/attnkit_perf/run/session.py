@@ -29,7 +29,7 @@ from attnkit.errors import UnsupportedProblemError
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.baseline import baseline_path, save_baseline
 from attnkit_perf.decide.formats import FormatError
-from attnkit_perf.decide.out_of_time import not_reached, unfinished
+from attnkit_perf.decide.out_of_time import after_looks, not_reached
 from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.sequential import LookBudget, SequentialPlan
@@ -113,7 +113,9 @@ class PerfSession:
         self.look_budget = LookBudget(SequentialPlan())
         #: Paired mode's wall time (``--attnkit-time-budget``), counted from here, and what each
         #: kind of row costs (:mod:`attnkit_perf.run.time_budget`).
-        self.time_budget = TimeBudget(options_.time_budget(options.get("time_budget"), self.mode))
+        self.time_budget = TimeBudget(
+            options_.time_budget(options.get("time_budget"), self.mode, options.get("time_budget_ini"))
+        )
         #: The diff's decision (:mod:`attnkit_perf.select`) when the run selected from one: the
         #: order of the rows (:meth:`order_rows`). Benchmark name -> its tier once ordered.
         self.affected: Affected | None = None
@@ -293,8 +295,7 @@ class PerfSession:
         )
         if decision is None:
             pytest.skip(f"neither side runs this case: {measurements[0]['head'].unsupported}")
-        if clock.cut is not None and decision.outcome == "inconclusive":
-            decision = unfinished(decision, clock.cut, measurements[0]["head"].looks, rule.plan.looks)
+        decision = after_looks(decision, clock.cut, measurements[0]["head"].looks, rule.plan.looks)
         decision.extra["seconds"] = {step: round(s, 3) for step, s in seconds.items()}
         if priority is not None:
             decision.extra["priority"] = TIERS[priority]
