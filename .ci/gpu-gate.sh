@@ -24,6 +24,10 @@
 #                          (python -m attnkit_perf.select); all: every test and row
 # ATTNKIT_PERF_WORKERS     pytest-xdist processes for paired mode, one per GPU (default: the GPU count)
 # ATTNKIT_PERF_ARGS        extra pytest arguments for the perf step (e.g. thresholds)
+# ATTNKIT_PERF_BUDGET      paired perf step's seconds (--attnkit-time-budget): default 360 for the PR
+#                          tier (ATTNKIT_SELECT=affected), none with ATTNKIT_SELECT=all (nightly)
+# ATTNKIT_PERF_OUT_OF_TIME rows the budget left undecided: pass (PR tier default: named, not
+#                          failing; nightly measures them) or fail (default with ATTNKIT_SELECT=all)
 # ATTNKIT_TEST_WORKERS     pytest-xdist processes for the correctness step (default 8; 1: none)
 # ATTNKIT_TEST_TIER        pr: the GPU tests without the nightly ones (default with ATTNKIT_BASE and
 #                          ATTNKIT_SELECT=affected); nightly: every GPU test (default otherwise);
@@ -98,6 +102,12 @@ if [ -n "${ATTNKIT_BASE:-}" ]; then
     gpus=$("${gpu_python[@]}" -c "import torch; print(torch.cuda.device_count())")
     n="${ATTNKIT_PERF_WORKERS:-$gpus}"
     perf_args+=(--attnkit-base="$ATTNKIT_BASE" --attnkit-select="$select")
+    # The PR tier plans its rows within a time budget; every row runs nightly, with none.
+    if [ "$select" = affected ]; then budget=360 out_of_time=pass; else budget=none out_of_time=fail; fi
+    budget="${ATTNKIT_PERF_BUDGET:-$budget}"
+    out_of_time="${ATTNKIT_PERF_OUT_OF_TIME:-$out_of_time}"
+    echo "perf time budget: $budget s; rows not decided in it: $out_of_time"
+    perf_args+=(--attnkit-time-budget="$budget" --attnkit-out-of-time="$out_of_time")
     if [ "$has_xdist" = 1 ] && [ "$n" -gt 1 ]; then perf_args+=(-n "$n"); fi
 else
     perf_args+=(--benchmark-compare --benchmark-json="$out/benchmarks.json")

@@ -1,5 +1,5 @@
 """Where attnkit keeps the files it makes on a machine (compiled call memos, the paired gate's
-per-side Triton caches): ``$ATTNKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnkit``, else
+Triton cache): ``$ATTNKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnkit``, else
 ``~/.cache/attnkit``."""
 
 from __future__ import annotations

@@ -122,6 +122,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ),
     )
     group.addoption(
+        "--attnkit-time-budget",
+        default=None,
+        metavar="SECONDS",
+        help="paired mode: wall seconds for the whole run (from its start). The rows the diff reaches "
+        "most directly run first; a row is started, or measured on fresh processes again, only while "
+        "the time left covers its estimated cost; the rest are named as not decided in the budget. "
+        "'none' (the default): no budget",
+    )
+    parser.addini("attnkit_time_budget", "paired mode: wall seconds for the whole run, or none", default=None)
+    group.addoption(
+        "--attnkit-out-of-time",
+        choices=("pass", "fail"),
+        default=None,
+        help="paired mode with --attnkit-time-budget: whether rows not decided in the budget "
+        "(each one named) pass the run (default: pass) or fail it",
+    )
+    parser.addini("attnkit_out_of_time", "pass or fail: rows not decided in the time budget", default=None)
+    group.addoption(
         "--attnkit-select",
         choices=("affected", "all"),
         default=None,
@@ -152,6 +170,9 @@ def _options(config: pytest.Config) -> dict:
         "allow_cpu": get("attnkit_allow_cpu"),
         "no_confirm": get("attnkit_no_confirm"),
         "allow_dropped": get("attnkit_allow_dropped"),
+        "time_budget": get("attnkit_time_budget"),
+        "time_budget_ini": config.getini("attnkit_time_budget"),
+        "out_of_time": get("attnkit_out_of_time") or config.getini("attnkit_out_of_time"),
     }
     try:
         options["split"] = None if get("attnkit_shard") is None else parse_shard(get("attnkit_shard"))
@@ -326,6 +347,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         if "attnkit_perf" in getattr(item, "fixturenames", ()) and item.get_closest_marker("skip") is None
     ]
     perf.collected([_benchmark_name(item) for item in benchmarks])
+    if perf.mode == "paired":
+        timed = set(benchmarks)
+        perf.order_rows(items, lambda item: _benchmark_name(item) if item in timed else None)
     if perf.opt.get("split"):
         rest = [item for item in items if item not in set(benchmarks)]
         others = perf.take_shard({item: _benchmark_name(item) for item in benchmarks}, rest)
@@ -362,6 +386,8 @@ def _select(config: pytest.Config, items, perf) -> None:
             reporter.write_line(f"attnkit select: {decision}")
         return
     _selected(config, perf, collection.deselect(config, items, decision, rows), base)
+    if perf is not None:
+        perf.affected = decision  # what the diff reaches most directly runs first
     if hasattr(config, "workeroutput"):  # the controller writes the verdict: it needs the record
         config.workeroutput["attnkit_selection"] = config.stash[SELECTION]
 
@@ -490,14 +516,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     for key, (then, now) in doc.version_differences.items():
         write(f"WARNING: baseline recorded under {key} {then}, this run has {now}")
     write(f"{doc.base['label']} against {doc.head['label']}")
-    failing = tuple(k for k in doc.failing_outcomes if k != "inconclusive")
+    failing = tuple(k for k in doc.failing_outcomes if k not in ("inconclusive", *gate.OUT_OF_TIME))
     accepted = ("dropped",) if "dropped" not in failing else ()
+    out_of_time = gate.OUT_OF_TIME
+    out_of_time_fails = set(out_of_time) <= set(doc.failing_outcomes)
+    budget_rule = "failing: --attnkit-out-of-time=fail"
+    if not out_of_time_fails:
+        budget_rule = "not failing; they run where there is no budget"
     for title, kinds in (
         ("FAILED (error, dropped, slower or more memory):", failing),
         (
             "inconclusive (measured to the budget and still unclear; not failing by default):",
             ("inconclusive",),
         ),
+        (f"NOT DECIDED IN THE TIME BUDGET ({budget_rule}):", out_of_time),
         ("faster:", ("faster",)),
         ("new (not in the base):", ("new",)),
         ("missing (in the baseline, not selected in this run):", ("missing",)),
@@ -505,7 +537,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     ):
         rows = [r for r in doc.benchmarks if r.outcome in kinds]
         if rows:
-            write(title, bold=True, red=kinds == failing, yellow=kinds == ("inconclusive",))
+            red = kinds == failing or (kinds == out_of_time and out_of_time_fails)
+            yellow = kinds == ("inconclusive",) or (kinds == out_of_time and not red)
+            write(title, bold=True, red=red, yellow=yellow)
             for line in format_table(rows):
                 write("  " + line)
     write(summary_line(doc), bold=True, red=not doc.passed, green=doc.passed)

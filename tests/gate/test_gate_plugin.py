@@ -481,6 +481,26 @@ def test_a_base_folder_without_attnkit(gate_run, pytester):
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("soon", "--attnkit-time-budget: expected a number of seconds > 0 or 'none', got 'soon'"),
+        ("-5", "--attnkit-time-budget: expected a number of seconds > 0 or 'none', got '-5'"),
+    ],
+)
+def test_a_time_budget_that_is_no_number_of_seconds(gate_run, pytester, value, message):
+    base = _bare_checkout(pytester.path / "base")
+    _usage_error(
+        gate_run(f"--attnkit-base={base}", "--attnkit-allow-cpu", f"--attnkit-time-budget={value}"), message
+    )
+
+
+def test_a_time_budget_outside_paired_mode(gate_run):
+    _write_baseline(gate_run, _valid_baseline())
+    result = gate_run("--benchmark-compare", "--attnkit-allow-cpu", "--attnkit-time-budget=60")
+    _usage_error(result, "--attnkit-time-budget plans paired mode's rows", "this run is in stored mode")
+
+
 def test_stored_mode_under_xdist(gate_run):
     _write_baseline(gate_run, _valid_baseline())
     result = gate_run("--benchmark-compare", "--attnkit-allow-cpu", "-n", "2")
@@ -813,3 +833,31 @@ def test_a_head_doing_more_python_per_call_grows_its_count_and_fails_on_wall_tim
     assert host["ratio"] > 2 and host["ci"][0] > 1.5 and host["processes"] >= 4, host
     assert "restart" in row["evidence"]["seconds"], "a slowdown is measured again on fresh processes"
     assert result.returncode == 1 and verdict["passed"] is False, output[-3000:]
+
+
+@pytest.mark.parametrize(("out_of_time", "status"), [("pass", 0), ("fail", 1)])
+def test_a_run_out_of_time_names_the_rows_it_did_not_decide(tmp_path, out_of_time, status):
+    """A budget spent before the second row: the first row still runs (a run compares
+    something), the second is not started and is named, in its row, the verdict's time budget
+    and the summary line; it fails the run only under --attnkit-out-of-time=fail."""
+    sdpa = "fwd[sdpa-fp32-B1-H2-N128-D32]"
+    budget = ("--attnkit-time-budget=1", f"--attnkit-out-of-time={out_of_time}")
+    result, verdict = _run_paired(
+        REPO, tmp_path, "(naive or sdpa) and fwd and not causal", (PAIRED_CASE, sdpa), budget
+    )
+    output = result.stdout + result.stderr
+    rows = {r["name"]: r for r in verdict["benchmarks"]}
+    first, second = rows[PAIRED_CASE], rows[sdpa]
+    assert first["outcome"] in ("same", "inconclusive", "unfinished"), f"{first}\n{output[-3000:]}"
+    assert second["outcome"] == "not-reached", f"{second}\n{output[-3000:]}"
+    assert second["reason"].startswith("not started within the time budget ("), second["reason"]
+    assert "s of 1 s left, the first look of a row (eager fwd) takes" in second["reason"], second["reason"]
+    undecided = [name for name, row in rows.items() if row["outcome"] in gate.OUT_OF_TIME]
+    block = verdict["time_budget"]
+    assert block["undecided"] == undecided and sdpa in undecided, block
+    assert block["seconds"] == 1 and block["estimates"]["eager fwd"]["first"]["looks"] == 1, block
+    assert verdict["thresholds"]["out_of_time"] == out_of_time, verdict["thresholds"]
+    assert "NOT DECIDED IN THE TIME BUDGET" in output, output[-3000:]
+    line = next(x for x in output.splitlines() if x.startswith("attnkit perf gate (paired):"))
+    assert "not decided in the time budget of 1 s: " in line and sdpa in line, line
+    assert result.returncode == status and verdict["passed"] is (status == 0), f"{line}\n{output[-3000:]}"

@@ -43,6 +43,10 @@ Two outcomes say that a benchmark was not compared although it should have been,
 **error** (its measurement raised) and **dropped** (the base ran it, the head declined it or
 lost its backend; ``--attnkit-allow-dropped`` accepts that knowingly). **new** (the base cannot
 run it) and **missing** (in the baseline, not selected in this run) are listed, never failing.
+
+Two say that paired mode ran out of its time budget (:mod:`attnkit_perf.decide.out_of_time`):
+**unfinished** (measured, cut before it was decided) and **not-reached** (never started). They
+fail only under ``--attnkit-out-of-time=fail``; either way every such row is named.
 """
 
 from __future__ import annotations
@@ -71,14 +75,18 @@ OUTCOMES = (
     "more-memory",
     "kept-memory",
     "inconclusive",
+    "unfinished",
+    "not-reached",
     "faster",
     "new",
     "missing",
     "same",
 )
 FAILING = ("error", "dropped", "slower", "more-memory", "kept-memory")
+#: Rows paired mode did not decide within its time budget: cut short, or never started.
+OUT_OF_TIME = ("unfinished", "not-reached")
 #: Outcomes of a benchmark measured on both sides: a run with none of them compared nothing.
-COMPARED = ("slower", "more-memory", "kept-memory", "inconclusive", "faster", "same")
+COMPARED = ("slower", "more-memory", "kept-memory", "inconclusive", "unfinished", "faster", "same")
 MIB = 1024 * 1024
 
 
@@ -99,6 +107,9 @@ class Thresholds:
     memory_abs_bytes: int = MIB
     noise_k: float | None = None
     fail_on_inconclusive: bool = False
+    #: Whether a row paired mode did not decide within its time budget (``--attnkit-time-budget``)
+    #: fails the run (``--attnkit-out-of-time=fail``) or is named and passes (``pass``).
+    fail_out_of_time: bool = False
     #: Accept benchmarks the base ran and the head no longer runs (outcome "dropped").
     allow_dropped: bool = False
     #: Host-bound benchmarks (the Python layer and launches set their time) moved by tens of
@@ -125,9 +136,12 @@ class Thresholds:
     STORED_SLOWER = 0.10
 
 
-def failing_outcomes(fail_on_inconclusive: bool = False, allow_dropped: bool = False) -> tuple[str, ...]:
+def failing_outcomes(
+    fail_on_inconclusive: bool = False, allow_dropped: bool = False, fail_out_of_time: bool = False
+) -> tuple[str, ...]:
     """The outcomes that fail a run under these options."""
     kinds = FAILING + (("inconclusive",) if fail_on_inconclusive else ())
+    kinds += OUT_OF_TIME if fail_out_of_time else ()
     return tuple(k for k in kinds if not (allow_dropped and k == "dropped"))
 
 

@@ -89,6 +89,11 @@ def merge_verdicts(parts: Sequence[tuple[str, VerdictDocument]]) -> VerdictDocum
             if row.outcome == "missing" and row.name not in seen:
                 seen[row.name] = "missing"
                 rows.append(row)
+    # Each part had the budget of its own runner: the merged run spent the longest part's time.
+    budgets = [doc.time_budget for _, doc in parts if doc.time_budget]
+    time_budget = None
+    if budgets:
+        time_budget = {key: max(b[key] for b in budgets) for key in ("seconds", "spent_s")}
     return VerdictDocument(
         mode=first.mode,
         base=first.base,
@@ -99,4 +104,5 @@ def merge_verdicts(parts: Sequence[tuple[str, VerdictDocument]]) -> VerdictDocum
         notes=[f"MERGE FAILED: {p}" for p in problems] + notes,
         complete=not problems,
         shard={"count": count, "grid": next(iter(grids), ""), "merged": sorted(shards)},
+        time_budget=time_budget,
     )

@@ -92,5 +92,6 @@ class RunPolicy:
             "kept_abs_bytes": t.kept_abs_bytes,
             "noise_k": self.noise_k,
             "fail_on_inconclusive": t.fail_on_inconclusive,
+            "out_of_time": "fail" if t.fail_out_of_time else "pass",
             "allow_dropped": t.allow_dropped,
         }

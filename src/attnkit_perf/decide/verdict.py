@@ -4,7 +4,8 @@ Format ``attnkit-perf-verdict/2``, validated by ``schemas/verdict.schema.json`` 
 read. A document holds the mode (``paired`` or ``stored``), both sides' provenance, the
 thresholds, and one row per benchmark (:class:`BenchmarkVerdict`). ``passed`` is false iff a
 row fails (:data:`attnkit_perf.decide.gate.FAILING`: error, dropped unless allowed, slower,
-more-memory, kept-memory; inconclusive too when the run was told to fail on those), no benchmark was compared
+more-memory, kept-memory; inconclusive too when the run was told to fail on those, and the rows
+its time budget left undecided under ``--attnkit-out-of-time=fail``), no benchmark was compared
 at all (a gate that guarded nothing has not passed), or the document is not ``complete``: paired
 mode rewrites the verdict file after each benchmark with ``complete: false``, so a run stopped
 before its end (a job's time limit) leaves the benchmarks it decided, and never a file that
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from attnkit_perf.decide.formats import read_json, validate
 from attnkit_perf.decide.gate import COMPARED, FAILING, OUTCOMES, Decision, failing_outcomes
+from attnkit_perf.decide.out_of_time import undecided
 
 FORMAT = "attnkit-perf-verdict/2"
 
@@ -96,6 +98,10 @@ class VerdictDocument:
     #: The part of a split grid this verdict covers (``index``, ``count``, ``grid`` digest, its
     #: ``rows``: :mod:`attnkit_perf.run.shards`), or the parts a merged verdict joins (``merged``).
     shard: dict | None = None
+    #: Paired mode's time budget, when it had one: ``seconds``, ``spent_s`` and the cost
+    #: ``estimates`` per row kind (:mod:`attnkit_perf.run.time_budget`); written with the names
+    #: of the rows it left ``undecided``.
+    time_budget: dict | None = None
 
     @property
     def fail_on_inconclusive(self) -> bool:
@@ -103,7 +109,15 @@ class VerdictDocument:
 
     @property
     def failing_outcomes(self) -> tuple[str, ...]:
-        return failing_outcomes(self.fail_on_inconclusive, bool(self.thresholds.get("allow_dropped")))
+        t = self.thresholds
+        return failing_outcomes(
+            self.fail_on_inconclusive, bool(t.get("allow_dropped")), t.get("out_of_time") == "fail"
+        )
+
+    @property
+    def undecided(self) -> list[str]:
+        """The rows the time budget left undecided (unfinished or not reached), by name."""
+        return undecided(self.benchmarks)
 
     @property
     def failing(self) -> list[BenchmarkVerdict]:
@@ -148,6 +162,11 @@ class VerdictDocument:
             "notes": self.notes,
             **({"selection": self.selection} if self.selection is not None else {}),
             **({"shard": self.shard} if self.shard is not None else {}),
+            **(
+                {"time_budget": {**self.time_budget, "undecided": self.undecided}}
+                if self.time_budget is not None
+                else {}
+            ),
             "benchmarks": rows,
         }
 
@@ -170,6 +189,7 @@ class VerdictDocument:
             complete=data.get("complete", True),
             selection=data.get("selection"),
             shard=data.get("shard"),
+            time_budget=_without(data.get("time_budget"), "undecided"),
         )
 
     def write(self, path: Path | str) -> Path:
@@ -183,3 +203,8 @@ class VerdictDocument:
     @classmethod
     def read(cls, path: Path | str) -> VerdictDocument:
         return cls.from_dict(read_json(path, "verdict"), f"verdict {path}")
+
+
+def _without(block: dict | None, key: str) -> dict | None:
+    """``block`` less ``key`` (a value the document derives from its rows), or None."""
+    return None if block is None else {k: v for k, v in block.items() if k != key}

@@ -112,11 +112,13 @@ def verdict_document(
     complete: bool,
     selection: dict | None = None,
     shard: dict | None = None,
+    time_budget: dict | None = None,
 ) -> VerdictDocument:
     """The verdict of a run: ``rows`` so far, the policy's thresholds and notes, and whether it is
     ``complete`` (never when the run ``stopped_early``, the reason why), and what the diff's
     ``selection`` kept and skipped, when rows were selected; ``shard``: which part of a grid
-    split over runners this run measured (:mod:`attnkit_perf.run.shards`)."""
+    split over runners this run measured (:mod:`attnkit_perf.run.shards`); ``time_budget``: the
+    paired run's budget, what it spent and its cost estimates, when it had one."""
     stopped = []
     if stopped_early:
         stopped.append(
@@ -133,4 +135,5 @@ def verdict_document(
         complete=complete and stopped_early is None,
         selection=selection,
         shard=shard,
+        time_budget=time_budget,
     )

@@ -1,12 +1,16 @@
 """Paired mode's measuring side: the base's and the head's code timed on one GPU in one job.
 
 Each side runs in :data:`PROCESSES_PER_SIDE` worker processes of its own
-(:mod:`attnkit_perf.measure.worker`), with its own ``TRITON_CACHE_DIR``. For one benchmark,
-every worker builds the case and warms up (the head's first alone, since it also measures the
-host share, then the base's first, so each side compiles once; the others at once); then
-pairs of blocks are measured, pair ``i`` on worker ``i % PROCESSES_PER_SIDE`` of each side, in
-the order A-B for even ``i`` and B-A for odd (A-B-B-A...), so
-slow drifts cancel within the pairs and both sides are sampled in more than one process. A
+(:mod:`attnkit_perf.measure.worker`); both sides share one Triton cache (:func:`triton_cache`),
+so a kernel compiles once per run, and once per machine while the cache is kept. For one
+benchmark (:meth:`PairedSession._prepare`), each side's first worker builds the case and calls
+it, compiling what the cache lacks (both at once where two cores allow); they then warm up and
+plan alone on the measuring core, the head's first (it plans the rounds both sides use and
+measures the host share), then the base's; then the other workers build, loading the kernels
+from the cache, and warm up, all at once. Then pairs of blocks are measured, pair ``i`` on
+worker ``i % PROCESSES_PER_SIDE`` of each side, in the order A-B for even ``i`` and B-A for odd
+(A-B-B-A...), so slow drifts cancel within the pairs and both sides are sampled in more than
+one process. A
 block is ``rounds`` rounds of the same flushed repetitions (the plan of the head's first
 worker, used by both sides), after one untimed round that brings clocks and caches back to
 where a running workload keeps them; its value is the median of its rounds. For a host-timed
@@ -51,6 +55,21 @@ from attnkit_perf.measure.repo import RepositoryError, backends_absent
 #: over pairs spread across 4 processes halves that offset's variance (the gate's simulations
 #: of its decision rule put a 1% process offset at 1% first-stage alarms with 4, 3% with 2).
 PROCESSES_PER_SIDE = 4
+
+
+def triton_cache() -> Path:
+    """The ``TRITON_CACHE_DIR`` of both sides' workers: the caller's own where it sets one (the
+    gate's steps then share their kernels), else a folder of attnkit's cache, kept between runs.
+
+    One cache for both sides is safe: Triton files a compiled kernel under a hash of its source
+    (the kernel function's and every function it calls, the constexpr globals it reads), its
+    signature and constants, the compile options, the target GPU and Triton's own version. A
+    kernel the two sides define alike is one entry, compiled by whichever side needs it first; a
+    kernel the change touches hashes apart, so neither side ever loads the other's. Entries are
+    written to a temporary file and renamed into place, so two workers compiling the same
+    kernel at once each read a whole file."""
+    explicit = os.environ.get("TRITON_CACHE_DIR")
+    return Path(explicit) if explicit else cache_root() / "triton"
 
 
 @dataclass(frozen=True)
@@ -182,6 +201,9 @@ class PairedSession:
         #: Seconds the last :meth:`measure` spent preparing the case on every worker (building,
         #: compiling or loading kernels, warming up) before its first pair: the gate's own cost.
         self.last_prepare_s = 0.0
+        #: Whether both sides' first workers may build a case at once: two cores for two compiles.
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {0}
+        self._parallel_build = len(cores) >= 2
         self._start_workers()
 
     def _start_workers(self) -> None:
@@ -203,9 +225,7 @@ class PairedSession:
             # the side's code wins even if the caller's path (or an editable install) names another.
             inherited = [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
             env["PYTHONPATH"] = os.pathsep.join([str(link_dir), *map(str, roots), *inherited])
-            # Each side compiles into a cache of its own; kept between runs (Triton keys entries by
-            # source and options), so a runner compiles a side's kernels once.
-            env["TRITON_CACHE_DIR"] = str(cache_root() / f"triton-{side}")
+            env["TRITON_CACHE_DIR"] = str(triton_cache())
             # The device is resolved here, by this checkout's rule: a side's attnkit may predate it.
             env["ATTNKIT_WORKER_DEVICE"] = str(test_device())
             if core is not None:
@@ -293,21 +313,29 @@ class PairedSession:
 
     def _prepare(self, case: dict) -> tuple[dict[str, SideResult], int | None]:
         results = {side: SideResult() for side in self.sides}
-        # The head's first worker measures the host share and plans the rounds: alone, so no
-        # other process competes for the core. The base's first worker goes alone next, so each
-        # side compiles a new kernel once and its other workers load it from the side's cache.
-        # Those build and warm up at once (their loads and warm-up kernels overlap); peak memory
-        # is per process either way.
-        answers = {}
-        for side in ("head", "base"):
-            answers[(side, 0)] = self.workers[side][0].ask({"op": "prepare", "case": case, "seed": 0})
-        others = [
-            (side, i, worker) for side in ("head", "base") for i, worker in enumerate(self.workers[side]) if i
-        ]
-        for _, i, worker in others:
-            worker.send({"op": "prepare", "case": case, "seed": i})
-        for side, i, worker in others:
-            answers[(side, i)] = worker.receive("prepare")
+        firsts = [("head", 0), ("base", 0)]
+        others = [(side, i) for side in ("head", "base") for i in range(1, len(self.workers[side]))]
+        build = {"op": "prepare", "case": case}
+        # Each side's first worker builds the case and compiles what the shared cache lacks: both
+        # at once where two cores allow (a kernel the change touches compiles on each side in
+        # parallel; one they share compiles on both at once, in the time of one), else the
+        # head's then the base's, which loads what they share.
+        if self._parallel_build:
+            answers = self._ask_all(firsts, build)
+        else:
+            answers = {**self._ask_all(firsts[:1], build), **self._ask_all(firsts[1:], build)}
+        # Then each plans alone on the measuring core, the head's first (it measures the host
+        # share and plans the rounds both sides use), then the base's (its host share): no other
+        # process competes for the core or the GPU meanwhile.
+        for key in firsts:
+            if answers[key]["ok"]:
+                answers[key].update(self._ask_all([key], {"op": "plan"})[key])
+        # The other workers build (loading the kernels from the cache) and warm up at once: only
+        # their pairs are used, and peak memory is per process either way.
+        answers.update(self._ask_all(others, build))
+        planned = [key for key in others if answers[key]["ok"]]
+        for key, answer in self._ask_all(planned, {"op": "plan"}).items():
+            answers[key].update(answer)
         for (side, i), answer in answers.items():
             if "unsupported" in answer:
                 results[side].unsupported = answer["unsupported"]
@@ -325,6 +353,14 @@ class PairedSession:
                 results[side].kept_bytes = answer.get("kept_bytes")
         head = answers[("head", 0)]
         return results, head.get("reps")
+
+    def _ask_all(self, keys: list[tuple[str, int]], request: dict) -> dict[tuple[str, int], dict]:
+        """``request`` sent to the workers ``keys`` (``(side, index)``) at once, each with its own
+        ``seed`` (its index) when it is a prepare; their answers, each awaited in turn (a worker
+        that dies or hangs is raised as :class:`WorkerError` once every request is out)."""
+        for side, i in keys:
+            self.workers[side][i].send({**request, "seed": i} if request["op"] == "prepare" else request)
+        return {(side, i): self.workers[side][i].receive(request["op"]) for side, i in keys}
 
     def _host_rounds(self, results: dict[str, SideResult], settings: PairedSettings) -> None:
         """The host metric on every worker of both sides, into ``results``: worker ``i`` of each

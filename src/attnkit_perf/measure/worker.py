@@ -2,7 +2,8 @@
 
 Started by :mod:`attnkit_perf.measure.paired_session` as ``python -m attnkit_perf.measure.worker`` with
 ``PYTHONPATH`` naming this package first and then one side's ``src`` (the base's or the
-head's), so the two sides never share imports, Triton caches or allocators. It reads one JSON
+head's), so the two sides never share imports or allocators (they share one Triton cache:
+:mod:`attnkit_perf.measure.paired_session` says why that is safe). It reads one JSON
 request per line on stdin and answers one JSON line on the stdout it was started with (Python's
 own ``sys.stdout`` goes to stderr, so a library's prints cannot corrupt the protocol):
 
@@ -12,11 +13,14 @@ request                                        answer
 ``{"op": "identify", "backends"}``             ``{"ok", "attnkit_file", "provenance", "backends"}``:
                                                ``backends`` (when named) says where each
                                                one's module was imported from
-``{"op": "prepare", "case": {...}, "seed"}``   build the case's inputs, warm up, plan the rounds:
-                                               ``{"ok", "reps", "estimate_s", "peak_bytes",
-                                               "host_share", "kept_bytes", "min_bytes",
-                                               "flops"}``, or
+``{"op": "prepare", "case": {...}, "seed"}``   build the case's inputs and call it (which compiles
+                                               or loads its kernels, on any core):
+                                               ``{"ok", "kept_bytes"}``, or
                                                ``{"ok": false, "unsupported": why}``
+``{"op": "plan"}``                             warm the prepared case up and plan the rounds, on
+                                               the measuring core: ``{"ok", "reps",
+                                               "estimate_s", "peak_bytes", "host_share",
+                                               "min_bytes", "flops"}``
 ``{"op": "measure", "rounds", "reps",``       ``{"ok", "samples"}`` (seconds per call, one a round;
 ``"warm_rounds"}``                             the first ``warm_rounds`` are run and dropped)
 ``{"op": "host", "batches"}``                  the host metric (:func:`attnkit_perf.measure.host.
@@ -81,7 +85,7 @@ def _serve(out) -> None:
     device = torch.device(os.environ["ATTNKIT_WORKER_DEVICE"])  # set by the paired session
     flusher = L2Flusher(device)
     keep_cache = L2Flusher(device, evict=False)
-    runner, between = None, flusher
+    runner, between, case, built = None, flusher, None, None
 
     def answer(payload: dict) -> None:
         out.write(json.dumps(payload) + "\n")
@@ -110,10 +114,15 @@ def _serve(out) -> None:
                     kept = kept_bytes(runner, device, built.before_calls)
                     runner()
                 except declined as err:
+                    runner = None
                     answer({"ok": False, "unsupported": str(err)})
                     continue
                 finally:
                     pin(True)
+                answer({"ok": True, "kept_bytes": kept})
+            elif op == "plan":
+                if runner is None:
+                    raise RuntimeError("plan: no case prepared (send prepare first)")
                 plan = warm_up_and_plan(
                     runner, device, between, budget_s=0.0, min_rounds=1, max_rounds=1, warmup_s=0.03
                 )
@@ -126,7 +135,6 @@ def _serve(out) -> None:
                         if built.graph_peak is not None
                         else peak_extra_bytes(runner, device),
                         "host_share": host_share(runner, device, plan.estimate_s, flusher, between),
-                        "kept_bytes": kept,
                         "min_bytes": case.min_bytes,
                         "flops": case.flops,
                     }
@@ -141,7 +149,7 @@ def _serve(out) -> None:
             elif op == "count":
                 answer({"ok": True, **host_count(runner, request.get("repeats", REPEATS))})
             elif op == "release":
-                runner = None
+                runner, built = None, None
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 answer({"ok": True})

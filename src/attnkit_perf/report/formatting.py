@@ -7,6 +7,8 @@ VERDICT_LABELS = {
     "more-memory": "🟠 more memory",
     "kept-memory": "🟠 keeps more memory",
     "inconclusive": "🟡 inconclusive",
+    "unfinished": "⏱️ unfinished",
+    "not-reached": "⏱️ not reached",
     "faster": "🟢 faster",
     "new": "🆕 new",
     "missing": "⚪ missing",

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from attnkit_perf.decide.formats import FormatError
 from attnkit_perf.decide.gate import OUTCOMES
+from attnkit_perf.decide.out_of_time import undecided_heading
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.history.links import history_link
 from attnkit_perf.measure.cases import BenchCase
@@ -168,6 +169,15 @@ def _verdict_lines(verdict: VerdictDocument, floors: dict[CaseKey, int | None]) 
     tally = " · ".join(f"{n} {VERDICT_LABELS.get(v, v)}" for v, n in counts.items())
     count = len(verdict.benchmarks)
     lines = [f"**Verdict: {headline}** — {count} benchmark{'' if count == 1 else 's'}: {tally}.", ""]
+    if verdict.undecided:
+        heading = undecided_heading(len(verdict.undecided), (verdict.time_budget or {}).get("seconds"))
+        consequence = (
+            "they fail the run (`--attnkit-out-of-time=fail`)"
+            if "not-reached" in verdict.failing_outcomes
+            else "they do not fail the run; they are measured where there is no budget (nightly)"
+        )
+        names = ", ".join(f"`{name}`" for name in verdict.undecided)
+        lines += [f"**⏱️ {heading}**; {consequence}: {names}.", ""]
     attention = [c for c in verdict.benchmarks if c.outcome != "same"]
     if attention:
         rank = {v: i for i, v in enumerate(OUTCOMES)}

@@ -1,8 +1,10 @@
 """A verdict in the terminal: the table of the benchmarks that need attention and the one line
-that says whether the gate passed (written by the plugin at the end of a run)."""
+that says whether the gate passed (written by the plugin at the end of a run); a run its time
+budget cut names the rows it did not decide on that line too."""
 
 from __future__ import annotations
 
+from attnkit_perf.decide.out_of_time import undecided_line
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 
 
@@ -27,6 +29,15 @@ def format_table(rows: list[BenchmarkVerdict]) -> list[str]:
 
 
 def summary_line(doc: VerdictDocument) -> str:
+    line = _outcome_line(doc)
+    budget = (doc.time_budget or {}).get("seconds")
+    undecided = undecided_line(doc.benchmarks, budget)
+    if undecided is None:
+        return line
+    return f"{line}; {undecided}"
+
+
+def _outcome_line(doc: VerdictDocument) -> str:
     counts = doc.counts()
     parts = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no benchmark"
     if not doc.complete:

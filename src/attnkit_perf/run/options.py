@@ -4,12 +4,14 @@ silently not happen is a :class:`pytest.UsageError` here, before any benchmark r
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
 from attnkit_perf.decide import gate, pooled
+from attnkit_perf.decide import out_of_time as out_of_time_
 from attnkit_perf.decide.baseline import RECORD_COMMAND, baseline_path, load_baseline, missing_message
 from attnkit_perf.decide.formats import FormatError, read_json
 from attnkit_perf.decide.host import host_noise_name
@@ -36,6 +38,7 @@ def thresholds(opt: dict, mode: str | None) -> gate.Thresholds:
         memory_abs_bytes=int(opt["memory_abs_mib"] * gate.MIB),
         noise_k=opt["noise_k"],
         fail_on_inconclusive=opt["fail_on_inconclusive"],
+        fail_out_of_time=out_of_time(opt.get("out_of_time")) == "fail",
         allow_dropped=opt["allow_dropped"],
         host_slower=_or_default(opt.get("host_slower"), gate.Thresholds.host_slower),
         host_count_slower=_host_count_slower(opt.get("host_count_slower")),
@@ -54,6 +57,40 @@ def _host_count_slower(value: float | None) -> float:
         return gate.Thresholds.host_count_slower
     if not 0 <= value < 1:
         raise _usage(f"--attnkit-host-count-slower: expected a fraction in [0, 1), got {value}")
+    return value
+
+
+def time_budget(value: str | None, mode: str | None, ini: str | None = None) -> float | None:
+    """``--attnkit-time-budget`` (``value``), else the ini key ``attnkit_time_budget`` (``ini``):
+    seconds for the paired run (None: no budget; also ``none``). Given outside paired mode, the
+    option is a usage error; the ini key, which every run of the project reads, applies to
+    paired runs only."""
+    if value is None and ini not in (None, "") and mode != "paired":
+        return None
+    value = ini if value is None else value
+    if value is None or str(value).strip().lower() in ("", "none"):
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise _usage(f"--attnkit-time-budget: expected a number of seconds > 0 or 'none', got {value!r}")
+    if mode != "paired":
+        raise _usage(
+            "--attnkit-time-budget plans paired mode's rows (--attnkit-base=REF); "
+            f"this run is {'in ' + mode + ' mode' if mode else 'not comparing'}: drop the option"
+        )
+    return seconds
+
+
+def out_of_time(value: str | None) -> str:
+    """``--attnkit-out-of-time``: whether rows the time budget left undecided pass the run
+    (the default) or fail it."""
+    value = "pass" if value in (None, "") else str(value).strip().lower()
+    if value not in out_of_time_.CHOICES:
+        choices = " or ".join(out_of_time_.CHOICES)
+        raise _usage(f"--attnkit-out-of-time: expected {choices}, got {value!r}")
     return value
 
 

@@ -1,6 +1,7 @@
 """One benchmark through paired mode, in order: its GPU time measured in looks, each a set of
-fresh processes, until the sequential rule settles it or the run's look budget says stop
-(:func:`measure_looks`; :mod:`attnkit_perf.decide.sequential`), the host metric on more
+fresh processes, until the sequential rule settles it or the run's look budget or time budget
+says stop (:func:`measure_looks`; :mod:`attnkit_perf.decide.sequential`,
+:mod:`attnkit_perf.run.time_budget`), the host metric on more
 processes while it cannot tell (:func:`attnkit_perf.measure.host_rounds.extend_host`; no wall
 time at all where the host work count decided it), and a host slowdown confirmed on fresh
 processes of both sides. The session turns the outcome into the
@@ -16,6 +17,7 @@ from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.decide.sequential import LookBudget
 from attnkit_perf.measure.host_rounds import extend_host
 from attnkit_perf.measure.paired_session import PairedSession, PairedSettings, SideResult
+from attnkit_perf.run.time_budget import RowClock
 
 
 def measure_looks(
@@ -26,13 +28,16 @@ def measure_looks(
     host: bool,
     budget: LookBudget | None = None,
     earlier: tuple = (),
+    clock: RowClock | None = None,
 ) -> tuple[dict[str, SideResult], dict[str, float]]:
     """``(results, seconds)``: ``case`` measured in looks of ``settings.pairs_per_look`` pairs,
     the first on the current workers (with the host work count when ``host``, and the host
     metric's wall time where the count does not decide it), each further one on a
     fresh set (:meth:`PairedSession.restart`) pooled into ``results``, while the rule is
     inconclusive and ``budget`` (default: the plan's looks) allows. ``settings.budget_s`` caps
-    the time spent measuring, never before the second look (a slowdown needs two sets).
+    the time spent measuring, never before the second look (a slowdown needs two sets);
+    ``clock``, the row's share of the run's time budget, is asked before each further look and
+    told what each look took (``clock.cut`` then says whether it stopped the row).
     ``seconds``: "prepare" and "measure" of the first look, "looks" of the others (restarts,
     preparation and pairs)."""
     budget = budget or LookBudget(rule.plan, bank=rule.plan.looks)
@@ -45,15 +50,22 @@ def measure_looks(
     start = time.perf_counter()
     results = paired.measure(case, one, lambda r: True, host=host, host_wall=rule.host_needs_wall)
     seconds = {"prepare": paired.last_prepare_s, "measure": time.perf_counter() - start}
+    if clock is not None:
+        clock.record("first", seconds["measure"])
     looks = 1
     if not any(r.unsupported for r in results.values()):
         while not rule.decide(results, *earlier).settled and budget.may_look(looks):
             if looks >= 2 and time.perf_counter() - start > settings.budget_s:
                 break
+            if clock is not None and not clock.may_look():
+                break
             began = time.perf_counter()
             paired.restart()
             fresh = paired.measure(case, one, lambda r: True)
-            seconds["looks"] = seconds.get("looks", 0.0) + time.perf_counter() - began
+            took = time.perf_counter() - began
+            seconds["looks"] = seconds.get("looks", 0.0) + took
+            if clock is not None:
+                clock.record("look", took)
             if any(r.unsupported for r in fresh.values()):
                 break  # a fresh base worker failed: the evidence so far stands
             for side, result in fresh.items():
@@ -71,6 +83,7 @@ def measure_paired(
     host: bool,
     confirm: bool,
     budget: LookBudget | None = None,
+    clock: RowClock | None = None,
 ) -> tuple[Decision | None, list[dict], dict[str, float]]:
     """``(decision, measurements, seconds)`` for ``case`` (:meth:`BenchCase.as_dict`).
 
@@ -78,8 +91,9 @@ def measure_paired(
     looks pooled), then the host metric's confirmation where there was one; ``seconds``: where the gate's own
     time went: "measure" is the first look, its "prepare" included, "looks" the further ones; a
     host suspect adds "restart" (fresh workers) and "confirm"; more processes for the host
-    metric add "host_restart" and "host_more" (a confirmation's with the prefix "confirm_")."""
-    results, seconds = measure_looks(paired, rule, case, settings, host, budget)
+    metric add "host_restart" and "host_more" (a confirmation's with the prefix "confirm_").
+    ``clock``: the row's share of the run's time budget (:func:`measure_looks`)."""
+    results, seconds = measure_looks(paired, rule, case, settings, host, budget, clock=clock)
     measurements = [results]
     decision = rule.unsupported(results)
     if decision is not None or results["head"].unsupported:

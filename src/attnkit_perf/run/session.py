@@ -29,6 +29,7 @@ from attnkit.errors import UnsupportedProblemError
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.baseline import baseline_path, save_baseline
 from attnkit_perf.decide.formats import FormatError
+from attnkit_perf.decide.out_of_time import after_looks, not_reached
 from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.sequential import LookBudget, SequentialPlan
@@ -53,6 +54,9 @@ from attnkit_perf.run import shards, sides
 from attnkit_perf.run.backend_choice import grid_backends, grid_cases
 from attnkit_perf.run.paired_benchmark import measure_paired
 from attnkit_perf.run.stored_recheck import Adjudicator, adjudicate_rows
+from attnkit_perf.run.time_budget import TimeBudget, row_kind, run_order
+from attnkit_perf.select.priority import TIERS, row_priority
+from attnkit_perf.select.rules import Affected
 
 #: ``user_properties`` keys of a benchmark's verdict row and of the row of one that raised.
 VERDICT_PROPERTY = "attnkit_verdict"
@@ -107,6 +111,15 @@ class PerfSession:
         self.suspects: list = []
         #: Paired mode's looks over fresh processes, lent from the rows that settled early.
         self.look_budget = LookBudget(SequentialPlan())
+        #: Paired mode's wall time (``--attnkit-time-budget``), counted from here, and what each
+        #: kind of row costs (:mod:`attnkit_perf.run.time_budget`).
+        self.time_budget = TimeBudget(
+            options_.time_budget(options.get("time_budget"), self.mode, options.get("time_budget_ini"))
+        )
+        #: The diff's decision (:mod:`attnkit_perf.select`) when the run selected from one: the
+        #: order of the rows (:meth:`order_rows`). Benchmark name -> its tier once ordered.
+        self.affected: Affected | None = None
+        self.priority: dict[str, int] = {}
         #: This runner's part of a split grid (``--attnkit-shard``), the verdict's ``shard``.
         self.shard: dict | None = None
         self._elsewhere: set[str] = set()
@@ -169,6 +182,30 @@ class PerfSession:
             item for item in rest if by_id[item.nodeid] != index
         ]
 
+    def order_rows(self, items: list, name_of) -> None:
+        """Paired mode: the benchmarks among ``items`` (``name_of(item)``: its benchmark's name)
+        reordered in place, the rows the diff reaches most directly first
+        (:func:`attnkit_perf.select.priority.row_priority`), within a tier the cheapest first
+        (:class:`attnkit_perf.run.time_budget.RowCosts`); every other item keeps its place."""
+        cases = {c.name: c for c in self.grid(gpu=True) + self.grid(gpu=False)}
+        slots = [i for i, item in enumerate(items) if name_of(item) in cases]
+        timed = [items[i] for i in slots]
+        self.priority = {name_of(item): row_priority(self.affected, cases[name_of(item)]) for item in timed}
+        order = run_order(
+            [cases[name_of(item)] for item in timed], lambda c: self.priority[c.name], self.time_budget.costs
+        )
+        by_name = {name_of(item): item for item in timed}
+        if len(by_name) == len(timed):  # one item per benchmark, as the perf suite collects them
+            for slot, case in zip(slots, order, strict=True):
+                items[slot] = by_name[case.name]
+        tiers = [sum(t == tier for t in self.priority.values()) for tier in range(len(TIERS))]
+        if self.time_budget.seconds is not None and slots:
+            listed = "; ".join(f"{n} {why}" for n, why in zip(tiers, TIERS, strict=True) if n)
+            self.notes.append(
+                f"time budget {self.time_budget.seconds:g} s; rows in this order, the cheapest first "
+                f"within each: {listed}"
+            )
+
     def grid(self, gpu: bool) -> list[BenchCase]:
         """The cases this run's backends have on the GPU grid (``gpu``) or the CPU smoke grid."""
         return grid_cases(self.backends, gpu)
@@ -228,6 +265,15 @@ class PerfSession:
         """Measure ``case`` on both sides until :class:`PairedRule` settles it (and its host
         metric, where timed), confirm a slowdown on fresh processes, and attach the verdict row
         to the test."""
+        kind = row_kind(case)
+        priority = self.priority.get(case.name)
+        clock = self.time_budget.start(kind)
+        if isinstance(clock, str):  # the budget is spent: named, not silently dropped
+            decision = not_reached(clock)
+            if priority is not None:
+                decision.extra["priority"] = TIERS[priority]
+            self._attach(node, BenchmarkVerdict.from_decision(describe(case), decision))
+            return
         settings = self.paired_settings()
         rule = PairedRule(
             self.thresholds,
@@ -245,10 +291,14 @@ class PerfSession:
             host=self.host_timed(case),
             confirm=not self.opt["no_confirm"],
             budget=self.look_budget,
+            clock=clock,
         )
         if decision is None:
             pytest.skip(f"neither side runs this case: {measurements[0]['head'].unsupported}")
+        decision = after_looks(decision, clock.cut, measurements[0]["head"].looks, rule.plan.looks)
         decision.extra["seconds"] = {step: round(s, 3) for step, s in seconds.items()}
+        if priority is not None:
+            decision.extra["priority"] = TIERS[priority]
         self._attach(node, paired_row(describe(case), decision, measurements, case.flops))
 
     def _attach(self, node, row: BenchmarkVerdict) -> None:
@@ -257,7 +307,8 @@ class PerfSession:
             pytest.fail(f"{row.name}: {row.outcome}: {row.reason}", pytrace=False)
 
     def _failing_outcomes(self) -> tuple[str, ...]:
-        return gate.failing_outcomes(self.thresholds.fail_on_inconclusive, self.thresholds.allow_dropped)
+        t = self.thresholds
+        return gate.failing_outcomes(t.fail_on_inconclusive, t.allow_dropped, t.fail_out_of_time)
 
     def record_error(self, nodeid: str, name: str, excinfo) -> BenchmarkVerdict:
         """The "error" row of a benchmark whose test raised ``excinfo`` (failing)."""
@@ -399,4 +450,5 @@ class PerfSession:
             complete=complete,
             selection=self.selection,
             shard=self.shard,
+            time_budget=self.time_budget.summary() if self.mode == "paired" else None,
         )
