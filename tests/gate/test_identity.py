@@ -15,7 +15,8 @@ TRACE = [
     {"ph": "X", "cat": "kernel", "name": "_plain_fwd_kernel", "ts": 30,
      "args": {"grid": [32, 1, 1], "block": [128, 1, 1], "shared memory": 65536,
               "registers per thread": 168, "stream": 7, "correlation": 99}},
-    {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 10, "args": {"bytes": 4096, "stream": 7}},
+    {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 10,
+     "args": {"bytes": 4096, "stream": 7}},
     {"ph": "X", "cat": "cuda_runtime", "name": "cuLaunchKernel", "ts": 20},
 ]  # fmt: skip
 
