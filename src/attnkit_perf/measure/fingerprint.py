@@ -91,7 +91,9 @@ def compiled_binaries(names: set[str]) -> dict[str, list[str]]:
         return {}
     found: dict[str, set[str]] = {}
     for obj in gc.get_objects():
-        if not isinstance(obj, JITFunction):
+        # type(), not isinstance(): isinstance reads __class__, which some lazy modules' objects
+        # answer with a deprecation warning.
+        if not issubclass(type(obj), JITFunction):
             continue
         for caches in getattr(obj, "device_caches", {}).values():
             for compiled in caches[0].values():
