@@ -30,6 +30,9 @@ request                                        answer
                                                (:func:`attnkit_perf.measure.hostcount.host_count`):
                                                ``{"ok", "instructions", "c_calls", "fastpath",
                                                "repeatable", "counts", "environment"}``
+``{"op": "fingerprint"}``                      the GPU work of one call (:func:`attnkit_perf.measure.
+                                               fingerprint.launch_fingerprint`): ``{"ok",
+                                               "fingerprint"}`` (None where none can be taken)
 ``{"op": "release"}``                          drops the case and frees its memory
 =============================================  ======================================================
 
@@ -58,6 +61,7 @@ def _serve(out) -> None:
         if hasattr(errors, name)
     )
     from attnkit_perf.measure.cases import BenchCase
+    from attnkit_perf.measure.fingerprint import launch_fingerprint
     from attnkit_perf.measure.host import build_measured, host_per_call, kept_bytes
     from attnkit_perf.measure.hostcount import REPEATS, host_count
     from attnkit_perf.measure.machine import provenance
@@ -148,6 +152,8 @@ def _serve(out) -> None:
                 answer({"ok": True, **host_per_call(runner, device, request["batches"])})
             elif op == "count":
                 answer({"ok": True, **host_count(runner, request.get("repeats", REPEATS))})
+            elif op == "fingerprint":
+                answer({"ok": True, "fingerprint": launch_fingerprint(runner, device)})
             elif op == "release":
                 runner, built = None, None
                 if device.type == "cuda":

@@ -1,0 +1,104 @@
+"""What one call of a benchmark runs on the GPU, as data: every kernel it launches, in order, with
+its launch configuration, every device copy and fill with its size, and the machine code of each
+compiled Triton or Gluon kernel among them.
+
+Paired mode compares the two sides' fingerprints before it times anything
+(:mod:`attnkit_perf.decide.identity`): both sides run in one environment (one torch, Triton,
+driver and GPU), so a call that launches the same binaries with the same grids, blocks and shared
+memory, and copies the same bytes, does the same GPU work, and timing it could only measure
+noise. This is the benchmark-level form of a SASS diff: NVIDIA's CCCL plans to run only the
+benchmarks whose machine code changed.
+
+The launches are read from the profiler's trace (CUPTI through Kineto), which sees every kernel,
+attnkit's own, cuDNN's or an inductor graph's, however it was launched: Triton's launcher,
+attnkit's bound fast launch, its compiled fast path or a CUDA graph replay. A kernel of a library
+(cuDNN, cuBLAS, ATen) is named by its symbol; the library's code is the environment's, the same
+on both sides. A Triton or Gluon kernel's symbol is its function's name, shared by every
+specialisation, so its binary is named too: the digest of every binary of that name compiled in
+the process (``CompiledKernel.kernel``, the cubin), taken from each ``JITFunction``'s caches.
+
+Scalar arguments are not part of the fingerprint: a change that passes other values to the same
+binary with the same launch shape (a loop bound, say) is not seen here. Such a change alters the
+results as well, which the correctness suite compares; a row is timed whenever the fingerprint
+differs or cannot be taken (no CUDA device, a profiler that records no kernel).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+
+#: Trace categories (Kineto's names) that are GPU work, and the arguments of each that shape it.
+_KERNEL_ARGS = ("grid", "block", "shared memory", "registers per thread")
+_COPY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
+
+
+def launch_fingerprint(call: Callable[[], object], device) -> dict | None:
+    """The fingerprint of one ``call()`` on ``device`` (the module docstring), or None where it
+    cannot be taken (not a CUDA device, or the trace held no GPU work). ``call`` must have been
+    run before (compiled, warmed up): the first call's compilation is no part of the answer.
+
+    ``{"launches": [[kind, name, {arg: value}], ...], "binaries": {name: [digest, ...]}}``:
+    ``kind`` is "kernel", "gpu_memcpy" or "gpu_memset" (copies carry their bytes)."""
+    import torch
+
+    if getattr(device, "type", str(device)) != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    activities = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        call()
+        torch.cuda.synchronize(device)
+    with tempfile.TemporaryDirectory(prefix="attnkit-trace-") as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    launches = gpu_work(trace.get("traceEvents", []))
+    if not launches:
+        return None
+    names = {name for kind, name, _ in launches if kind == "kernel"}
+    return {"launches": launches, "binaries": compiled_binaries(names)}
+
+
+def gpu_work(events: list[dict]) -> list[list]:
+    """``[kind, name, args]`` of each GPU event of a Chrome trace, in the order they started."""
+    work = []
+    for event in events:
+        category = event.get("cat")
+        if category != "kernel" and category not in _COPY_CATEGORIES:
+            continue
+        args = event.get("args", {})
+        if category == "kernel":
+            shape = {key: args[key] for key in _KERNEL_ARGS if key in args}
+        else:
+            shape = {"bytes": args.get("bytes")}
+        work.append((event.get("ts", 0), [category, event.get("name", ""), shape]))
+    work.sort(key=lambda item: item[0])
+    return [item for _, item in work]
+
+
+def compiled_binaries(names: set[str]) -> dict[str, list[str]]:
+    """Per kernel name of ``names``, the sorted digests of every binary of that name that a
+    ``JITFunction`` of this process has compiled (Triton's and Gluon's; none for a library's)."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return {}
+    found: dict[str, set[str]] = {}
+    for obj in gc.get_objects():
+        # type(), not isinstance(): isinstance reads __class__, which some lazy modules' objects
+        # answer with a deprecation warning.
+        if not issubclass(type(obj), JITFunction):
+            continue
+        for caches in getattr(obj, "device_caches", {}).values():
+            for compiled in caches[0].values():
+                name = getattr(compiled, "name", None)
+                binary = getattr(compiled, "kernel", None)
+                if name in names and isinstance(binary, (bytes, bytearray)):
+                    found.setdefault(name, set()).add(hashlib.sha256(binary).hexdigest()[:16])
+    return {name: sorted(digests) for name, digests in sorted(found.items())}

@@ -1,0 +1,77 @@
+"""Paired mode's identity check: the GPU work of one call on each side, compared launch by launch
+(attnkit_perf.measure.fingerprint, attnkit_perf.decide.identity)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from attnkit_perf.decide.identity import compare_fingerprints, identity_decision
+from attnkit_perf.measure.fingerprint import compiled_binaries, gpu_work, launch_fingerprint
+
+TRACE = [
+    {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "ts": 1},
+    {"ph": "X", "cat": "kernel", "name": "_plain_fwd_kernel", "ts": 30,
+     "args": {"grid": [32, 1, 1], "block": [128, 1, 1], "shared memory": 65536,
+              "registers per thread": 168, "stream": 7, "correlation": 99}},
+    {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 10,
+     "args": {"bytes": 4096, "stream": 7}},
+    {"ph": "X", "cat": "cuda_runtime", "name": "cuLaunchKernel", "ts": 20},
+]  # fmt: skip
+
+
+def fingerprint(trace=TRACE, binaries=None):
+    return {"launches": gpu_work(trace), "binaries": binaries or {"_plain_fwd_kernel": ["aaaa"]}}
+
+
+def test_the_gpu_work_is_every_kernel_copy_and_fill_in_the_order_they_started():
+    work = gpu_work(TRACE)
+    assert work == [
+        ["gpu_memset", "Memset (Device)", {"bytes": 4096}],
+        ["kernel", "_plain_fwd_kernel", {"grid": [32, 1, 1], "block": [128, 1, 1], "shared memory": 65536,
+                                         "registers per thread": 168}],
+    ]  # fmt: skip
+
+
+def test_the_same_launches_of_the_same_binaries_are_identical_and_decide_same_untimed():
+    identity = compare_fingerprints(fingerprint(), copy.deepcopy(fingerprint()))
+    assert identity.identical and identity.launches == 2
+    decision = identity_decision(identity)
+    assert decision.outcome == "same" and decision.ratio is None and "not timed" in decision.reason
+
+
+def test_another_grid_another_binary_or_one_more_kernel_differs_and_names_the_difference():
+    other_grid = copy.deepcopy(TRACE)
+    other_grid[1]["args"]["grid"] = [64, 1, 1]
+    identity = compare_fingerprints(fingerprint(), fingerprint(other_grid))
+    assert identity.outcome == "differs" and "launch 2" in identity.reason and "[64, 1, 1]" in identity.reason
+
+    identity = compare_fingerprints(fingerprint(), fingerprint(binaries={"_plain_fwd_kernel": ["bbbb"]}))
+    assert identity.outcome == "differs" and "_plain_fwd_kernel" in identity.reason
+
+    zeroed = [*TRACE, {"cat": "kernel", "name": "fill_kernel", "ts": 40, "args": {"grid": [8, 1, 1]}}]
+    identity = compare_fingerprints(fingerprint(), fingerprint(zeroed))
+    assert (
+        identity.outcome == "differs"
+        and "2 -> 3 launches" in identity.reason
+        and "fill_kernel" in identity.reason
+    )
+
+    bigger_copy = copy.deepcopy(TRACE)
+    bigger_copy[2]["args"]["bytes"] = 8192
+    assert compare_fingerprints(fingerprint(), fingerprint(bigger_copy)).outcome == "differs"
+
+
+def test_a_missing_fingerprint_is_unknown_so_the_row_is_timed():
+    identity = compare_fingerprints(None, fingerprint())
+    assert identity.outcome == "unknown" and "base" in identity.reason
+    assert not compare_fingerprints(fingerprint(), None).identical
+
+
+def test_no_fingerprint_is_taken_off_a_gpu():
+    assert launch_fingerprint(lambda: torch.ones(3), torch.device("cpu")) is None
+
+
+def test_binaries_are_named_only_for_the_kernels_asked_about():
+    assert compiled_binaries({"no_such_kernel_anywhere"}) == {}
