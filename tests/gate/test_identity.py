@@ -75,3 +75,68 @@ def test_no_fingerprint_is_taken_off_a_gpu():
 
 def test_binaries_are_named_only_for_the_kernels_asked_about():
     assert compiled_binaries({"no_such_kernel_anywhere"}) == {}
+
+
+# --- in paired mode's procedure -------------------------------------------------------------------
+
+
+def _rule():
+    from attnkit_perf.decide.gate import Thresholds
+    from attnkit_perf.decide.paired_rule import PairedRule
+
+    return PairedRule(Thresholds(), alpha=0.001, threshold=0.02)
+
+
+class OneLookSession:
+    """A paired session that answers one look: the first workers' fingerprints, and blocks only
+    when the rule did not find the same GPU work on both sides (as PairedSession does)."""
+
+    def __init__(self, base_fingerprint, head_fingerprint, peaks=(1000, 1000)):
+        self.fingerprints = {"base": base_fingerprint, "head": head_fingerprint}
+        self.peaks = dict(zip(("base", "head"), peaks, strict=True))
+        self.last_prepare_s, self.restarts, self.timed = 0.0, 0, False
+
+    def measure(self, case, settings, settled, host=False, host_wall=None, same_work=None):
+        from attnkit_perf.measure.paired_session import SideResult
+
+        results = {
+            side: SideResult(fingerprint=self.fingerprints[side], peak_bytes=self.peaks[side])
+            for side in ("base", "head")
+        }
+        if same_work is None or not same_work(results):
+            self.timed = True
+            for side in results:
+                results[side].blocks, results[side].workers = [1.0, 1.3] * 4, list(range(8))
+        return results
+
+    def restart(self):
+        self.restarts += 1
+
+
+def test_a_row_with_the_same_gpu_work_is_same_without_a_block_timed_or_a_fresh_process():
+    from attnkit_perf.measure.paired_session import PairedSettings
+    from attnkit_perf.run.paired_benchmark import measure_looks
+
+    paired = OneLookSession(fingerprint(), copy.deepcopy(fingerprint()))
+    results, _ = measure_looks(paired, _rule(), {}, PairedSettings(), host=False)
+    decision = _rule().decide(results)
+    assert decision.outcome == "same" and "not timed" in decision.reason
+    assert not paired.timed and paired.restarts == 0 and results["head"].blocks == []
+
+
+def test_the_same_gpu_work_with_more_memory_still_fails_on_memory():
+    paired = OneLookSession(fingerprint(), fingerprint(), peaks=(1000, 50 * 2**20))
+    results = paired.measure({}, None, None, same_work=_rule().same_work)
+    decision = _rule().decide(results)
+    assert decision.outcome == "more-memory" and decision.extra["time_outcome"] == "same"
+
+
+def test_other_gpu_work_is_timed_as_before():
+    from attnkit_perf.measure.paired_session import PairedSettings
+    from attnkit_perf.run.paired_benchmark import measure_looks
+
+    other = fingerprint(binaries={"_plain_fwd_kernel": ["bbbb"]})
+    paired = OneLookSession(fingerprint(), other)
+    results, _ = measure_looks(paired, _rule(), {}, PairedSettings(), host=False)
+    assert paired.timed and results["head"].blocks
+    assert "not timed" not in _rule().decide(results).reason

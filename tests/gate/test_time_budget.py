@@ -124,7 +124,7 @@ class FakePaired:
     def __init__(self, clock: VirtualClock, look_s: float) -> None:
         self.clock, self.look_s, self.last_prepare_s, self.restarts = clock, look_s, 0.0, 0
 
-    def measure(self, case, settings, settled, host=False, host_wall=None):
+    def measure(self, case, settings, settled, host=False, host_wall=None, same_work=None):
         self.clock.now += self.look_s
         self.last_prepare_s = self.look_s / 2
         blocks = [1.0, 1.1] * (settings.pairs_per_look // 2)
@@ -143,7 +143,10 @@ def test_a_row_still_undecided_when_the_time_runs_out_is_cut_and_says_why(monkey
     row = budget.start("eager fwd")
     paired = FakePaired(clock, look_s=30.0)
     rule = SimpleNamespace(
-        plan=SequentialPlan(), decide=lambda *results: Decision("inconclusive"), host_needs_wall=None
+        plan=SequentialPlan(),
+        decide=lambda *results: Decision("inconclusive"),
+        host_needs_wall=None,
+        same_work=None,
     )
     settings = PairedSettings(budget_s=1e9)
     results, seconds = paired_benchmark.measure_looks(

@@ -18,10 +18,11 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from attnkit_perf.decide.gate import Decision, Thresholds, confirm_slowdown
+from attnkit_perf.decide.gate import Decision, Thresholds, _with_memory, confirm_slowdown
 from attnkit_perf.decide.host import decide_host, host_summary, join_host, with_kept
 from attnkit_perf.decide.hostbound import host_bound_throughout, paired_limit
 from attnkit_perf.decide.hostcount import CountComparison, compare_counts, count_decision
+from attnkit_perf.decide.identity import Identity, compare_fingerprints, identity_decision
 from attnkit_perf.decide.sequential import SequentialPlan, decide_sequential
 
 
@@ -47,11 +48,28 @@ class PairedRule:
     #: The GPU time's sequential plan: looks over fresh sets of processes, levels spent over them.
     plan: SequentialPlan = field(default_factory=SequentialPlan)
 
+    def identity(self, results: Mapping) -> Identity:
+        """The two sides' fingerprints compared (:mod:`attnkit_perf.decide.identity`)."""
+        return compare_fingerprints(
+            getattr(results["base"], "fingerprint", None), getattr(results["head"], "fingerprint", None)
+        )
+
+    def same_work(self, results: Mapping) -> bool:
+        """Whether both sides run the same GPU work, so the GPU time needs no timing."""
+        return self.identity(results).identical
+
     def decide(self, results: Mapping, *earlier: Mapping) -> Decision:
-        """The GPU time's decision on ``results`` (its blocks, pooled over ``looks`` sets of
-        processes: :func:`attnkit_perf.decide.sequential.decide_sequential`); ``earlier``
-        measurements of the same benchmark only tighten the host-bound classification."""
+        """The GPU time's decision on ``results``: same, untimed, where both sides run the same
+        GPU work (:meth:`same_work`); else on its blocks, pooled over ``looks`` sets of
+        processes (:func:`attnkit_perf.decide.sequential.decide_sequential`); ``earlier``
+        measurements of the same benchmark only tighten the host-bound classification. Memory is
+        judged by its own rule either way."""
         base, head = results["base"], results["head"]
+        identity = self.identity(results)
+        if identity.identical:
+            return _with_memory(
+                identity_decision(identity), base.peak_bytes, head.peak_bytes, self.thresholds
+            )
         limit = paired_limit(self.threshold, self.thresholds, host_bound_throughout(results, *earlier))
         return decide_sequential(
             base.blocks,

@@ -124,6 +124,9 @@ class SideResult:
     host_counts: list[dict] = field(default_factory=list)
     #: Sets of processes whose blocks these are (:meth:`pool_look`).
     looks: int = 1
+    #: The GPU work of one call on the first worker (:mod:`attnkit_perf.measure.fingerprint`);
+    #: None where none was taken.
+    fingerprint: dict | None = None
 
     @property
     def median_s(self) -> float | None:
@@ -311,10 +314,15 @@ class PairedSession:
             self._standby = None
         shutil.rmtree(self._scratch, ignore_errors=True)
 
-    def _prepare(self, case: dict) -> tuple[dict[str, SideResult], int | None]:
+    def _prepare(
+        self, case: dict, same_work: Callable[[dict[str, SideResult]], bool] | None = None
+    ) -> tuple[dict[str, SideResult], int | None, bool]:
+        """Every worker built, warmed up and planned for ``case``: ``(results, reps, identical)``.
+        ``same_work``: asked once both first workers are ready, with their fingerprints in
+        ``results``; where it says the two sides run the same GPU work (``identical``), the other
+        workers are left unprepared (:meth:`_prepare_others` prepares them when needed)."""
         results = {side: SideResult() for side in self.sides}
         firsts = [("head", 0), ("base", 0)]
-        others = [(side, i) for side in ("head", "base") for i in range(1, len(self.workers[side]))]
         build = {"op": "prepare", "case": case}
         # Each side's first worker builds the case and compiles what the shared cache lacks: both
         # at once where two cores allow (a kernel the change touches compiles on each side in
@@ -330,12 +338,33 @@ class PairedSession:
         for key in firsts:
             if answers[key]["ok"]:
                 answers[key].update(self._ask_all([key], {"op": "plan"})[key])
-        # The other workers build (loading the kernels from the cache) and warm up at once: only
-        # their pairs are used, and peak memory is per process either way.
-        answers.update(self._ask_all(others, build))
+        self._read_answers(case, answers, results)
+        identical = False
+        if same_work is not None and not any(r.unsupported for r in results.values()):
+            for (side, _), answer in self._ask_all(firsts, {"op": "fingerprint"}).items():
+                if not answer["ok"]:
+                    raise WorkerError(f"{side} could not take a fingerprint: {answer['error']}", side)
+                results[side].fingerprint = answer["fingerprint"]
+            identical = same_work(results)
+        if not identical:
+            self._prepare_others(case, results)
+        return results, answers[("head", 0)].get("reps"), identical
+
+    def _prepare_others(self, case: dict, results: dict[str, SideResult]) -> None:
+        """The workers past each side's first built and planned for ``case`` (their answers read
+        into ``results``)."""
+        if any(r.unsupported for r in results.values()):
+            return
+        # They build (loading the kernels from the cache) and warm up at once: only their pairs
+        # and host metric are used, and peak memory is per process either way.
+        others = [(side, i) for side in ("head", "base") for i in range(1, len(self.workers[side]))]
+        answers = self._ask_all(others, {"op": "prepare", "case": case})
         planned = [key for key in others if answers[key]["ok"]]
         for key, answer in self._ask_all(planned, {"op": "plan"}).items():
             answers[key].update(answer)
+        self._read_answers(case, answers, results)
+
+    def _read_answers(self, case: dict, answers: dict, results: dict[str, SideResult]) -> None:
         for (side, i), answer in answers.items():
             if "unsupported" in answer:
                 results[side].unsupported = answer["unsupported"]
@@ -351,8 +380,6 @@ class PairedSession:
                 results[side].peak_bytes = answer["peak_bytes"]
                 results[side].host_share = answer["host_share"]
                 results[side].kept_bytes = answer.get("kept_bytes")
-        head = answers[("head", 0)]
-        return results, head.get("reps")
 
     def _ask_all(self, keys: list[tuple[str, int]], request: dict) -> dict[tuple[str, int], dict]:
         """``request`` sent to the workers ``keys`` (``(side, index)``) at once, each with its own
@@ -385,11 +412,16 @@ class PairedSession:
             ]
             result.host_dropped = sum(a["dropped"] for got in per_worker for a in got)
 
-    def _host_counts(self, results: dict[str, SideResult]) -> None:
-        """The host work count on every worker of both sides, into ``results`` (each worker
-        counts its call more than once: :data:`attnkit_perf.measure.hostcount.REPEATS`). The
-        workers count at once: a count does not depend on what else runs, only on the code."""
-        every = [(side, worker) for side in self.sides for worker in self.workers[side]]
+    def _host_counts(self, results: dict[str, SideResult], firsts_only: bool = False) -> None:
+        """The host work count on every worker of both sides (``firsts_only``: on each side's
+        first, the only ones prepared), into ``results`` (each worker counts its call more than
+        once: :data:`attnkit_perf.measure.hostcount.REPEATS`). The workers count at once: a
+        count does not depend on what else runs, only on the code."""
+        every = [
+            (side, worker)
+            for side in self.sides
+            for worker in self.workers[side][: 1 if firsts_only else None]
+        ]
         for _, worker in every:
             worker.send({"op": "count"})
         for side, worker in every:
@@ -412,17 +444,21 @@ class PairedSession:
         settled: Callable[[dict[str, SideResult]], bool],
         host: bool = False,
         host_wall: Callable[[dict[str, SideResult]], bool] | None = None,
+        same_work: Callable[[dict[str, SideResult]], bool] | None = None,
     ) -> dict[str, SideResult]:
         """Measure ``case`` on both sides until ``settled(results)`` or the effort runs out;
         ``host``: then the host work count on every worker, and the host metric's wall time
         unless ``host_wall(results)`` says the count decided it (None: always).
+        ``same_work``: asked with both sides' fingerprints once their first workers are ready;
+        where it says the GPU work is the same, no pairs are measured and only the first workers
+        are used, unless the host metric's wall time is needed (then every worker is prepared).
 
         A side that rejects the case is returned with ``unsupported`` set and no blocks; so is
         the base when one of its workers fails (only the head's code is under test). A worker
         that died is replaced, with all the others, before the next benchmark; a failure of the
         head's is raised.
         """
-        return self._guarded(lambda: self._measure(case, settings, settled, host, host_wall))
+        return self._guarded(lambda: self._measure(case, settings, settled, host, host_wall, same_work))
 
     def measure_host(self, case: dict, settings: PairedSettings) -> dict[str, SideResult]:
         """The host metric alone on every worker (fresh ones, after :meth:`restart`): the case
@@ -441,19 +477,21 @@ class PairedSession:
             results["base"].unsupported = f"a base worker failed ({str(err).strip().splitlines()[-1]})"
             return results
 
-    def _measure(self, case, settings, settled, host, host_wall=None) -> dict[str, SideResult]:
+    def _measure(
+        self, case, settings, settled, host, host_wall=None, same_work=None
+    ) -> dict[str, SideResult]:
         absent = {side: self.absent[side].get(case["backend"]) for side in self.sides}
         if any(absent.values()):  # nothing to build on a side that does not have the backend
             self.last_prepare_s = 0.0
             return {side: SideResult(unsupported=why) for side, why in absent.items()}
         start = time.perf_counter()
-        results, reps = self._prepare(case)
+        results, reps, identical = self._prepare(case, same_work)
         self.last_prepare_s = time.perf_counter() - start
         try:
             if any(r.unsupported for r in results.values()):
                 return results
             start = time.perf_counter()
-            while settled is not None:  # None: the host metric alone
+            while settled is not None and not identical:  # None: the host metric alone
                 first = len(results["head"].blocks)
                 for pair in range(first, first + settings.step_pairs):
                     order = ("base", "head") if pair % 2 == 0 else ("head", "base")
@@ -466,8 +504,10 @@ class PairedSession:
                 if done >= settings.max_pairs or time.perf_counter() - start > settings.budget_s:
                     break
             if host:
-                self._host_counts(results)
+                self._host_counts(results, firsts_only=identical)
                 if host_wall is None or host_wall(results):
+                    if identical:  # the count cannot decide: its wall time needs every worker
+                        self._prepare_others(case, results)
                     self._host_rounds(results, settings)
             return results
         finally:

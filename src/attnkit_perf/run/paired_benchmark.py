@@ -48,7 +48,9 @@ def measure_looks(
         max_pairs=settings.pairs_per_look,
     )
     start = time.perf_counter()
-    results = paired.measure(case, one, lambda r: True, host=host, host_wall=rule.host_needs_wall)
+    results = paired.measure(
+        case, one, lambda r: True, host=host, host_wall=rule.host_needs_wall, same_work=rule.same_work
+    )
     seconds = {"prepare": paired.last_prepare_s, "measure": time.perf_counter() - start}
     if clock is not None:
         clock.record("first", seconds["measure"])
