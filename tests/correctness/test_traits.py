@@ -79,7 +79,7 @@ def test_each_built_in_declares_its_properties_on_the_device_types_where_they_ho
         (frozenset({"mps"}), frozenset({"mps"})),
         ((), frozenset()),
     ],
-    ids=repr,
+    ids=["true", "false", "cpu", "list-with-a-repeat", "frozenset", "empty"],
 )
 def test_a_declaration_is_stored_as_the_device_types_it_names(declared, names):
     backend = register_backend("declares", _fn, deterministic=declared, batch_invariant=declared)
@@ -108,7 +108,15 @@ def test_a_declaration_is_stored_as_the_device_types_it_names(declared, names):
         (("gpu",), ValueError, r"deterministic: 'gpu' is not a device type \(Expected one of cpu, cuda"),
         (("cuda:0",), ValueError, r"deterministic: 'cuda:0' names a device, not a device type: write 'cuda'"),
     ],
-    ids=repr,
+    ids=[
+        "a-word",
+        "a-bare-device-type",
+        "an-int",
+        "none",
+        "a-torch-device",
+        "an-unknown-type",
+        "an-indexed-device",
+    ],
 )
 def test_a_bad_declaration_is_refused_at_registration_naming_the_argument(declared, error, message):
     with pytest.raises(error, match=r"register_backend\('bad'\): " + message):
