@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit import BackendSpec, register_backend, unregister_backend
+from attnkit import BackendSpec, register_backend, registry, unregister_backend
 from attnkit.reference import naive_attention
 from attnkit.registry import Backend, get_backend
 from attnkit.suite.test_scale import (
@@ -41,6 +41,13 @@ PROPERTIES = ("deterministic", "deterministic_when_enforced", "batch_invariant",
 
 def _fn(q, k, v, *, causal, scale, window):
     return q
+
+
+def test_every_built_in_has_its_declarations_pinned_here():
+    registered = {name for name in registry.OWN_NAMES if name in registry._REGISTRY}
+    assert registered <= set(BUILT_IN_DECLARATIONS), (
+        f"not pinned: {sorted(registered - set(BUILT_IN_DECLARATIONS))}"
+    )
 
 
 @pytest.mark.parametrize("name", list(BUILT_IN_DECLARATIONS))
