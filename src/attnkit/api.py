@@ -178,8 +178,8 @@ def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
         orders = (
             _auto_candidates(inference, runs),
             _auto_candidates(training, runs),
-            _deterministic_candidates(training, runs, warn_only=False),
-            _deterministic_candidates(training, runs, warn_only=True),
+            _deterministic_candidates(training, runs, problem.device, warn_only=False),
+            _deterministic_candidates(training, runs, problem.device, warn_only=True),
         )
         # One order for every call (no path skipped under any mode): no per-call checks.
         run = partial(_run_first, orders[0]) if len(set(orders)) == 1 else partial(_run_by_grad, *orders)
@@ -228,13 +228,18 @@ def _auto_candidates(order: tuple[str, ...], runs: dict) -> tuple:
     )
 
 
-def _deterministic_candidates(order: tuple[str, ...], runs: dict, warn_only: bool) -> tuple:
+def _deterministic_candidates(
+    order: tuple[str, ...], runs: dict, device: torch.device, warn_only: bool
+) -> tuple:
     """:func:`_auto_candidates` of the training ``order`` under
     ``torch.use_deterministic_algorithms(True, warn_only=warn_only)``: a path whose backward is
-    not then deterministic (:func:`attnkit.auto.deterministic_order`) is skipped, with that reason."""
-    kept = set(deterministic_order(order, warn_only))
+    not then deterministic on ``device`` (:func:`attnkit.auto.deterministic_order`) is skipped,
+    with that reason."""
+    kept = set(deterministic_order(order, warn_only, device))
     mode = "True, warn_only=True" if warn_only else "True"
-    reason = f"its backward is not deterministic under torch.use_deterministic_algorithms({mode})"
+    reason = (
+        f"its backward is not deterministic on {device.type} under torch.use_deterministic_algorithms({mode})"
+    )
     marked = {name: run if name in kept else f"{name}: {reason}" for name, run in runs.items()}
     return _auto_candidates(order, marked)
 

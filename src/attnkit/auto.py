@@ -22,8 +22,8 @@ Which class a problem falls in (:func:`cell_key`):
   training step's forward is chosen by the cost of the forward and backward together).
 
 Under ``torch.use_deterministic_algorithms(True)`` a call that records a backward keeps, of
-that order, only the paths whose backward is then deterministic (:data:`DETERMINISTIC_BACKWARD`,
-:func:`deterministic_order`), whatever the table says is fastest.
+that order, only the paths whose backward is then deterministic on the call's device, as each
+backend declares it (:func:`deterministic_order`), whatever the table says is fastest.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import torch
 
 from attnkit.device import gpu_key
 from attnkit.inputs import AttentionProblem
+from attnkit.registry import get_backend
 
 TABLE_DIR = Path(__file__).parent / "auto_tables"
 
@@ -49,24 +50,6 @@ DEFAULT_ORDER = ("triton", "sdpa", "tiled", "naive")
 
 #: Version of the table format this module reads (``format`` in the JSON).
 TABLE_FORMAT = 1
-
-#: Whose backward is deterministic under ``torch.use_deterministic_algorithms(True)``:
-#: ``"always"``: in every mode: the Triton backward, plain or Gluon (each gradient element
-#: written by one program, in a fixed order, no atomics), and the paths made of ATen ops, which
-#: follow the mode themselves (tiled, naive, SDPA's math); ``"strict"``: only with ``warn_only=False``, where
-#: PyTorch runs flash's deterministic backward and the memory-efficient one on a single key
-#: split, and its own choice (``"sdpa"``) never takes cuDNN (with ``warn_only=True`` they warn and
-#: run the non-deterministic kernels). cuDNN's backward is not deterministic; a path not named
-#: here (flex, a plugin's) is not known to be.
-DETERMINISTIC_BACKWARD = {
-    "triton": "always",
-    "tiled": "always",
-    "naive": "always",
-    "sdpa-math": "always",
-    "sdpa": "strict",
-    "sdpa-flash": "strict",
-    "sdpa-efficient": "strict",
-}
 
 PASSES = ("fwd", "fwd+bwd")
 _MEASURED_DTYPES = (torch.bfloat16, torch.float16)
@@ -141,9 +124,23 @@ def auto_order(problem: AttentionProblem, training: bool) -> tuple[str, ...]:
     return (*measured, *(name for name in DEFAULT_ORDER if name not in measured))
 
 
-def deterministic_order(order: tuple[str, ...], warn_only: bool) -> tuple[str, ...]:
-    """The paths of ``order`` whose backward is deterministic under
-    ``torch.use_deterministic_algorithms(True, warn_only=warn_only)`` (:data:`DETERMINISTIC_BACKWARD`),
-    in ``order``'s order."""
-    accepted = ("always",) if warn_only else ("always", "strict")
-    return tuple(name for name in order if DETERMINISTIC_BACKWARD.get(name) in accepted)
+def deterministic_order(
+    order: tuple[str, ...], warn_only: bool, device: torch.device | str
+) -> tuple[str, ...]:
+    """The paths of ``order`` whose backward is deterministic on ``device`` under
+    ``torch.use_deterministic_algorithms(True, warn_only=warn_only)``, in ``order``'s order, as
+    each backend declares it (:meth:`attnkit.registry.Backend.is_deterministic`; attnkit's own in
+    :mod:`attnkit.builtins`). With ``warn_only=True`` PyTorch only warns where it has no
+    deterministic kernel, so the paths kept are those deterministic in every mode; with
+    ``warn_only=False`` also those PyTorch then makes deterministic
+    (``deterministic_when_enforced``). A path that declares neither (cuDNN's, flex, most plugins)
+    is not known to be deterministic; a name not registered is left out."""
+    kept = []
+    for name in order:
+        try:
+            backend = get_backend(name)
+        except ValueError:
+            continue
+        if backend.is_deterministic(device, enforced=not warn_only):
+            kept.append(name)
+    return tuple(kept)

@@ -19,22 +19,37 @@ from attnkit.sdpa import (
 )
 from attnkit.tiled import tiled_attention
 
-# naive and tiled are made of ATen ops in a fixed order per (batch, head): deterministic, and a
-# sequence's result does not depend on the batch around it.
+# naive and tiled are made of ATen ops in a fixed order per (batch, head), with no atomics and no
+# index_add (the gradients of the K and V a query-head group shares are sums over the group): on
+# the CPU and on CUDA the same shapes give the same bits on every call. Batch-invariant on the CPU only: there
+# a sequence's matmuls run the same loops whatever the batch around it, while on CUDA cuBLAS picks
+# its kernel (tiles, split-K) by the batch size, so a sequence alone and in a batch of three
+# differ in the last bits (measured on an H200: out and dv, bf16, N = 2048).
+_ATEN_DEVICES = ("cpu", "cuda")
 register_backend(
     "naive",
     run=naive_attention,
     description="materialised score matrix; float64-capable oracle",
-    deterministic=True,
-    batch_invariant=True,
+    deterministic=_ATEN_DEVICES,
+    batch_invariant=("cpu",),
 )
 register_backend(
     "tiled",
     run=tiled_attention,
     description="FlashAttention-2 in pure PyTorch (online softmax, O(N) memory)",
-    deterministic=True,
-    batch_invariant=True,
+    deterministic=_ATEN_DEVICES,
+    batch_invariant=("cpu",),
 )
+# SDPA's math path is the same kind of ATen graph as naive's (GQA through repeat_interleave,
+# whose backward is a sum). PyTorch's flash and memory-efficient backwards, and its own choice
+# (which never takes cuDNN there), are deterministic once torch.use_deterministic_algorithms(True)
+# is on without warn_only; cuDNN's backward never is.
+_SDPA_DETERMINISM = {
+    "sdpa-math": {"deterministic": _ATEN_DEVICES},
+    "sdpa": {"deterministic_when_enforced": _ATEN_DEVICES},
+    "sdpa-flash": {"deterministic_when_enforced": _ATEN_DEVICES},
+    "sdpa-efficient": {"deterministic_when_enforced": _ATEN_DEVICES},
+}
 for _name in SDPA_BACKENDS:
     register_backend(
         _name,
@@ -44,6 +59,7 @@ for _name in SDPA_BACKENDS:
         device_support=partial(sdpa_device_support, _name),
         supports=partial(sdpa_problem_support, _name),
         prepare=partial(sdpa_prepare, _name),
+        **_SDPA_DETERMINISM.get(_name, {}),
     )
 
 try:
@@ -65,7 +81,10 @@ else:
         supports=triton_problem_support,
         prepare=prepare,
         dispatch_boundaries=dispatch_boundaries(),
-        deterministic=True,
+        # Every gradient element is written by one program in a fixed order, no atomics: compiled
+        # on CUDA, and through the interpreter on the CPU, which runs the programs one by one.
+        deterministic=("cpu", "cuda"),
+        interpreted_on=("cpu",),
     )
 
 register_backend(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, fields
 
 #: The entry-point group installed packages declare their backends in.
@@ -48,7 +48,9 @@ class BackendSpec:
     v (B, Hkv, M, Dv) to the (B, Hq, N, Dv) output; ``supports(problem)`` returns None or the
     reason it declines an :class:`~attnkit.AttentionProblem`. ``dispatch_boundaries`` (a tuple
     of :class:`~attnkit.DispatchBoundary`), ``deterministic`` and ``batch_invariant`` declare
-    what the installed suite checks beyond the oracle (see :func:`attnkit.register_backend`).
+    what the installed suite checks beyond the oracle; these two, ``deterministic_when_enforced``
+    and ``interpreted_on`` are declared per device type: True (every one), False (none) or a
+    collection such as ``("cpu",)`` (see :func:`attnkit.register_backend`).
     """
 
     name: str
@@ -57,8 +59,10 @@ class BackendSpec:
     description: str = ""
     forward_only: bool = False
     dispatch_boundaries: tuple = ()
-    deterministic: bool = False
-    batch_invariant: bool = False
+    deterministic: bool | Collection[str] = False
+    batch_invariant: bool | Collection[str] = False
+    deterministic_when_enforced: bool | Collection[str] = False
+    interpreted_on: bool | Collection[str] = False
 
 
 class BackendEntryPointWarning(UserWarning):

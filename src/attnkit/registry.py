@@ -14,6 +14,7 @@ from attnkit.inputs import AttentionProblem
 from attnkit.plugins import broken_entry_points, load_entry_points
 from attnkit.prepared import PreparedRun, RunFn
 from attnkit.sdpa import SDPA_BACKENDS
+from attnkit.traits import NO_DEVICE, Declaration, DeviceTypes, declared_on, device_type
 
 DeviceCheck = Callable[[torch.device], "str | None"]
 ProblemCheck = Callable[[AttentionProblem], "str | None"]
@@ -22,6 +23,10 @@ Prepare = Callable[[AttentionProblem], PreparedRun | RunFn]
 
 def _always(_) -> None:
     return None
+
+
+#: The Backend fields declared per device type (:mod:`attnkit.traits`).
+_PER_DEVICE = ("deterministic", "deterministic_when_enforced", "batch_invariant", "interpreted_on")
 
 
 @dataclass(frozen=True)
@@ -44,9 +49,17 @@ class Backend:
 
     What the installed suite holds the backend to beyond the oracle (:mod:`attnkit.suite`):
     ``dispatch_boundaries``, the sizes at which it switches code paths (both sides of each are
-    tested); ``deterministic``, repeated calls on the same inputs give bitwise-equal outputs and
-    gradients; ``batch_invariant``, a sequence's output and gradients are bitwise the same alone
-    and inside a batch (without it they must agree within the tolerance rule).
+    tested), and properties that hold on some device types and not others, each a
+    :class:`~attnkit.traits.DeviceTypes` (declared as True, False or a collection of device
+    types, :func:`register_backend`) asked for one device at a time: ``deterministic``
+    (:meth:`is_deterministic`), repeated calls on the same inputs give bitwise-equal outputs and
+    gradients; ``batch_invariant`` (:meth:`is_batch_invariant`), a sequence's output and
+    gradients are bitwise the same alone and inside a batch (elsewhere they must agree within
+    the tolerance rule). ``backend="auto"`` reads ``deterministic`` and
+    ``deterministic_when_enforced`` (deterministic only under
+    ``torch.use_deterministic_algorithms(True)``) to keep a training call deterministic in that
+    mode, and passes over a backend on a device in ``interpreted_on`` (:meth:`is_interpreted`),
+    where the suite gives it smaller problems.
     """
 
     name: str
@@ -58,8 +71,33 @@ class Backend:
     forward_only: bool = False
     module: str | None = None
     dispatch_boundaries: tuple[DispatchBoundary, ...] = ()
-    deterministic: bool = False
-    batch_invariant: bool = False
+    deterministic: DeviceTypes = NO_DEVICE
+    deterministic_when_enforced: DeviceTypes = NO_DEVICE
+    batch_invariant: DeviceTypes = NO_DEVICE
+    interpreted_on: DeviceTypes = NO_DEVICE
+
+    def __post_init__(self) -> None:
+        # One stored form whatever was given (True, False, a collection of device types).
+        for label in _PER_DEVICE:
+            value = declared_on(f"Backend({self.name!r})", label, getattr(self, label))
+            object.__setattr__(self, label, value)
+
+    def is_deterministic(self, device: torch.device | str, *, enforced: bool = False) -> bool:
+        """Whether repeated calls on ``device`` (a torch.device, ``"cuda:0"``, or a device type)
+        give bitwise-equal outputs and gradients; ``enforced``: under
+        ``torch.use_deterministic_algorithms(True)`` (not ``warn_only``), where PyTorch runs its
+        deterministic kernels or raises."""
+        return device in self.deterministic or (enforced and device in self.deterministic_when_enforced)
+
+    def is_batch_invariant(self, device: torch.device | str) -> bool:
+        """Whether a sequence's output and gradients on ``device`` are bitwise the same alone and
+        inside a batch."""
+        return device in self.batch_invariant
+
+    def is_interpreted(self, device: torch.device | str) -> bool:
+        """Whether the backend runs through an interpreter on ``device`` (orders of magnitude
+        slower than a compiled path)."""
+        return device in self.interpreted_on
 
     def prepared_run(self, problem: AttentionProblem) -> PreparedRun:
         """The eager run for ``problem``: ``prepare(problem)``, or ``run`` without one."""
@@ -84,8 +122,10 @@ def register_backend(
     device_support: DeviceCheck | None = None,
     prepare: Prepare | None = None,
     dispatch_boundaries: tuple[DispatchBoundary, ...] | list[DispatchBoundary] = (),
-    deterministic: bool = False,
-    batch_invariant: bool = False,
+    deterministic: Declaration = False,
+    batch_invariant: Declaration = False,
+    deterministic_when_enforced: Declaration = False,
+    interpreted_on: Declaration = False,
 ) -> Backend:
     """Register an attention implementation under ``name``; ``attention(..., backend=name)``
     then runs it, and the correctness suite tests it (``pytest --pyargs attnkit.suite
@@ -118,10 +158,20 @@ def register_backend(
             :class:`~attnkit.DispatchBoundary` objects: the suite runs problems just below, at
             and just above each. Without any, it still runs sizes spread log-uniformly up to its
             scale tier's limits.
-        deterministic: the same inputs give bitwise-equal outputs and gradients on every call
-            (the suite repeats the backward at scale and compares bitwise).
-        batch_invariant: a sequence's output and gradients are bitwise the same alone and inside
-            a batch (without it the suite requires them within the tolerance rule).
+        deterministic: the device types on which the same inputs give bitwise-equal outputs and
+            gradients on every call: True (every device type), False (none), or a collection
+            such as ``("cpu", "cuda")``. The suite repeats the backward at scale and compares
+            bitwise on those devices.
+        batch_invariant: the device types (in the same form as ``deterministic``) on which a
+            sequence's output and gradients are bitwise the same alone and inside a batch;
+            elsewhere the suite requires them within the tolerance rule.
+        deterministic_when_enforced: the device types on which the backward is deterministic
+            only under ``torch.use_deterministic_algorithms(True)`` (not ``warn_only``), where
+            PyTorch runs its deterministic kernels or raises: ``backend="auto"`` keeps the
+            backend in that mode (:func:`attnkit.auto.deterministic_order`).
+        interpreted_on: the device types on which the backend runs through an interpreter
+            (attnkit's ``triton`` on the CPU): ``backend="auto"`` passes it over there, and the
+            suite gives it smaller problems.
 
     Returns:
         The registered :class:`Backend`.
@@ -139,9 +189,15 @@ def register_backend(
             raise TypeError(
                 f"register_backend({name!r}): {label} must be callable, got {type(value).__name__}"
             )
-    for label, value in (("deterministic", deterministic), ("batch_invariant", batch_invariant)):
-        if not isinstance(value, bool):
-            raise TypeError(f"register_backend({name!r}): {label} must be a bool, got {value!r}")
+    per_device = {
+        label: declared_on(f"register_backend({name!r})", label, value)
+        for label, value in (
+            ("deterministic", deterministic),
+            ("batch_invariant", batch_invariant),
+            ("deterministic_when_enforced", deterministic_when_enforced),
+            ("interpreted_on", interpreted_on),
+        )
+    }
     boundaries = check_boundaries(f"register_backend({name!r})", dispatch_boundaries)
     if not isinstance(description, str):
         raise TypeError(
@@ -163,8 +219,7 @@ def register_backend(
         forward_only=forward_only,
         module=module,
         dispatch_boundaries=boundaries,
-        deterministic=deterministic,
-        batch_invariant=batch_invariant,
+        **per_device,
     )
     if name in _REGISTRY:
         _forget_plans()  # a replaced backend's memoised runs must not outlive it
@@ -305,10 +360,10 @@ def unavailable_reason(name: str, device: torch.device | str | None = None) -> s
 
 def auto_skip_reason(name: str, device: torch.device | str) -> str | None:
     """Why ``backend="auto"`` passes over ``name`` on ``device`` although it may run there, or
-    None. Interpreted Triton (the CPU under ``TRITON_INTERPRET=1``) is ~1000x slower than any
-    native path: it runs only when asked for by name."""
-    if name == "triton" and torch.device(device).type == "cpu":
-        return "on the CPU Triton runs interpreted; it runs only when requested by name"
+    None. A backend interpreted there (:attr:`Backend.interpreted_on`: Triton on the CPU under
+    ``TRITON_INTERPRET=1``, ~1000x slower than any native path) runs only when asked for by name."""
+    if get_backend(name).is_interpreted(device):
+        return f"on the {device_type(device)} {name} runs interpreted; it runs only when requested by name"
     return None
 
 

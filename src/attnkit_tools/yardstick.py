@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 
@@ -34,6 +33,7 @@ import torch
 import attnkit
 from attnkit.inputs import check_inputs
 from attnkit.reference import visibility
+from attnkit.registry import get_backend
 from attnkit.testing import ERROR_FACTORS, compare_to_reference, make_tensor, max_abs_error, run_with_grads
 from attnkit_perf.measure.machine import provenance
 from attnkit_tools.provenance import produced_by, provenance_table
@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     backends = args.backends or [n for n in attnkit.available_backends(device) if n != "naive"]
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and not args.backends:
-        backends = [n for n in backends if n != "triton"]  # interpreted: far too slow at these sizes
+    if not args.backends:  # a path interpreted on this device is far too slow at these sizes
+        backends = [n for n in backends if not get_backend(n).is_interpreted(device)]
     rows = measure(device, backends, args.seeds)
     table, summary = summarise(rows)
     info = provenance(device)

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import attnkit
 import attnkit.api
 from attnkit import fastpath
-from attnkit.suite.checks import INTERPRETED_ON_CPU
+from attnkit.registry import get_backend
 from attnkit.testing.profiles import load_profiles
 from attnkit.testing.selection import test_device
 
@@ -35,9 +35,9 @@ load_profiles(DirectoryBasedExampleDatabase(Path(__file__).resolve().parents[2] 
 
 
 DEVICE = test_device()
-# Fused paths that only run through the Triton interpreter on the CPU are ~1000x slower there:
-# they get smaller shapes so the suite stays within CI's time.
-INTERPRETED = set(INTERPRETED_ON_CPU) if DEVICE.type == "cpu" else set()
+# Paths interpreted on DEVICE (Triton on the CPU) are ~1000x slower there: they get smaller
+# shapes, or are left to the native paths' run of the same code, so the suite stays within CI's time.
+INTERPRETED = {name for name in attnkit.backend_names() if get_backend(name).is_interpreted(DEVICE)}
 
 
 #: attnkit's SDPA paths, and the dtype their tests use: CUDA's fused kernels take fp16 / bf16

@@ -3,6 +3,7 @@ first (per inference or training call), the default order everywhere else."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -152,13 +153,26 @@ def test_a_problem_outside_the_table_runs_the_default_order(spies):
     ],
     ids=["strict", "warn-only"],
 )
-def test_deterministic_order_keeps_the_paths_whose_backward_is_deterministic(warn_only, expected):
-    """cuDNN's backward is never deterministic, nor is a path attnkit does not know (flex, a
+@pytest.mark.parametrize("device", ["cpu", "cuda", torch.device("cuda", 1)], ids=str)
+def test_deterministic_order_keeps_the_paths_whose_backward_is_deterministic(warn_only, expected, device):
+    """cuDNN's backward is never deterministic, nor is a path that declares nothing (flex, a
     plugin); PyTorch's flash and memory-efficient backwards (and its own choice) are only with
-    warn_only=False."""
+    warn_only=False. The same on the CPU and on CUDA, read from each backend's declaration for the
+    device's type (no GPU needed: a declaration is data)."""
     order = ("sdpa-cudnn", "sdpa-flash", "triton", "sdpa", "flex", "sdpa-efficient", "tiled", "naive")
-    got = deterministic_order((*order, "a-plugin", "sdpa-math"), warn_only)
-    assert got == expected, f"warn_only={warn_only}: kept {got}"
+    got = deterministic_order((*order, "a-plugin", "sdpa-math"), warn_only, device)
+    assert got == expected, f"warn_only={warn_only} on {device}: kept {got}"
+
+
+def test_deterministic_order_asks_each_backend_for_the_calls_device(monkeypatch):
+    """A path declared deterministic on one device type only is kept there and nowhere else."""
+    spy = Backend("spy-cpu-only", "declares the CPU only", naive_attention, deterministic=("cpu",))
+    monkeypatch.setitem(attnkit.registry._REGISTRY, spy.name, spy)
+    for warn_only in (False, True):
+        assert deterministic_order((spy.name,), warn_only, torch.device("cpu")) == (spy.name,)
+        assert deterministic_order((spy.name,), warn_only, "cuda:0") == (), (
+            "kept on a device it does not declare"
+        )
 
 
 @pytest.fixture
@@ -180,8 +194,12 @@ def test_a_training_call_in_deterministic_mode_runs_a_deterministic_path(
     the fastest one whose backward is deterministic in that mode. Inference calls keep their
     pick (no backward follows)."""
     ran = []
-    declared = {"spy-strict": "strict", "spy-always": "always"}
-    for name in ("spy-fast", *declared):
+    declared = {
+        "spy-fast": {},
+        "spy-strict": {"deterministic_when_enforced": True},
+        "spy-always": {"deterministic": True},
+    }
+    for name, traits in declared.items():
         monkeypatch.setitem(
             attnkit.registry._REGISTRY,
             name,
@@ -189,9 +207,9 @@ def test_a_training_call_in_deterministic_mode_runs_a_deterministic_path(
                 name,
                 "records its calls",
                 lambda q, k, v, p, name=name: ran.append(name) or naive_attention(q, k, v, p),
+                **traits,
             ),
         )
-    monkeypatch.setattr(attnkit.auto, "DETERMINISTIC_BACKWARD", declared)
     path = tmp_path / "table.json"
     times = {"spy-fast": 1.0, "spy-strict": 2.0, "spy-always": 3.0}
     path.write_text(
@@ -218,10 +236,12 @@ def test_deterministic_mode_names_why_it_skipped_a_path(monkeypatch, determinist
     skipped path and the mode."""
     monkeypatch.setattr(attnkit.api, "_PLANNED", {})
     monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
-    monkeypatch.setattr(attnkit.auto, "DETERMINISTIC_BACKWARD", {})
+    for name, backend in list(attnkit.registry._REGISTRY.items()):
+        undeclared = dataclasses.replace(backend, deterministic=False, deterministic_when_enforced=False)
+        monkeypatch.setitem(attnkit.registry._REGISTRY, name, undeclared)
     deterministic_mode(True)
     q = torch.randn(1, 1, 4, 8, requires_grad=True)
     with pytest.raises(
-        attnkit.UnsupportedProblemError, match=r"sdpa: its backward is not deterministic under"
+        attnkit.UnsupportedProblemError, match=r"sdpa: its backward is not deterministic on cpu under"
     ):
         attnkit.attention(q, q, q)

@@ -23,6 +23,7 @@ from conftest import DEVICE
 
 import attnkit
 from attnkit import attention
+from attnkit.registry import get_backend
 from attnkit.testing import assert_close_to_reference, compare_to_reference, make_tensor, run_with_grads
 
 ON_GPU = DEVICE.type == "cuda"
@@ -97,7 +98,7 @@ def _op_paths():
         reason = (
             attnkit.unavailable_reason(name, DEVICE) if name in attnkit.backend_names() else "not installed"
         )
-        if reason is None and name == "triton" and not ON_GPU:
+        if reason is None and get_backend(name).is_interpreted(DEVICE):
             reason = "opcheck runs the op ~10 times: too slow through the Triton interpreter"
         marks = [pytest.mark.skip(reason=f"{name} on {DEVICE}: {reason}")] if reason else []
         params.append(pytest.param(name, marks=marks, id=name))

@@ -186,10 +186,15 @@ def test_module_with_wrong_embedding_size_names_the_argument():
 
 @pytest.mark.device_independent
 def test_auto_never_picks_interpreted_triton(monkeypatch):
-    """On the CPU Triton runs interpreted (~1000x slower): ``auto`` passes it over even when it is
-    available; asking for it by name still runs it."""
+    """On the CPU Triton runs interpreted (~1000x slower; it declares ``interpreted_on=("cpu",)``):
+    ``auto`` passes it over even when it is available; asking for it by name still runs it."""
     calls = []
-    fake = Backend("triton", "records calls", lambda q, k, v, p: calls.append(p) or q.new_zeros(0))
+    fake = Backend(
+        "triton",
+        "records calls",
+        lambda q, k, v, p: calls.append(p) or q.new_zeros(0),
+        interpreted_on=("cpu",),
+    )
     monkeypatch.setitem(attnkit.registry._REGISTRY, "triton", fake)
     q, k, v = _qkv()
     attention(q, k, v)

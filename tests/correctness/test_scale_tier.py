@@ -132,16 +132,14 @@ def test_a_bad_boundary_is_refused_naming_what_is_wrong(kwargs, message):
 
 
 @pytest.mark.device_independent
-def test_register_backend_takes_only_boundaries_and_bools():
+def test_register_backend_takes_only_boundaries():
     def fn(q, k, v, *, causal, scale, window):
         return q
 
     with pytest.raises(TypeError, match=r"dispatch_boundaries must hold attnkit\.DispatchBoundary"):
         register_backend("bad-boundaries", fn, dispatch_boundaries=[("q_len", 5)])
-    with pytest.raises(TypeError, match="deterministic must be a bool"):
-        register_backend("bad-boundaries", fn, deterministic="yes")
     backend = register_backend("good-boundaries", fn, dispatch_boundaries=[DispatchBoundary("x", "q_len", 8)])
     try:
-        assert backend.dispatch_boundaries[0].at == 8 and not backend.deterministic
+        assert backend.dispatch_boundaries[0].at == 8
     finally:
         unregister_backend("good-boundaries")

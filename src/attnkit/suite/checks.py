@@ -13,18 +13,17 @@ from hypothesis.errors import Unsatisfiable
 
 from attnkit import UnsupportedProblemError, attention
 from attnkit.inputs import check_inputs
+from attnkit.registry import get_backend
 from attnkit.testing import assert_close_to_reference, compare_to_reference, error_floor, term_magnitudes
 from attnkit.testing.selection import DECLINED
 from attnkit.testing.strategies import AttentionCase
 
-#: attnkit's backends that run through the Triton interpreter on the CPU, ~1000x slower than on
-#: a GPU: they get smaller shapes there (:meth:`AttentionCase.fit_to_interpreter`).
-INTERPRETED_ON_CPU = frozenset({"triton"})
-
 
 def sized_for(backend: str, case: AttentionCase, device: torch.device) -> AttentionCase:
-    """``case``, shrunk where ``backend`` runs interpreted."""
-    return case.fit_to_interpreter() if backend in INTERPRETED_ON_CPU and device.type == "cpu" else case
+    """``case``, shrunk where ``backend`` runs interpreted (:meth:`Backend.is_interpreted
+    <attnkit.registry.Backend.is_interpreted>`: e.g. Triton's interpreter on the CPU, ~1000x
+    slower than on a GPU; :meth:`AttentionCase.fit_to_interpreter`)."""
+    return case.fit_to_interpreter() if get_backend(backend).is_interpreted(device) else case
 
 
 class Declines:

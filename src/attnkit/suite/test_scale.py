@@ -16,14 +16,14 @@ import torch
 from attnkit import UnsupportedProblemError, attention
 from attnkit.flash_autograd import PATHS
 from attnkit.registry import get_backend
-from attnkit.suite.checks import INTERPRETED_ON_CPU, Declines, check_against_oracle
+from attnkit.suite.checks import Declines, check_against_oracle
 from attnkit.testing import compare_to_reference, run_with_grads
 from attnkit.testing.scale import ScaleLimits, boundary_cases, scale_limits, tier, too_large
 from attnkit.testing.strategies import AttentionCase
 
 
 def _limits(backend: str, device: torch.device) -> ScaleLimits:
-    return scale_limits(device, interpreted=backend in INTERPRETED_ON_CPU and device.type == "cpu")
+    return scale_limits(device, interpreted=get_backend(backend).is_interpreted(device))
 
 
 def _check_each(backend: str, cases: list[AttentionCase], device, declines: Declines) -> int:
@@ -98,7 +98,8 @@ def _batch_case(limits: ScaleLimits) -> AttentionCase:
 
 def test_a_sequence_gives_the_same_result_alone_and_inside_a_batch(attnkit_backend, attnkit_device):
     """The middle sequence of a batch of three, then alone: output, dq, dk, dv bitwise equal
-    where the backend declares ``batch_invariant``, else within the tolerance rule's bound."""
+    where the backend declares ``batch_invariant`` for the device's type, else within the
+    tolerance rule's bound."""
     backend = get_backend(attnkit_backend)
     case = _batch_case(_limits(attnkit_backend, attnkit_device))
     q, k, v, grad_out = case.tensors(attnkit_device)
@@ -116,11 +117,11 @@ def test_a_sequence_gives_the_same_result_alone_and_inside_a_batch(attnkit_backe
         pytest.skip(f"{attnkit_backend} declines {case}: {err}")
     one = slice(1, 2)
     alone = run(q[one], k[one], v[one], grad_out[one])
-    if backend.batch_invariant:
+    if backend.is_batch_invariant(attnkit_device):
         differ = [name for name in alone if not torch.equal(alone[name], batched[name][one])]
         assert not differ, (
-            f"{attnkit_backend} declares batch_invariant, but {differ} of sequence 1 differ alone and in a "
-            f"batch of 3 on {case}"
+            f"{attnkit_backend} declares batch_invariant on {attnkit_device.type}, but {differ} of "
+            f"sequence 1 differ alone and in a batch of 3 on {case}"
         )
         return
     checks = compare_to_reference(fn, q[one], k[one], v[one], grad_out=grad_out[one] if gradients else None,
@@ -145,11 +146,14 @@ def _determinism_cases(limits: ScaleLimits) -> list[AttentionCase]:
 
 
 def test_repeated_backward_is_bitwise_equal(attnkit_backend, attnkit_device):
-    """Where the backend declares ``deterministic``: output, dq, dk, dv of the same call,
-    repeated, bitwise equal, at scale (GQA, where dk and dv sum over query heads)."""
+    """Where the backend declares ``deterministic`` for the device's type: output, dq, dk, dv of
+    the same call, repeated, bitwise equal, at scale (GQA, where dk and dv sum over query heads)."""
     backend = get_backend(attnkit_backend)
-    if not backend.deterministic:
-        pytest.skip(f"{attnkit_backend} does not declare deterministic (BackendSpec.deterministic)")
+    if not backend.is_deterministic(attnkit_device):
+        pytest.skip(
+            f"{attnkit_backend} does not declare deterministic on {attnkit_device.type} "
+            f"(BackendSpec.deterministic: {backend.deterministic})"
+        )
     limits = _limits(attnkit_backend, attnkit_device)
     ran = 0
     for case in _determinism_cases(limits):
