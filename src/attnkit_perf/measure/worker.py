@@ -81,7 +81,9 @@ def _serve(out) -> None:
     device = torch.device(os.environ["ATTNKIT_WORKER_DEVICE"])  # set by the paired session
     flusher = L2Flusher(device)
     keep_cache = L2Flusher(device, evict=False)
-    runner, between = None, flusher
+    # ``built`` holds the case's inputs: it is dropped with the runner, never kept into the next
+    # case, whose kept-memory readings would see it freed between them.
+    built, runner, between = None, None, flusher
 
     def answer(payload: dict) -> None:
         out.write(json.dumps(payload) + "\n")
@@ -98,7 +100,7 @@ def _serve(out) -> None:
                 answer(ident)
             elif op == "prepare":
                 case = BenchCase(**request["case"])
-                runner, between = None, flusher if case.flushed else keep_cache
+                built, runner, between = None, None, flusher if case.flushed else keep_cache
                 pin(False)
                 try:
                     names = getattr(attnkit, "backend_names", None)
@@ -141,7 +143,7 @@ def _serve(out) -> None:
             elif op == "count":
                 answer({"ok": True, **host_count(runner, request.get("repeats", REPEATS))})
             elif op == "release":
-                runner = None
+                built, runner = None, None
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 answer({"ok": True})

@@ -290,12 +290,18 @@ class PerfSession:
     def run_stored(self, benchmark, case: BenchCase, wrap) -> None:
         """Benchmark ``case`` with pytest-benchmark; queue it for a second measurement if it
         already looks slower than the baseline (decided once the whole run is in)."""
+        declined = None
         try:
             self.measurer.benchmark_case(benchmark, case, wrap)
         except UnsupportedProblemError as err:
+            declined = str(err)
+        # Skipped outside the except block: raised inside it, the skip would keep ``err`` and
+        # with it the frames of the measurement (and the case's inputs) alive in a reference
+        # cycle until the collector runs, possibly in the middle of the next case's readings.
+        if declined is not None:
             benchmark.skipped = True
-            self.record_declined(benchmark.fullname, str(err))
-            pytest.skip(f"{case.backend} does not support this shape: {err}")
+            self.record_declined(benchmark.fullname, declined)
+            pytest.skip(f"{case.backend} does not support this shape: {declined}")
         if self.baseline is None or self.opt["no_confirm"]:
             return
         reference = self._baseline_entries().get(benchmark.fullname)
