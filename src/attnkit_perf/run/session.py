@@ -114,6 +114,9 @@ class PerfSession:
         self.declined: dict[str, str] = {}
         self.errored: dict[str, BenchmarkVerdict] = {}
         self.run_json: dict | None = None
+        #: Why ``--attnkit-record`` wrote nothing (the run is not a valid baseline: a figure
+        #: breaks the schema's rules), or None; the session then fails.
+        self.record_refused: str | None = None
         #: What selection ran and skipped (:mod:`attnkit_perf.select.collection`), or None: all ran.
         self.selection: dict | None = None
         self.document: VerdictDocument | None = None
@@ -330,6 +333,7 @@ class PerfSession:
             try:
                 path = save_baseline(run, baseline_path(self.baseline_root, self.gpu_key))
             except FormatError as err:
+                self.record_refused = str(err)
                 self.notes.append(f"NOT recorded: {err}")
             else:
                 self.notes.append(
