@@ -488,6 +488,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus):
         session.exitstatus = pytest.ExitCode.OK
     if perf is None or _is_xdist_worker(session.config):
         return
+    if perf.record_refused and session.exitstatus == pytest.ExitCode.OK:
+        # A recording asked for and refused (an impossible figure) must not read as done.
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     document = perf.document or perf.build_document()
     if document is None:
         return

@@ -402,6 +402,34 @@ def test_a_corrupt_baseline(gate_run, kind):
     )
 
 
+def test_a_baseline_holding_an_impossible_figure_fails_the_gate_with_its_benchmark_named(gate_run):
+    """A kept memory of -96 MiB (what a recording once stored) is refused when the gate reads
+    the baseline: a usage error naming the file, the benchmark, the field, the value and the
+    rule, never a comparison against it and never a crash."""
+    data = _valid_baseline()
+    data["benchmarks"][1]["extra_info"]["kept_bytes"] = -100663296
+    _write_baseline(gate_run, data)
+    result = gate_run("--benchmark-compare", "--attnkit-allow-cpu")
+    name = data["benchmarks"][1]["extra_info"]["name"]
+    _usage_error(
+        result,
+        f"baseline {gate_run.baseline} is not a valid baseline file",
+        "at benchmarks/1/extra_info/kept_bytes: -100663296 is less than the minimum of 0",
+        f"(benchmark {name})",
+        "re-record it with",
+    )
+
+
+def test_a_recording_with_an_impossible_figure_is_not_written_and_fails_the_run(gate_run):
+    result = gate_run("--attnkit-record", "--attnkit-allow-cpu", peak={"cudnn_b": -1})
+    text = _output(result)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, f"exit {result.ret}:\n{text[-3000:]}"
+    assert not gate_run.baseline.exists(), "a refused recording writes no baseline"
+    assert "NOT recorded: the run being recorded is not a valid baseline file" in text, text[-3000:]
+    assert "peak_bytes: -1 is less than the minimum of 0 (benchmark fwd[cudnn_b-" in text, text[-3000:]
+    assert "Traceback" not in text and "INTERNALERROR" not in text, text[-3000:]
+
+
 def test_a_baseline_that_is_not_json(gate_run):
     gate_run.baseline.parent.mkdir(parents=True)
     gate_run.baseline.write_text("{ not json")

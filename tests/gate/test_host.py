@@ -1,25 +1,40 @@
 """The host metric and the kept-memory rule on the CPU: the batch timer against functions of
 known cost, preempted batches dropped, the decision over per-process values (simulated A/A runs
-and slowdowns with realistic process noise), thresholds from A/A noise, and the verdict block."""
+and slowdowns with realistic process noise), thresholds from A/A noise, the verdict block, and
+the kept-memory reading with an earlier case's garbage freed between its two readings."""
 
 from __future__ import annotations
 
+import gc
 import math
+import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from attnkit.errors import UnsupportedProblemError
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.host import decide_host, host_noise_name, host_summary, join_host, with_kept
 from attnkit_perf.decide.noise import build
 from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
-from attnkit_perf.measure.host import HostBatch, host_per_call, kept_batches, time_batch
+from attnkit_perf.measure.host import (
+    KEPT_CALLS,
+    HostBatch,
+    KeptMemoryError,
+    host_per_call,
+    kept_batches,
+    kept_bytes,
+    release_garbage,
+    time_batch,
+)
 from attnkit_perf.measure.host_rounds import extend_host
 from attnkit_perf.measure.paired_session import PairedSettings, SideResult
+from attnkit_perf.run.session import PerfSession
 
 CPU = torch.device("cpu")
 ALPHA = gate.per_benchmark_alpha(gate.Thresholds(), 110)
@@ -457,6 +472,130 @@ def test_the_report_shows_the_host_metric_beside_the_gpu_time():
     assert "10.00 µs" in text and "1.060×" in text and "0 B → 256.0 KiB" in text, text
 
 
+# --- kept memory: an earlier case's garbage between the two readings -----------------------
+#
+# On an H200, a stored-mode recording read -96 MiB kept for the loop case that followed a case
+# its backend declined at the first call: the q, k and v of that case (96 MiB) were held by the
+# skip's exception chain in a reference cycle and freed when the collector ran, during the next
+# case's calls. On the CPU the allocator keeps no statistics, so a buffer that counts its own
+# bytes while it lives stands for a device tensor here.
+
+MIB = 2**20
+
+
+class _Buffer:
+    """Stands for a device tensor: its bytes count as allocated while it lives (what
+    ``torch.cuda.memory_allocated`` reads on a GPU)."""
+
+    live = 0
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        _Buffer.live += nbytes
+
+    def __del__(self) -> None:
+        _Buffer.live -= self.nbytes
+
+
+@pytest.fixture
+def no_collector():
+    """Python's cyclic collector runs only where a test calls it (as it runs only when its
+    thresholds are crossed, at a moment a measurement does not choose)."""
+    gc.collect()
+    assert _Buffer.live == 0, f"{_Buffer.live} B of buffers alive from another test"
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
+
+
+def _raw(device) -> int:
+    """A reading that releases nothing first (the reading before the fix)."""
+    return _Buffer.live
+
+
+def _settled(device) -> int:
+    """The reading :func:`attnkit_perf.measure.host.allocated` takes, on the stand-in buffers."""
+    release_garbage(device)
+    return _Buffer.live
+
+
+def _caught(fn) -> None:
+    """Call ``fn`` and keep what it raised, as a test runner keeps a test's outcome (pytest's
+    ``CallInfo``): the frame holding the exception is on that exception's own traceback, a
+    reference cycle that only the collector frees, with everything the exception reaches."""
+    try:
+        fn()
+    except BaseException:
+        outcome = sys.exc_info()  # noqa: F841 (held by this frame: the cycle)
+
+
+def _declined_at_the_first_call(nbytes: int) -> None:
+    inputs = _Buffer(nbytes)  # noqa: F841 (the case's q, k and v, live when the backend declines)
+    raise UnsupportedProblemError("sdpa-efficient declined the shape at its first call")
+
+
+def _skip_raised_inside_the_except_block(nbytes: int) -> None:
+    """The declined case as stored mode once skipped it: the skip's implicit context is the
+    backend's error, whose traceback holds the measuring frames and so the inputs."""
+    try:
+        _declined_at_the_first_call(nbytes)
+    except UnsupportedProblemError as err:
+        pytest.skip(f"does not support this shape: {err}")
+
+
+def test_an_earlier_case_freed_during_the_calls_is_a_measurement_error_not_a_negative_value(no_collector):
+    _caught(lambda: _skip_raised_inside_the_except_block(96 * MIB))
+    assert _Buffer.live == 96 * MIB, "the declined case's inputs are held by the cycle"
+    before = _raw(CPU)
+    # The collector runs during the calls (here: called by them) and frees the earlier case.
+    with pytest.raises(KeptMemoryError) as err:
+        kept_bytes(gc.collect, CPU, before, read=_raw)
+    message = str(err.value)
+    assert "(-100663296 B)" in message and "100663296 B that were live before the calls" in message, message
+    assert "never stored" in message, message
+
+
+def test_the_readings_release_earlier_garbage_so_a_case_reads_only_what_it_keeps(no_collector):
+    _caught(lambda: _skip_raised_inside_the_except_block(96 * MIB))
+    cache = []
+
+    def plain():
+        gc.collect()  # the collector running in the middle of the calls changes nothing now
+        return _Buffer(MIB)
+
+    def leaky():
+        out = plain()
+        cache.append(out)  # every call keeps its output
+        return out
+
+    assert kept_bytes(plain, CPU, _settled(CPU), read=_settled) == 0
+    _caught(lambda: _skip_raised_inside_the_except_block(96 * MIB))
+    kept = kept_bytes(leaky, CPU, _settled(CPU), read=_settled)
+    assert kept == KEPT_CALLS * MIB, f"{KEPT_CALLS} outputs of 1 MiB kept, read {kept} B"
+
+
+def test_stored_mode_skips_a_declined_case_without_keeping_its_inputs_alive(no_collector):
+    """The cause at its source: the skip is raised after the except block, so nothing chains
+    the backend's error (and the frames holding the inputs) to the outcome the runner keeps."""
+    declined = {}
+
+    def benchmark_case(benchmark, case, wrap):
+        _declined_at_the_first_call(96 * MIB)
+
+    session = SimpleNamespace(
+        measurer=SimpleNamespace(benchmark_case=benchmark_case),
+        record_declined=lambda nodeid, why: declined.update({nodeid: why}),
+    )
+    benchmark = SimpleNamespace(fullname="test_fwd[sdpa-efficient-x]", skipped=False)
+    case = SimpleNamespace(backend="sdpa-efficient")
+    _caught(lambda: PerfSession.run_stored(session, benchmark, case, None))
+    assert benchmark.skipped and "declined the shape" in declined[benchmark.fullname], declined
+    assert _Buffer.live == 0, f"{_Buffer.live} B of the declined case still alive after its skip"
+
+
 # --- on a GPU: kept memory and a graph case's peak -----------------------------------------
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="the allocator's statistics are CUDA's")
@@ -479,6 +618,18 @@ def test_a_call_that_caches_its_output_keeps_memory_and_a_plain_call_does_not():
     leaked = kept_bytes(leaky, device, allocated(device))
     assert plain == 0, f"a call that keeps nothing read {plain} B kept"
     assert leaked == KEPT_CALLS * x.numel() * 4, f"{KEPT_CALLS} outputs of 256 KiB kept, read {leaked} B"
+
+
+@needs_cuda
+def test_a_tensor_held_by_a_reference_cycle_is_released_before_the_first_reading(no_collector):
+    from attnkit_perf.measure.host import allocated
+
+    device = torch.device("cuda")
+    holder = SimpleNamespace(tensor=torch.empty(96 * MIB, dtype=torch.uint8, device=device))
+    holder.itself = holder  # a cycle: only the collector frees the 96 MiB
+    del holder
+    kept = kept_bytes(gc.collect, device, allocated(device))
+    assert kept == 0, f"a call that keeps nothing read {kept} B kept"
 
 
 @needs_cuda

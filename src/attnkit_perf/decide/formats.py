@@ -26,11 +26,38 @@ def _validator(kind: str) -> jsonschema.protocols.Validator:
 
 
 def validate(kind: str, data, where: str) -> None:
-    """Raise :class:`FormatError` if ``data`` does not match schema ``kind``."""
+    """Raise :class:`FormatError` if ``data`` does not match schema ``kind``: the message names
+    the field, the value and the rule it breaks (jsonschema's words, e.g. "-100663296 is less
+    than the minimum of 0"), and the benchmark it belongs to."""
     error = jsonschema.exceptions.best_match(_validator(kind).iter_errors(data))
     if error is not None:
-        field = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise FormatError(f"{where} is not a valid {kind} file: at {field}: {error.message}")
+        path = list(error.absolute_path)
+        field = "/".join(str(p) for p in path) or "(top level)"
+        benchmark = _benchmark_named(data, path)
+        about = f" (benchmark {benchmark})" if benchmark else ""
+        raise FormatError(f"{where} is not a valid {kind} file: at {field}: {error.message}{about}")
+
+
+def _benchmark_named(data, path: list) -> str | None:
+    """The name of the benchmark an error at ``path`` lies in: a list entry's ``name`` (in
+    ``extra_info`` for a pytest-benchmark run, else its ``fullname``), or the key of a file
+    whose benchmarks are keyed by name (the noise files)."""
+    if len(path) < 2 or path[0] != "benchmarks":
+        return None
+    key = path[1]
+    if isinstance(key, str):
+        return key
+    try:
+        entry = data["benchmarks"][key]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(entry, dict):
+        return None
+    info = entry.get("extra_info")
+    name = (
+        (info.get("name") if isinstance(info, dict) else None) or entry.get("name") or entry.get("fullname")
+    )
+    return name if isinstance(name, str) else None
 
 
 def read_json(path: Path | str, what: str) -> dict:

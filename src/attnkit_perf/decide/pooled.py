@@ -240,6 +240,7 @@ def merge(runs: list[dict], labels: list[str]) -> tuple[dict, dict]:
         first = found[0][1]
         infos = [bench["extra_info"] for _, bench in found]
         peaks = [x.get("peak_bytes") for x in infos if x.get("peak_bytes") is not None]
+        kept = [x.get("kept_bytes") for x in infos if x.get("kept_bytes") is not None]
         shares = [x.get("host_share") for x in infos if x.get("host_share") is not None]
         info = {k: v for k, v in first["extra_info"].items() if k != "confirm"}
         info.update(
@@ -252,6 +253,8 @@ def merge(runs: list[dict], labels: list[str]) -> tuple[dict, dict]:
             host_share=statistics.median(shares) if shares else None,
             # A peak one recording reached is the code's own: a run reaching it has not grown.
             peak_bytes=max(peaks) if peaks else None,
+            # Likewise the memory a call keeps (every recording's reading is validated >= 0).
+            kept_bytes=max(kept) if kept else None,
         )
         benchmarks.append({**first, "extra_info": info, "stats": _stats(samples)})
         if len(medians) >= 2:

@@ -21,10 +21,21 @@ device synchronisation it did not make before) costs wall time the thread's cloc
 **Kept memory.** :func:`kept_bytes`: ``memory_allocated`` after ``calls`` calls whose outputs
 are dropped, minus before the first. A cache the call fills, or a leak, shows; the call's
 transient peak does not (that is :func:`attnkit_perf.measure.timing.peak_extra_bytes`).
+
+Both readings are taken after :func:`release_garbage`. Memory that only a reference cycle still
+holds is freed whenever Python's cyclic collector happens to run, and it may run during the
+calls. A stored-mode recording of the grid on an H200 read -96 MiB for
+``fwd[triton-bf16-B1-H8-N128-D64-causal-loop]``: the size of the q, k and v of the case run just
+before it (``fwd[sdpa-efficient-bf16-B4-H16kv4-N4096-D128-causal]``, declined by its backend at
+its first call), whose frames, and so its inputs, the exception's traceback held in a cycle until
+the collector ran during the next case's calls. A difference below zero is a measurement error
+(:class:`KeptMemoryError`), never a value to store: a case cannot free memory that was live
+before it started; only something outside it can.
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -95,24 +106,57 @@ def host_per_call(fn: Callable[[], object], device: torch.device, batches: int =
     }
 
 
-def allocated(device: torch.device) -> int | None:
-    """Bytes the caching allocator has handed out on ``device`` (None on the CPU)."""
-    if device.type != "cuda":
-        return None
+class KeptMemoryError(RuntimeError):
+    """A kept-memory reading came out negative: memory live before the first call was freed by
+    the time of the second reading, so the difference measures something outside the case."""
+
+
+def release_garbage(device: torch.device) -> None:
+    """Bring the process to a state a memory reading can be taken in: what only a reference
+    cycle holds is collected (an earlier case's tensors, held by its exception's traceback or a
+    closure cycle), the autograd engine's thread drops its last graph
+    (:func:`attnkit_perf.measure.timing.settle_autograd`), and the queue is empty."""
+    gc.collect()
     settle_autograd(device)
     synchronize(device)
+
+
+def allocated(device: torch.device) -> int | None:
+    """Bytes the caching allocator has handed out on ``device`` once :func:`release_garbage` has
+    run (None on the CPU, where the allocator keeps no statistics)."""
+    if device.type != "cuda":
+        return None
+    release_garbage(device)
     return torch.cuda.memory_allocated(device)
 
 
-def kept_bytes(fn: Callable[[], object], device: torch.device, before: int | None, calls: int = KEPT_CALLS):
+def kept_bytes(
+    fn: Callable[[], object],
+    device: torch.device,
+    before: int | None,
+    calls: int = KEPT_CALLS,
+    read: Callable[[torch.device], int | None] = allocated,
+) -> int | None:
     """Bytes still allocated after ``calls`` calls of ``fn`` whose outputs were dropped, beyond
-    ``before`` (:func:`allocated`, read before ``fn``'s first call: a cache filled by the first
-    call counts). None on the CPU."""
-    if before is None or device.type != "cuda":
+    ``before`` (``read``, by default :func:`allocated`, before ``fn``'s first call: a cache
+    filled by the first call counts). None where ``before`` is (the CPU).
+
+    Raises :class:`KeptMemoryError` when fewer bytes are allocated after the calls than before
+    them (the module's docstring says why that is never the case's own)."""
+    if before is None:
         return None
     for _ in range(calls):
         fn()  # the output is dropped at once
-    return int(allocated(device) - before)
+    after = read(device)
+    if after < before:
+        raise KeptMemoryError(
+            f"kept memory read negative: {after} B allocated after {calls} calls, {before} B before "
+            f"the first ({after - before} B): {before - after} B that were live before the calls "
+            "were freed during them, so the reading measures something outside this case (an "
+            "earlier case's tensors held by a reference cycle until the collector ran, a buffer "
+            "another component freed); a negative kept memory is never stored"
+        )
+    return int(after - before)
 
 
 @dataclass

@@ -89,6 +89,8 @@ def _serve(out) -> None:
     device = torch.device(os.environ["ATTNKIT_WORKER_DEVICE"])  # set by the paired session
     flusher = L2Flusher(device)
     keep_cache = L2Flusher(device, evict=False)
+    # ``built`` holds the case's inputs: it is dropped with the runner, never kept into the next
+    # case, whose kept-memory readings would see it freed between them.
     runner, between, case, built = None, flusher, None, None
 
     def answer(payload: dict) -> None:
@@ -106,7 +108,7 @@ def _serve(out) -> None:
                 answer(ident)
             elif op == "prepare":
                 case = BenchCase(**request["case"])
-                runner, between = None, flusher if case.flushed else keep_cache
+                built, runner, between = None, None, flusher if case.flushed else keep_cache
                 pin(False)
                 try:
                     names = getattr(attnkit, "backend_names", None)

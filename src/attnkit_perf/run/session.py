@@ -127,6 +127,9 @@ class PerfSession:
         self.declined: dict[str, str] = {}
         self.errored: dict[str, BenchmarkVerdict] = {}
         self.run_json: dict | None = None
+        #: Why ``--attnkit-record`` wrote nothing (the run is not a valid baseline: a figure
+        #: breaks the schema's rules), or None; the session then fails.
+        self.record_refused: str | None = None
         #: What selection ran and skipped (:mod:`attnkit_perf.select.collection`), or None: all ran.
         self.selection: dict | None = None
         self.document: VerdictDocument | None = None
@@ -341,12 +344,18 @@ class PerfSession:
     def run_stored(self, benchmark, case: BenchCase, wrap) -> None:
         """Benchmark ``case`` with pytest-benchmark; queue it for a second measurement if it
         already looks slower than the baseline (decided once the whole run is in)."""
+        declined = None
         try:
             self.measurer.benchmark_case(benchmark, case, wrap)
         except UnsupportedProblemError as err:
+            declined = str(err)
+        # Skipped outside the except block: raised inside it, the skip would keep ``err`` and
+        # with it the frames of the measurement (and the case's inputs) alive in a reference
+        # cycle until the collector runs, possibly in the middle of the next case's readings.
+        if declined is not None:
             benchmark.skipped = True
-            self.record_declined(benchmark.fullname, str(err))
-            pytest.skip(f"{case.backend} does not support this shape: {err}")
+            self.record_declined(benchmark.fullname, declined)
+            pytest.skip(f"{case.backend} does not support this shape: {declined}")
         if self.baseline is None or self.opt["no_confirm"]:
             return
         reference = self._baseline_entries().get(benchmark.fullname)
@@ -375,6 +384,7 @@ class PerfSession:
             try:
                 path = save_baseline(run, baseline_path(self.baseline_root, self.gpu_key))
             except FormatError as err:
+                self.record_refused = str(err)
                 self.notes.append(f"NOT recorded: {err}")
             else:
                 self.notes.append(
