@@ -165,6 +165,35 @@ def _device_reason(backend: str, device: torch.device) -> str | None:
     return get_backend(backend).device_support(device)
 
 
+def choose_backend(backend: str, problem: AttentionProblem) -> str:
+    """The one backend that runs ``problem`` (an inference call), checked before any compute:
+    ``backend`` itself when it is available on the problem's device and accepts the problem, else
+    :class:`~attnkit.BackendUnavailableError` / :class:`~attnkit.UnsupportedProblemError`; for
+    ``"auto"``, the first path of the inference order that ``attention`` tries
+    (:func:`attnkit.auto.auto_order`: the measured table of this GPU model, else
+    :data:`AUTO_ORDER`) whose checks pass, else UnsupportedProblemError with every path's
+    reason. For callers that dispatch once and run one path: :func:`attnkit.attention_with_kvcache`."""
+    if backend != "auto":
+        _check_named(backend, problem)
+        return backend
+    runs = _auto_runs(problem, False, auto_order(problem, training=False))
+    for name, run in runs.items():
+        if not isinstance(run, str):
+            return name
+    raise UnsupportedProblemError(f"no backend supports {problem.describe()}: " + " | ".join(runs.values()))
+
+
+def _check_named(backend: str, problem: AttentionProblem) -> None:
+    """Raise why the backend named ``backend`` cannot run ``problem``, if it cannot."""
+    chosen = get_backend(backend)
+    reason = _device_reason(backend, problem.device)
+    if reason is not None:
+        raise BackendUnavailableError(f"backend {backend!r} is unavailable: {reason}")
+    reason = chosen.problem_support(problem)
+    if reason is not None:
+        raise UnsupportedProblemError(f"backend {backend!r} does not support {problem.describe()}: {reason}")
+
+
 def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
     """The function that runs ``problem`` on ``backend``, or the error saying why it cannot;
     ``prepared``: the eager run made for this problem, a :class:`PreparedRun` (memoised), else
@@ -184,13 +213,8 @@ def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
         # One order for every call (no path skipped under any mode): no per-call checks.
         run = partial(_run_first, orders[0]) if len(set(orders)) == 1 else partial(_run_by_grad, *orders)
         return PreparedRun(run) if prepared else run
+    _check_named(backend, problem)
     chosen = get_backend(backend)
-    reason = _device_reason(backend, problem.device)
-    if reason is not None:
-        raise BackendUnavailableError(f"backend {backend!r} is unavailable: {reason}")
-    reason = chosen.problem_support(problem)
-    if reason is not None:
-        raise UnsupportedProblemError(f"backend {backend!r} does not support {problem.describe()}: {reason}")
     if problem.is_degenerate:  # a zero-size dimension: one answer for every path (README)
         return PreparedRun(degenerate_attention) if prepared else degenerate_attention
     return chosen.prepared_run(problem) if prepared else chosen.run

@@ -64,6 +64,7 @@ for _name in SDPA_BACKENDS:
 
 try:
     from attnkit.triton import (
+        cache_forward,
         dispatch_boundaries,
         prepare,
         run_after_support_check,
@@ -85,6 +86,7 @@ else:
         # on CUDA, and through the interpreter on the CPU, which runs the programs one by one.
         deterministic=("cpu", "cuda"),
         interpreted_on=("cpu",),
+        cache_forward=cache_forward,
     )
 
 register_backend(

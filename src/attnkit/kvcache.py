@@ -10,18 +10,20 @@ Layouts (attnkit's (batch, heads, seq, dim) order):
   ``j % block_size`` of block ``block_table[b, j // block_size]``. Blocks may be shared between
   sequences and appear in any order; table entries past a sequence's last block are ignored.
 
-The Triton path reads the cache in place with the split-KV kernel (through the block table
-when paged). The other paths are references: each sequence's keys are gathered into a
-contiguous (1, Hkv, L_b, D) tensor and run through :func:`attnkit.attention` with that backend.
+The backend is chosen as :func:`attnkit.attention` chooses it (:func:`attnkit.api.choose_backend`:
+``auto`` reads the same measured table). A backend that reads a cache in place declares it on
+the registry (``cache_forward``: attnkit's Triton path runs its split-KV kernel, through the block
+table when paged); every other path, and a problem its ``cache_forward`` leaves, takes the
+gathered route: each sequence's keys gathered into a contiguous (1, Hkv, L_b, D) tensor and run
+through :func:`attnkit.attention` with that backend.
 """
 
 from __future__ import annotations
 
 import torch
 
-from attnkit.api import AUTO_ORDER, attention
-from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
-from attnkit.inputs import AttentionProblem
+from attnkit.api import attention, choose_backend
+from attnkit.errors import UnsupportedProblemError
 from attnkit.kvcache_inputs import CacheProblem, check_cache_inputs
 from attnkit.registry import get_backend
 
@@ -59,8 +61,8 @@ def attention_with_kvcache(
         window: must be None: a sliding window over a KV cache (per-sequence lengths, paged
             blocks) is not supported; anything else raises UnsupportedProblemError before any
             compute. :func:`attnkit.attention` takes windows on contiguous keys.
-        backend: ``"auto"`` (:data:`attnkit.AUTO_ORDER`'s first usable path) or a name of
-            :func:`attnkit.available_backends`.
+        backend: ``"auto"`` (the path :func:`attnkit.attention` would try first for this problem
+            in an inference call) or a name of :func:`attnkit.available_backends`.
 
     Returns:
         (B, Hq, N, Dv) in q's dtype. Forward only: inputs must not require grad.
@@ -77,46 +79,15 @@ def attention_with_kvcache(
             "attnkit.attention(q, k, v, window=...) takes one on contiguous keys"
         )
     cache = check_cache_inputs(q, k_cache, v_cache, cache_seqlens, k, v, block_table, causal, scale)
-    name = _pick_backend(backend, cache.problem)
+    name = choose_backend(backend, cache.problem)
     if k is not None:
         _append(cache, k_cache, v_cache, k, v, block_table)
-    if name == "triton":
-        # Imported here: the triton package is optional, and "triton" is only picked when present.
-        from attnkit.triton.decode import decode_config, decode_forward
-        from attnkit.triton.padding import padded_problem
-
-        # Head dims the kernels need padded (attnkit.triton.padding) would mean copying the whole
-        # cache on every call: those take the gathered route, which pads each sequence's keys.
-        rows = cache.problem.group_size * cache.problem.q_len
-        if padded_problem(cache.problem) is None and rows <= decode_config(block_table is not None).max_rows:
-            seqlens = cache.lengths.to(device=q.device, dtype=torch.int32)
-            table = None if block_table is None else block_table.to(torch.int32)
-            return decode_forward(q, k_cache, v_cache, cache.problem, seqlens=seqlens, block_table=table)[0]
+    read_in_place = get_backend(name).cache_forward
+    if read_in_place is not None:
+        out = read_in_place(q, k_cache, v_cache, cache, block_table)
+        if out is not None:
+            return out
     return _gathered_attention(name, cache, q, k_cache, v_cache, block_table)
-
-
-def _pick_backend(backend: str, problem: AttentionProblem) -> str:
-    """The backend that will run, checked for device and problem support before any compute."""
-    if backend == "auto":
-        rejections = []
-        for name in AUTO_ORDER:
-            try:
-                candidate = get_backend(name)
-            except ValueError:
-                continue
-            reason = candidate.device_support(problem.device) or candidate.problem_support(problem)
-            if reason is None:
-                return name
-            rejections.append(f"{name}: {reason}")
-        raise UnsupportedProblemError(f"no backend supports {problem.describe()}: " + " | ".join(rejections))
-    chosen = get_backend(backend)
-    reason = chosen.device_support(problem.device)
-    if reason is not None:
-        raise BackendUnavailableError(f"backend {backend!r} is unavailable: {reason}")
-    reason = chosen.problem_support(problem)
-    if reason is not None:
-        raise UnsupportedProblemError(f"backend {backend!r} does not support {problem.describe()}: {reason}")
-    return backend
 
 
 def _append(cache: CacheProblem, k_cache, v_cache, k, v, block_table) -> None:

@@ -19,6 +19,10 @@ from attnkit.traits import NO_DEVICE, Declaration, DeviceTypes, declared_on, dev
 DeviceCheck = Callable[[torch.device], "str | None"]
 ProblemCheck = Callable[[AttentionProblem], "str | None"]
 Prepare = Callable[[AttentionProblem], PreparedRun | RunFn]
+#: ``cache_forward(q, k_cache, v_cache, cache, block_table) -> out | None``: attention over a KV
+#: cache read in place (:func:`attnkit.attention_with_kvcache`), or None where the backend
+#: leaves the call to the gathered route (each sequence's keys gathered, then ``run``).
+CacheForward = Callable[..., "torch.Tensor | None"]
 
 
 def _always(_) -> None:
@@ -43,6 +47,8 @@ class Backend:
     (:mod:`attnkit.prepared`: one SDPA call, or a forward of fixed kernel launches).
 
     ``forward_only``: the backend computes no gradients (training passes are not timed).
+    ``cache_forward``: how it reads a KV cache in place for :func:`attnkit.attention_with_kvcache`
+    (:data:`CacheForward`); without one, each sequence's keys are gathered and ``run`` takes them.
     ``module``: the module that defines its function (``fn``, else ``run``), e.g. a plugin's
     kernel module: the perf gate checks that each side of a comparison imported it from that
     side's source.
@@ -75,6 +81,7 @@ class Backend:
     deterministic_when_enforced: DeviceTypes = NO_DEVICE
     batch_invariant: DeviceTypes = NO_DEVICE
     interpreted_on: DeviceTypes = NO_DEVICE
+    cache_forward: CacheForward | None = None
 
     def __post_init__(self) -> None:
         # One stored form whatever was given (True, False, a collection of device types).
@@ -126,6 +133,7 @@ def register_backend(
     batch_invariant: Declaration = False,
     deterministic_when_enforced: Declaration = False,
     interpreted_on: Declaration = False,
+    cache_forward: CacheForward | None = None,
 ) -> Backend:
     """Register an attention implementation under ``name``; ``attention(..., backend=name)``
     then runs it, and the correctness suite tests it (``pytest --pyargs attnkit.suite
@@ -172,6 +180,10 @@ def register_backend(
         interpreted_on: the device types on which the backend runs through an interpreter
             (attnkit's ``triton`` on the CPU): ``backend="auto"`` passes it over there, and the
             suite gives it smaller problems.
+        cache_forward: advanced: ``cache_forward(q, k_cache, v_cache, cache, block_table)``, attention
+            over a KV cache read in place (:func:`attnkit.attention_with_kvcache`; ``cache`` its
+            validated :class:`~attnkit.kvcache_inputs.CacheProblem`), returning the output or None
+            to leave the call to the gathered route.
 
     Returns:
         The registered :class:`Backend`.
@@ -184,6 +196,7 @@ def register_backend(
         ("run", run),
         ("supports", supports),
         ("device_support", device_support),
+        ("cache_forward", cache_forward),
     ):
         if value is not None and not callable(value):
             raise TypeError(
@@ -219,6 +232,7 @@ def register_backend(
         forward_only=forward_only,
         module=module,
         dispatch_boundaries=boundaries,
+        cache_forward=cache_forward,
         **per_device,
     )
     if name in _REGISTRY:

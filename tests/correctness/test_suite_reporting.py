@@ -10,6 +10,9 @@ import torch
 import attnkit
 from attnkit import registry
 
+#: How a failure is reported does not depend on the device the suite runs on.
+pytestmark = pytest.mark.device_independent
+
 
 @pytest.fixture
 def shifted(monkeypatch):
@@ -26,8 +29,9 @@ def _shifted(q, k, v, *, causal, scale, window):
     group = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(group, dim=1).float() for t in (k, v))
     scores = (q.float() @ k.transpose(-1, -2)) * scale
-    rows = torch.arange(n)[:, None] + (m - n)
-    scores = scores.masked_fill(torch.arange(m)[None, :] >= rows, float("-inf")) if causal else scores
+    rows = torch.arange(n, device=q.device)[:, None] + (m - n)
+    keys = torch.arange(m, device=q.device)[None, :]
+    scores = scores.masked_fill(keys >= rows, float("-inf")) if causal else scores
     return torch.nan_to_num(scores.softmax(-1) @ v).to(q.dtype)
 
 

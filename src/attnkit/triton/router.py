@@ -23,6 +23,7 @@ from attnkit.prepared import NativeForward, PreparedRun
 from attnkit.triton.config import AttentionConfig
 from attnkit.triton.decode import (
     DEFAULT_DECODE_CONFIG,
+    decode_config,
     decode_forward,
     decode_forward_only,
     decode_native_forward_only,
@@ -217,6 +218,24 @@ def prepare(problem: AttentionProblem) -> PreparedRun:
         return PreparedRun(run, plan=planned.plan)
     run = partial(flash_attention, planned, forward_only=planned.forward_only)
     return PreparedRun(run, native_forward=planned.native_forward, plan=planned.plan)
+
+
+def cache_forward(q, k_cache, v_cache, cache, block_table) -> torch.Tensor | None:
+    """The registry's ``cache_forward``: the split-KV kernel reading a KV cache in place, through
+    the block table when it is paged (:func:`attnkit.attention_with_kvcache`). None, for the
+    gathered route, where the head dims need padding (:mod:`~attnkit.triton.padding`: that would
+    copy the whole cache on every call, while the gathered route pads each sequence's keys) or a
+    group of query rows exceeds what one program of the split-KV kernel holds."""
+    problem = cache.problem
+    paged = block_table is not None
+    if (
+        padded_problem(problem) is not None
+        or problem.group_size * problem.q_len > decode_config(paged).max_rows
+    ):
+        return None
+    seqlens = cache.lengths.to(device=q.device, dtype=torch.int32)
+    table = block_table.to(torch.int32) if paged else None
+    return decode_forward(q, k_cache, v_cache, problem, seqlens=seqlens, block_table=table)[0]
 
 
 def triton_device_support(device: torch.device) -> str | None:
