@@ -53,7 +53,7 @@ def _serve(out) -> None:
         for name in ("UnsupportedProblemError", "BackendUnavailableError")
         if hasattr(errors, name)
     )
-    from attnkit_perf.measure.cases import BenchCase
+    from attnkit_perf.measure.cases import AUTO_BACKEND, BenchCase
     from attnkit_perf.measure.host import build_measured, host_per_call, kept_bytes
     from attnkit_perf.measure.hostcount import REPEATS, host_count
     from attnkit_perf.measure.machine import provenance
@@ -102,7 +102,7 @@ def _serve(out) -> None:
                 pin(False)
                 try:
                     names = getattr(attnkit, "backend_names", None)
-                    if names is not None and case.backend not in names():
+                    if names is not None and case.backend not in (*names(), AUTO_BACKEND):
                         raise errors.UnsupportedProblemError(f"backend {case.backend!r} is not registered")
                     built = build_measured(case, device, seed=request.get("seed", 0))
                     runner = built.runner
