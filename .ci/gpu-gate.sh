@@ -4,7 +4,8 @@
 #
 #   bash .ci/gpu-gate.sh [OUT_DIR]          (default: build/gpu-gate)
 #
-# 0. what the diff against ATTNKIT_BASE can affect  -> OUT_DIR/selection.json
+# 0. what the diff against ATTNKIT_BASE can affect  -> OUT_DIR/selection.json, decided once and
+#    read by steps 1 and 2 (--attnkit-selection)
 # 1. the correctness suite on the GPU                -> OUT_DIR/correctness.xml
 #    what only a GPU can show: tests marked device_independent are left to the CPU CI. With
 #    ATTNKIT_BASE: the PR tier, the tests of the backends the diff reaches (and every test when
@@ -65,9 +66,8 @@ case "$select" in affected|all) ;; *) echo "ATTNKIT_SELECT: expected affected or
 selection_args=()
 if [ -n "${ATTNKIT_BASE:-}" ] && [ "$select" = affected ] && [ ! -d "$ATTNKIT_BASE" ]; then
     echo "== 0/3 what the diff against $ATTNKIT_BASE can affect"
-    "${gpu_python[@]}" -m attnkit_perf.select --base "$ATTNKIT_BASE" || exit $?
-    "${gpu_python[@]}" -m attnkit_perf.select --base "$ATTNKIT_BASE" --json > "$out/selection.json"
-    selection_args=(--attnkit-changes-since="$ATTNKIT_BASE")
+    "${gpu_python[@]}" -m attnkit_perf.select --base "$ATTNKIT_BASE" --json-out "$out/selection.json" || exit $?
+    selection_args=(--attnkit-selection="$out/selection.json")
 elif [ -n "${ATTNKIT_BASE:-}" ]; then
     echo "== every test and row runs (ATTNKIT_SELECT=$select, base $ATTNKIT_BASE)"
 fi
@@ -124,7 +124,7 @@ else
     report_args+=(--benchmarks "$out/benchmarks.json")
 fi
 # shellcheck disable=SC2086  # ATTNKIT_PERF_ARGS is a list of words on purpose
-"${gpu_python[@]}" -m pytest tests/perf -p no:cacheprovider "${perf_args[@]}" ${ATTNKIT_PERF_ARGS:-}
+"${gpu_python[@]}" -m pytest tests/perf -p no:cacheprovider "${perf_args[@]}" "${selection_args[@]}" ${ATTNKIT_PERF_ARGS:-}
 pytest_status $?
 perf=$?
 echo "perf: $(( $(date +%s) - t0 )) s"

@@ -5,6 +5,7 @@ tests/conftest.py, and by attnkit's plugin (``attnkit_pytest``) for ``pytest --p
     pytest tests/perf --attnkit-base=origin/main            # paired: base vs this checkout, same GPU
     pytest tests/perf --attnkit-base=origin/main --attnkit-select=all   # ... every row, not the diff's
     pytest tests/correctness --attnkit-changes-since=origin/main        # the tests the diff can affect
+    pytest tests/correctness --attnkit-selection=selection.json         # ... as decided once, in a file
     pytest --pyargs attnkit_perf.suite --attnkit-backend NAME --attnkit-base=origin/main  # in any repo
     pytest tests/perf --attnkit-base=origin/main -n 2       # ... sharded over 2 GPUs
     pytest tests/perf --benchmark-compare                   # stored: against baselines/<gpu_key>/
@@ -36,6 +37,11 @@ from attnkit_perf.run.shards import ShardError, parse_shard
 SESSION = pytest.StashKey[PerfSession]()
 #: What selection kept and skipped (:func:`attnkit_perf.select.collection.deselect`), when it ran.
 SELECTION = pytest.StashKey[dict]()
+#: The run's selection decision (an :class:`attnkit_perf.select.rules.Affected`, or why there is
+#: none), made once per run: read from ``--attnkit-selection``, computed, or handed to a worker.
+DECISION = pytest.StashKey[object]()
+#: The key of a worker's input that carries the controller's decision (as data).
+_DECISION_INPUT = "attnkit_selection_decision"
 #: Marks a benchmark skipped because this checkout cannot run its backend (tests/perf sets it).
 DECLINED_MARK = "attnkit_declined"
 
@@ -151,7 +157,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="REF",
         help="select the rows and tests the diff between REF and this checkout can affect (paired "
-        "mode: --attnkit-base)",
+        "mode: --attnkit-base); computed once, in the controller when run under xdist",
+    )
+    group.addoption(
+        "--attnkit-selection",
+        default=None,
+        metavar="FILE",
+        help="select with the decision in FILE (written once per gate run by python -m "
+        "attnkit_perf.select --base REF --json-out FILE) instead of computing it",
     )
     for name, kind, default, help_text in _TUNABLE:
         group.addoption("--attnkit-" + name.replace("_", "-"), type=kind, default=None, help=help_text)
@@ -358,26 +371,89 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             items[:] = [item for item in items if item not in set(others)]
 
 
-def _select(config: pytest.Config, items, perf) -> None:
-    """Deselect what the diff cannot affect (:mod:`attnkit_perf.select`), in paired mode against
-    the base unless ``--attnkit-select=all``, elsewhere only when ``--attnkit-changes-since`` asks."""
+def _selection_base(config: pytest.Config, perf) -> str | None:
+    """The ref a computed selection compares with: ``--attnkit-changes-since``, else paired
+    mode's base; None: neither."""
     paired = perf.base_ref if perf is not None and perf.mode == "paired" else None
-    base = config.getoption("attnkit_changes_since") or paired
-    choice = config.getoption("attnkit_select") or ("affected" if base else "all")
+    return config.getoption("attnkit_changes_since") or paired
+
+
+def _selects(config: pytest.Config, perf, note: bool = False) -> bool:
+    """Whether the run deselects what the diff cannot affect: with ``--attnkit-selection``, in
+    paired mode unless ``--attnkit-select=all``, elsewhere only when ``--attnkit-changes-since``
+    asks; never against a base that is a checkout, not a commit (``note``: say so in the
+    verdict)."""
+    base = _selection_base(config, perf)
+    selection_file = config.getoption("attnkit_selection")
+    choice = config.getoption("attnkit_select") or ("affected" if base or selection_file else "all")
     if choice == "all":
-        return
+        return False
+    if selection_file:
+        return True
     if base is None:
         raise pytest.UsageError(
-            "attnkit select: --attnkit-select=affected needs --attnkit-base or --attnkit-changes-since"
+            "attnkit select: --attnkit-select=affected needs --attnkit-base, --attnkit-changes-since "
+            "or --attnkit-selection"
         )
     if Path(base).is_dir():
-        if perf is not None:
+        if note and perf is not None:
             perf.notes.append(f"selection: the base {base} is a checkout, not a commit: every row runs")
+        return False
+    return True
+
+
+def _decision(config: pytest.Config, perf):
+    """The run's decision (:data:`DECISION`), made once: read from ``--attnkit-selection``; on an
+    xdist worker, the controller's (:func:`pytest_configure_node`); else computed here."""
+    from attnkit_perf.decide.formats import FormatError
+    from attnkit_perf.select import collection
+    from attnkit_perf.select.rules import Affected
+
+    if DECISION in config.stash:
+        return config.stash[DECISION]
+    gpu = None if perf is None else perf.gpu_key
+    selection_file = config.getoption("attnkit_selection")
+    handed = getattr(config, "workerinput", {}).get(_DECISION_INPUT)
+    if selection_file:
+        try:
+            decision = collection.read_selection(selection_file, gpu)
+        except FormatError as err:
+            raise pytest.UsageError(f"attnkit select: {err}") from err
+        paired = perf.base_ref if perf is not None and perf.mode == "paired" else None
+        if paired and decision.base != paired:
+            raise pytest.UsageError(
+                f"attnkit select: {selection_file} holds the changes since {decision.base}, but paired "
+                f"mode compares with {paired}: write the selection against the same base"
+            )
+    elif handed is not None:
+        decision = handed if isinstance(handed, str) else Affected.from_dict(handed, gpu)
+    else:
+        decision = collection.decide(Path(config.rootpath), _selection_base(config, perf), gpu)
+    config.stash[DECISION] = decision
+    return decision
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist's controller: hand each worker the run's decision, made once here, so that no
+    worker computes it again."""
+    config = node.config
+    perf = config.stash.get(SESSION, None)
+    if config.getoption("attnkit_selection") or not _selects(config, perf):
+        return  # each worker reads the file, or nothing is selected
+    decision = _decision(config, perf)
+    node.workerinput[_DECISION_INPUT] = decision if isinstance(decision, str) else decision.to_dict()
+
+
+def _select(config: pytest.Config, items, perf) -> None:
+    """Deselect what the diff cannot affect (:mod:`attnkit_perf.select`) when the run selects
+    (:func:`_selects`)."""
+    if not _selects(config, perf, note=True):
         return
     from attnkit_perf.select import collection
 
     rows = {} if perf is None else {c.name: c for c in perf.grid(gpu=True) + perf.grid(gpu=False)}
-    decision = collection.decide(Path(config.rootpath), base, None if perf is None else perf.gpu_key)
+    decision = _decision(config, perf)
     if isinstance(decision, str):
         if perf is not None:
             perf.notes.append(f"selection: {decision}")
@@ -385,7 +461,7 @@ def _select(config: pytest.Config, items, perf) -> None:
         if reporter is not None:
             reporter.write_line(f"attnkit select: {decision}")
         return
-    _selected(config, perf, collection.deselect(config, items, decision, rows), base)
+    _selected(config, perf, collection.deselect(config, items, decision, rows), decision.base)
     if perf is not None:
         perf.affected = decision  # what the diff reaches most directly runs first
     if hasattr(config, "workeroutput"):  # the controller writes the verdict: it needs the record

@@ -18,6 +18,9 @@ from attnkit_perf.select.rules import DependencyMap, affected
 ROOT = Path(__file__).resolve().parents[2]
 H200, H100 = "nvidia-h200", "nvidia-h100-80gb-hbm3"
 SDPA = {"sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"}
+#: ``backend="auto"``'s rows: it may dispatch to any backend, so a change to one reaches them.
+AUTO = "auto"
+BACKWARD = ("bwd", "fwd+bwd")
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +39,11 @@ def rows_run(changed: list[str], gpu: str) -> set[tuple[str, str]]:
 
 def every_row() -> set[tuple[str, str]]:
     return {(c.backend, c.pass_name) for c in gpu_suite_cases()}
+
+
+def rows_of(backends, passes=("fwd", "bwd", "fwd+bwd")) -> set[tuple[str, str]]:
+    """The grid's (backend, pass) rows of ``backends`` timing one of ``passes``."""
+    return {r for r in every_row() if r[0] in backends and r[1] in passes}
 
 
 def test_every_file_under_src_is_mapped_or_runs_everything(deps):
@@ -73,15 +81,15 @@ def test_the_declared_roots_are_the_registered_backends_functions(deps):
 
 def test_a_tile_table_runs_triton_rows_of_its_gpu_only():
     table = [f"src/attnkit/triton/configs/{H200}.json"]
-    assert rows_run(table, H200) == {r for r in every_row() if r[0] == "triton"}
+    assert rows_run(table, H200) == rows_of({"triton", AUTO})
     assert rows_run(table, H100) == set()
 
 
 def test_the_backward_kernels_run_every_triton_row():
     """The forward reaches them too (LaunchSetup names the backward kernels for every problem):
-    no forward row can be proven unaffected, so every Triton row runs."""
+    no forward row can be proven unaffected, so every Triton row runs (and auto's)."""
     ran = rows_run(["src/attnkit/triton/backward_kernels.py"], H200)
-    assert ran == {r for r in every_row() if r[0] == "triton"}
+    assert ran == rows_of({"triton", AUTO})
 
 
 def test_the_shared_autograd_function_runs_tiled_and_triton():
@@ -89,7 +97,7 @@ def test_the_shared_autograd_function_runs_tiled_and_triton():
     op only for the backends registered there (dependencies.json narrows that edge): a change
     runs the backends whose code reaches it, not every backend."""
     ran = rows_run(["src/attnkit/flash_autograd.py"], H200)
-    assert {b for b, _ in ran} == {"tiled", "triton"}
+    assert {b for b, _ in ran} == {"tiled", "triton", AUTO}
 
 
 @pytest.mark.parametrize(
@@ -105,7 +113,7 @@ def test_the_shared_autograd_function_runs_tiled_and_triton():
     ],
 )
 def test_a_gluon_forward_or_plan_file_runs_every_triton_row(path):
-    assert rows_run([path], H200) == {r for r in every_row() if r[0] == "triton"}
+    assert rows_run([path], H200) == rows_of({"triton", AUTO})
 
 
 @pytest.mark.parametrize(
@@ -113,8 +121,8 @@ def test_a_gluon_forward_or_plan_file_runs_every_triton_row(path):
 )
 def test_a_gluon_backward_file_runs_the_triton_rows_timing_a_backward(path):
     ran = rows_run([path], H200)
-    assert ran == {r for r in every_row() if r[0] == "triton" and r[1] in ("bwd", "fwd+bwd")}
-    assert ran, "the grid has triton backward rows"
+    assert ran == rows_of({"triton", AUTO}, BACKWARD)
+    assert ("triton", "bwd") in ran and (AUTO, "fwd+bwd") in ran, "the grid has their backward rows"
 
 
 def test_every_path_the_map_declares_exists(deps):
@@ -143,14 +151,19 @@ def test_every_path_the_map_declares_exists(deps):
 
 def test_sdpa_runs_every_sdpa_backend():
     ran = rows_run(["src/attnkit/sdpa/semantics.py"], H200)
-    assert {b for b, _ in ran} == SDPA & {c.backend for c in gpu_suite_cases()}
+    assert {b for b, _ in ran} == (SDPA | {AUTO}) & {c.backend for c in gpu_suite_cases()}
 
 
-def test_auto_and_its_tables_run_auto_only(deps):
+def test_auto_and_its_tables_run_the_auto_rows_only(deps):
+    """The grid times ``backend="auto"`` (forward and training step): a change to its dispatch
+    or to one GPU model's auto table is measured there, on that model."""
+    assert rows_of({AUTO}) == {(AUTO, "fwd"), (AUTO, "fwd+bwd")}
     for path in ("src/attnkit/auto.py", f"src/attnkit/auto_tables/{H100}.json"):
         decision = affected(ROOT, "base", [path], H100)
-        assert set(decision.backends) == {"auto"}, path
+        assert set(decision.backends) == {AUTO}, path
+        assert rows_run([path], H100) == rows_of({AUTO})
     assert affected(ROOT, "base", [f"src/attnkit/auto_tables/{H100}.json"], H200).backends == {}
+    assert rows_run([f"src/attnkit/auto_tables/{H100}.json"], H200) == set()
 
 
 @pytest.mark.parametrize(
@@ -315,7 +328,8 @@ def test_the_perf_grid_keeps_the_rows_of_the_backends_a_change_reaches(pytester,
         "--pyargs", "attnkit_perf.suite", "--attnkit-changes-since", "main", "--collect-only", "-q"
     )
     names = [line for line in result.stdout.lines if "::test_" in line]
-    assert names and all("tiled" in line for line in names), names
+    assert names and all("[tiled-" in line or "[auto-" in line for line in names), names
+    assert any("[auto-" in line for line in names), "auto may dispatch to tiled: its rows run"
     result.stdout.fnmatch_lines(["*deselected: backend naive: no changed file reaches its code"])
 
 
@@ -381,15 +395,17 @@ def _retuned(family: str | None, section: str = "families") -> str:
     ids=["d128-causal", "d64-full", "provenance-only"],
 )
 def test_a_retuned_family_runs_the_triton_rows_that_read_it(family, head_dims):
-    """The base's table compared entry by entry: only the rows whose family (either causal
-    mode: a decode's is the kernel's call) changed run; a table whose families are unchanged runs
+    """The base's table compared entry by entry: a call reads its own family (get_config), so
+    only the rows whose family (either causal mode: a decode's is the kernel's call) changed run,
+    auto's among them (it may dispatch to Triton); a table whose families are unchanged runs
     none."""
     path = f"src/attnkit/triton/configs/{H200}.json"
     decision = affected(ROOT, "base", [path], H200, before=lambda p: _retuned(family) if p == path else None)
     ran = {c for c in gpu_suite_cases() if decision.row_skip(c.backend, c.pass_name, c) is None}
-    assert {c.backend for c in ran} <= {"triton"}
     assert {c.head_dim for c in ran} == head_dims
-    assert ran == {c for c in gpu_suite_cases() if c.backend == "triton" and c.head_dim in head_dims}
+    expected = {c for c in gpu_suite_cases() if c.backend in ("triton", AUTO) and c.head_dim in head_dims}
+    assert ran == expected
+    assert head_dims != {64} or not any(c.backend == AUTO for c in ran), "auto's rows are D=128"
 
 
 def test_a_plugin_backend_is_never_deselected():
@@ -407,20 +423,21 @@ def _rows_after(section: str, entry: str | None, gpu: str) -> set:
 
 
 @pytest.mark.parametrize(
-    ("section", "cell", "head_dim", "passes"),
+    ("section", "cell", "passes"),
     [
-        ("gluon/forward", "d128-causal", 128, ("fwd", "bwd", "fwd+bwd")),
-        ("gluon/routed/forward", "d64-full", 64, ("fwd", "bwd", "fwd+bwd")),
-        ("gluon/backward", "d64-causal", 64, ("bwd", "fwd+bwd")),
-        ("gluon/routed/backward", "d128-full", 128, ("bwd", "fwd+bwd")),
+        ("gluon/forward", "d128-causal", ("fwd", "bwd", "fwd+bwd")),
+        ("gluon/routed/forward", "d64-full", ("fwd", "bwd", "fwd+bwd")),
+        ("gluon/backward", "d64-causal", BACKWARD),
+        ("gluon/routed/backward", "d128-full", BACKWARD),
     ],
 )
-def test_a_changed_gluon_cell_runs_its_head_dims_triton_rows(section, cell, head_dim, passes):
-    """One cell of the Gluon section: the Triton rows of that head dim (either causal mode), of
-    the passes it configures (a backward cell: rows timing a backward), on that GPU model only."""
-    triton = [c for c in gpu_suite_cases() if c.backend == "triton"]
-    expected = {c for c in triton if c.head_dim == head_dim and c.pass_name in passes}
-    assert expected and _rows_after(section, cell, H200) == expected
+def test_a_changed_gluon_cell_runs_every_row_of_its_reader(section, cell, passes):
+    """The Gluon section's readers parse every cell of their part (forward_configs,
+    backward_configs, routed_cells): one changed cell reaches every Triton row (and auto's) of the
+    passes that part configures (a backward part: rows timing a backward), on that GPU model only."""
+    expected = {c for c in gpu_suite_cases() if c.backend in ("triton", AUTO) and c.pass_name in passes}
+    assert {c.head_dim for c in expected} == {64, 128}
+    assert _rows_after(section, cell, H200) == expected
     assert _rows_after(section, cell, H100) == set()
 
 
@@ -442,7 +459,7 @@ def test_an_unknown_part_of_the_table_runs_every_triton_row():
     decision = affected(ROOT, "base", [path], H200, before=lambda p: json.dumps(table) if p == path else None)
     cases = gpu_suite_cases()
     ran = {(c.backend, c.pass_name) for c in cases if decision.row_skip(c.backend, c.pass_name, c) is None}
-    assert ran == {r for r in every_row() if r[0] == "triton"}
+    assert ran == rows_of({"triton", AUTO})
 
 
 def test_a_routed_cell_reaches_triton_tests_on_every_gpu():
@@ -454,3 +471,77 @@ def test_a_routed_cell_reaches_triton_tests_on_every_gpu():
     assert decision.backends == {} and "triton" in decision.test_backends
     new_table = DependencyMap(ROOT).effect(path)  # no base text: any cell may differ
     assert new_table.tests_every_gpu
+
+
+#: Correctness modules of a planted repository: one reaching the KV-cache entry point, one
+#: parametrized over backends alone, one naming a backend, one independent of any.
+KVCACHE_TESTS = {
+    **CORRECTNESS_TESTS,
+    "tests/correctness/test_cache_by_backend.py": (
+        "import pytest\n\nfrom attnkit import attention_with_kvcache\n\n\n"
+        '@pytest.mark.parametrize("backend", ["triton", "tiled", "naive"])\n'
+        "def test_cache(backend):\n    assert attention_with_kvcache\n"
+    ),
+}
+
+
+@pytest.fixture
+def planted_source(pytester, monkeypatch):
+    """A git repository with a copy of the library's source and :data:`KVCACHE_TESTS`,
+    committed: ``edit(path)`` changes a source file, ``run()`` selects against the commit."""
+    import shutil
+
+    shutil.copytree(ROOT / "src", pytester.path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    for name, text in KVCACHE_TESTS.items():
+        (pytester.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (pytester.path / name).write_text(text)
+    _git(pytester.path, "init", "-q", "-b", "main")
+    _git(pytester.path, "add", ".")
+    _git(pytester.path, "commit", "-qm", "base")
+    monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
+
+    def edit(path: str) -> None:
+        with open(pytester.path / path, "a") as f:
+            f.write("\n# changed\n")
+
+    def run():
+        args = ("-p", "attnkit_perf.plugin", "--attnkit-changes-since", "main", "-v", *KVCACHE_TESTS)
+        return pytester.runpytest_inprocess(*args)
+
+    return edit, run
+
+
+def _passed(result) -> set[str]:
+    return {line.split("::")[1].split(" ")[0] for line in result.stdout.lines if " PASSED" in line}
+
+
+@pytest.mark.parametrize("path", ["src/attnkit/kvcache.py", "src/attnkit/kvcache_inputs.py"])
+def test_a_kvcache_change_keeps_every_backends_kvcache_tests(planted_source, path):
+    """The KV-cache code is no backend's: every backend's test of a module that reaches it runs
+    (a paged-gather bug shows on the backends' oracle tests), and nothing else."""
+    edit, run = planted_source
+    edit(path)
+    result = run()
+    result.assert_outcomes(passed=3, deselected=5)
+    assert _passed(result) == {"test_cache[triton]", "test_cache[tiled]", "test_cache[naive]"}
+
+
+@pytest.mark.parametrize(
+    ("path", "kept"),
+    [
+        ("src/attnkit/tiled.py", {"test_cache[tiled]", "test_each[tiled]"}),
+        (
+            "src/attnkit/triton/decode.py",
+            {"test_cache[triton]", "test_each[triton]", "test_each[sdpa-math]", "test_names_triton"},
+        ),
+    ],
+    ids=["tiled", "triton-decode"],
+)
+def test_a_change_to_backend_code_narrows_to_that_backends_tests(planted_source, path, kept):
+    """A backend parameter narrows a change to backend code, even in a module that imports the
+    changed file: the KV-cache tests of the other backends do not run that code."""
+    edit, run = planted_source
+    edit(path)
+    result = run()
+    assert _passed(result) == kept, result.stdout.str()
+    result.assert_outcomes(passed=len(kept), deselected=8 - len(kept))

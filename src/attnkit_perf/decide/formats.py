@@ -1,6 +1,7 @@
 """JSON Schemas of the gate's file formats (``schemas/*.schema.json``), validated with jsonschema:
-the baseline (a pytest-benchmark run), the verdict and the A/A noise file. A file that fails
-is a :class:`FormatError` naming the file, the offending field and what was expected."""
+the baseline (a pytest-benchmark run), the verdict, the A/A noise file and the selection
+(:mod:`attnkit_perf.select`). A file that fails is a :class:`FormatError` naming the file, the
+offending field and what was expected."""
 
 from __future__ import annotations
 

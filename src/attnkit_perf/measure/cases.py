@@ -324,6 +324,12 @@ WINDOW_SHAPES = ((1, 16, 16, 16384, 128, True, "bf16", None, (1024, 0)),)
 WINDOW_BACKENDS = ("triton", "sdpa-efficient", "sdpa")
 #: Shapes short enough for the pure-PyTorch paths.
 SLOW_BACKEND_SHAPES = (GPU_SHAPES[0], GPU_SHAPES[4])
+#: ``backend="auto"``, what a call gets by default: the path its GPU model's measured table puts
+#: first for the shape (:mod:`attnkit.auto`), so a changed auto table or dispatch is measured
+#: here. It is attnkit's dispatcher, not a registered backend, and runs wherever one of its
+#: paths does. Timed on the training shape, forward and training step: the table's two passes.
+AUTO_BACKEND = "auto"
+AUTO_PASSES = ("fwd", "fwd+bwd")
 
 #: CPU smoke grid: tiny float32 problems, so a CPU-only CI run exercises the whole pipeline.
 CPU_BACKENDS = ("tiled", "naive", "sdpa")
@@ -354,6 +360,7 @@ def gpu_suite_cases() -> list[BenchCase]:
     cases += _cases(INFERENCE_BACKENDS, DECODE_SHAPES, ("fwd",))
     cases += _cases(INFERENCE_BACKENDS, PREFILL_SHAPES, ("fwd", "bwd"))
     cases += _cases(WINDOW_BACKENDS, WINDOW_SHAPES, ("fwd", "bwd"))
+    cases += _cases((AUTO_BACKEND,), (FWD_BWD_SHAPE,), AUTO_PASSES)
     slow = _cases(SLOW_BACKENDS, SLOW_BACKEND_SHAPES, ("fwd", "bwd"))
     cases += [c for c in slow if c.backend != "naive" or _naive_fits(c)]
     return cases

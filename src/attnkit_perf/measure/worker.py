@@ -60,7 +60,7 @@ def _serve(out) -> None:
         for name in ("UnsupportedProblemError", "BackendUnavailableError")
         if hasattr(errors, name)
     )
-    from attnkit_perf.measure.cases import BenchCase
+    from attnkit_perf.measure.cases import AUTO_BACKEND, BenchCase
     from attnkit_perf.measure.fingerprint import launch_fingerprint
     from attnkit_perf.measure.host import build_measured, host_per_call, kept_bytes
     from attnkit_perf.measure.hostcount import REPEATS, host_count
@@ -112,7 +112,7 @@ def _serve(out) -> None:
                 pin(False)
                 try:
                     names = getattr(attnkit, "backend_names", None)
-                    if names is not None and case.backend not in names():
+                    if names is not None and case.backend not in (*names(), AUTO_BACKEND):
                         raise errors.UnsupportedProblemError(f"backend {case.backend!r} is not registered")
                     built = build_measured(case, device, seed=request.get("seed", 0))
                     runner = built.runner

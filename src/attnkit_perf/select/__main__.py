@@ -1,9 +1,11 @@
-"""``python -m attnkit_perf.select --base REF [--gpu KEY] [--json] [--backends]``: what the
-diff between REF and the working tree can affect, as the gate decides it.
+"""``python -m attnkit_perf.select --base REF [--gpu KEY] [--json] [--json-out FILE] [--backends]``:
+what the diff between REF and the working tree can affect, as the gate decides it.
 
 Prints the decision (everything, the backends and passes, or nothing) and each changed file's
-effect; ``--json`` the same as data; ``--backends`` the affected backends' names, one a line
-(empty when nothing is affected; ``all`` when everything is).
+effect; ``--json`` the same as data; ``--json-out FILE`` also writes that data to FILE, the
+selection file each step of a gate run reads (``pytest --attnkit-selection=FILE``), so that the
+decision is made once per run; ``--backends`` the affected backends' names, one a line (empty
+when nothing is affected; ``all`` when everything is).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from attnkit_perf.decide.formats import validate
 from attnkit_perf.select.changes import ChangesError, changed_files, text_at
 from attnkit_perf.select.rules import affected
 
@@ -24,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", default=".", help="the checkout (default: the current directory)")
     parser.add_argument("--gpu", default=None, metavar="KEY", help="GPU model key (default: any model)")
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
+    parser.add_argument(
+        "--json-out",
+        default=None,
+        metavar="FILE",
+        help="also write the decision as JSON to FILE (pytest --attnkit-selection=FILE reads it)",
+    )
     parser.add_argument("--backends", action="store_true", help="print the affected backends only")
     args = parser.parse_args(argv)
     try:
@@ -33,8 +42,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     root = Path(args.root)
     decision = affected(root, args.base, changed, args.gpu, lambda path: text_at(root, args.base, path))
+    data = decision.to_dict()
+    validate("selection", data, "the selection made")  # what --attnkit-selection will accept
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(data, indent=1) + "\n", encoding="utf8")
     if args.json:
-        print(json.dumps(decision.to_dict(), indent=1))
+        print(json.dumps(data, indent=1))
     elif args.backends:
         print("all" if decision.everything else "\n".join(sorted(decision.backends)))
     else:

@@ -4,10 +4,17 @@ per reason.
 
 * Perf rows (items using the ``attnkit_perf`` fixture): kept when the diff reaches their
   backend's code for the pass they time (:meth:`attnkit_perf.select.rules.Affected.row_skip`).
-* Correctness tests: a test parametrized over a backend (``backend`` / ``attnkit_backend``) is
-  kept when that backend is affected; any other test when its module names or imports the code
-  of an affected backend, imports a changed file, or is itself changed. Tests that reach no
+* Correctness tests: a test is kept when its module is changed, or when the code its module
+  imports (and what that runs) holds a changed file that is not one backend's code (a KV-cache
+  change keeps every backend's KV-cache tests). Past that, a test parametrized over a backend
+  (``backend`` / ``attnkit_backend``) is kept when that backend is affected: a backend parameter
+  narrows only a change to backend code. Any other test is kept when its module names or
+  imports the code of an affected backend, or imports a changed file. Tests that reach no
   backend (the backend-independent ones) run only when shared code changed.
+
+The decision is made once per run: read from the selection file (:func:`read_selection`, written
+by ``python -m attnkit_perf.select --json-out``), or computed by :func:`decide` in pytest's
+controller process and handed to xdist's workers as data.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from attnkit_perf.decide.formats import FormatError, read_json, validate
 from attnkit_perf.select.changes import ChangesError, changed_files, text_at
 from attnkit_perf.select.rules import Affected, DependencyMap, affected
 
@@ -33,6 +41,18 @@ def decide(root: Path, base: str, gpu: str | None) -> Affected | str:
     except ChangesError as err:
         return f"cannot list the changes since {base} ({err}): everything runs"
     return affected(root, base, changed, gpu, lambda path: text_at(root, base, path))
+
+
+def read_selection(path: Path | str, gpu: str | None) -> Affected:
+    """The decision in the selection file at ``path``, for a run on GPU model ``gpu``; a file
+    that is missing, not of the selection format, or made for another GPU model is a
+    :class:`~attnkit_perf.decide.formats.FormatError` saying so."""
+    data = read_json(path, "selection")
+    validate("selection", data, f"selection file {path}")
+    try:
+        return Affected.from_dict(data, gpu)
+    except ValueError as err:
+        raise FormatError(f"selection file {path}: {err}") from err
 
 
 def deselect(config: pytest.Config, items: list, decision: Affected, rows: dict) -> dict:
@@ -81,6 +101,14 @@ def _skip(item, decision: Affected, rows: dict, deps: DependencyMap, modules: di
         return None  # outside the repository (an installed suite): not selected out
     if relative in changed:
         return None
+    if relative not in modules:
+        source = path.read_text(encoding="utf8")
+        modules[relative] = (deps.test_backends(source), deps.test_imports(source))
+    backends, imports = modules[relative]
+    reached = imports & changed
+    backend_code = {e.path for e in decision.effects if e.kind == "backends"}
+    if reached - backend_code:
+        return None  # the module runs changed code that is no backend's: each backend's test runs it
     backend = next((params[p] for p in _BACKEND_PARAMS if p in params), None)
     if backend is not None:
         if backend not in deps.backend_names:
@@ -88,11 +116,7 @@ def _skip(item, decision: Affected, rows: dict, deps: DependencyMap, modules: di
         if backend in decision.test_backends:
             return None
         return f"tests of backend {backend}: no changed file reaches its code"
-    if relative not in modules:
-        source = path.read_text(encoding="utf8")
-        modules[relative] = (deps.test_backends(source), deps.test_imports(source))
-    backends, imports = modules[relative]
-    if backends & set(decision.test_backends) or imports & changed:
+    if backends & set(decision.test_backends) or reached:
         return None
     if not backends:
         return "backend-independent tests: no shared code changed"

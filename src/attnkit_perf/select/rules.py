@@ -8,9 +8,11 @@ A file's effect is one of
   rule maps (a new module no backend reaches yet, a deleted or renamed module, anything unknown);
 * ``backends``: the backends whose code reaches it, each with the passes it can change: ``all``,
   or ``backward`` when only a gradient's code reaches it (rows timing a backward);
-  a GPU-keyed table (``{gpu}`` in its path) only on that GPU model, and where its readers look
-  up one entry per row (Triton's shape families, the Gluon section's cells) only the rows
-  reading a changed entry; a table whose declared parts reach every GPU model's correctness
+  a GPU-keyed table (``{gpu}`` in its path) only on that GPU model, and of its sections only
+  the rows reading a changed entry or one the library's reader refuses
+  (:mod:`~attnkit_perf.select.tables`): where the reader reads one entry per row (Triton's
+  shape families) that entry's rows, where it parses every entry (the Gluon section's cells)
+  every row of that reader; a table whose declared parts reach every GPU model's correctness
   tests (routed Gluon cells: Triton's dispatch boundaries) runs those tests on any model;
 * ``correctness``: an entry point no perf row calls (the correctness tests importing it run), or
   a correctness test module (it runs);
@@ -23,6 +25,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import fnmatch
+import importlib
 import json
 import re
 from dataclasses import asdict, dataclass, field
@@ -32,6 +35,8 @@ from pathlib import Path
 from attnkit_perf.select.symbols import SymbolGraph
 
 DEPENDENCIES = Path(__file__).with_name("dependencies.json")
+#: The selection file's format (:meth:`Affected.to_dict`, ``selection.schema.json``).
+FORMAT = "attnkit-selection/1"
 #: Passes that run a backward: the rows a change to a gradient's code alone can affect.
 BACKWARD_PASSES = ("bwd", "fwd+bwd")
 
@@ -126,8 +131,14 @@ class DependencyMap:
                 found = pattern.match(path)
                 if found:
                     effect = self._data_effect(path, entry, found.groupdict().get("gpu"))
+                    refused = self._refused(entry, path)
                     if entry.get("entries"):
-                        effect = self._entries_effect(effect, entry, before)
+                        return self._entries_effect(effect, entry, before, refused)
+                    if refused:
+                        why = "; ".join(f"{part}: {why}" for part, why in sorted(refused.items()))
+                        effect = dataclasses.replace(
+                            effect, why=f"{effect.why}; the library refuses it: {why}"
+                        )
                     return effect
         for key in ("tests_only", "test_modules"):
             if any(p.match(path) for p in self._paths(key)):
@@ -148,18 +159,47 @@ class DependencyMap:
         ``all`` or ``backward``; ``every_gpu``), over the tables read entry by entry."""
         return {name: rule for entry in self.table["data"] for name, rule in entry.get("entries", {}).items()}
 
-    def _entries_effect(self, effect: Effect, entry: dict, before: str | None) -> Effect:
+    def _refused(self, entry: dict, path: str) -> dict[str, str] | None:
+        """What the library's reader (the entry's ``read_with``,
+        :mod:`attnkit_perf.select.tables`) refuses in the table at ``path`` as the working tree
+        has it: ``{part: why}``, ``{"*": why}`` when it is not JSON; None: no such file (deleted)
+        or no reader declared."""
+        reader = entry.get("read_with")
+        file = self.root / path
+        if reader is None or not file.is_file():
+            return None
+        try:
+            table = json.loads(file.read_text(encoding="utf8"))
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            return {"*": f"not readable JSON ({err})"}
+        module, _, name = reader.partition(":")
+        return getattr(importlib.import_module(module), name)(table, path)
+
+    def _entries_effect(
+        self, effect: Effect, entry: dict, before: str | None, refused: dict | None
+    ) -> Effect:
         """``effect`` narrowed to the table entries that differ from the base's text (``before``;
-        None: the table is new, or its base unknown: every entry counts as changed)."""
+        None: the table is new, or its base unknown: every entry counts as changed) or that the
+        library's reader refuses (``refused``, :meth:`_refused`); where a section's reader parses
+        every entry (``reads: every``), any of them counts as all of them (``section/*``)."""
         sections = entry["entries"]
         changed = None
         if before is not None:
             changed = _changed_entries(before, self.root / effect.path, sections, entry.get("unread", ()))
-        if changed == ():
+        refused = refused or {}
+        if changed == () and not refused:
             return Effect(effect.path, "nothing", f"only what no reader reads changed: {entry['unread_why']}")
-        touched = sections if changed is None else {name.rpartition("/")[0] for name in changed}
-        every_gpu = any(sections[section].get("every_gpu") for section in touched)
-        return dataclasses.replace(effect, entries=changed, tests_every_gpu=every_gpu)
+        why = effect.why
+        if refused:
+            why += "; the library refuses " + "; ".join(f"{part}: {r}" for part, r in sorted(refused.items()))
+        if changed is None or "*" in refused:
+            every_gpu = any(rule.get("every_gpu") for rule in sections.values())
+            return dataclasses.replace(effect, why=why, entries=None, tests_every_gpu=every_gpu)
+        parts = set(changed) | set(refused)
+        whole = {s for s, rule in sections.items() if rule.get("reads") == "every"}
+        parts = {f"{s}/*" if s in whole else p for p in parts for s in [p.rpartition("/")[0]]}
+        every_gpu = any(sections[part.rpartition("/")[0]].get("every_gpu") for part in parts)
+        return dataclasses.replace(effect, why=why, entries=tuple(sorted(parts)), tests_every_gpu=every_gpu)
 
     def _data_effect(self, path: str, entry: dict, gpu: str | None) -> Effect:
         if entry.get("every_backend"):
@@ -244,9 +284,12 @@ def _take(table: dict, path: str):
 
 
 def reads_entry(rule: dict, name: str, case) -> bool:
-    """Whether a perf ``case`` reads the table entry ``name`` (its section's ``rule``)."""
+    """Whether a perf ``case`` reads the table entry ``name`` (its section's ``rule``; ``*``:
+    every entry of the section, read by one reader)."""
     if rule.get("passes") == "backward" and case.pass_name not in BACKWARD_PASSES:
         return False
+    if name == "*":
+        return True
     if rule["rows"] == "family":
         return name.startswith(tile_family(case) + "-")
     if rule["rows"] == "cell":  # attnkit.triton.gluon.config.cell_key, either causal mode
@@ -312,11 +355,15 @@ class Affected:
 
     def entries(self, backend: str) -> set[str] | None:
         """The table entries (``section/name``) the diff changed for ``backend`` where every
-        effect on it is such a table's, else None (any row of it may be affected)."""
+        effect on it is such a table's, else None (any row of it may be affected). ``auto``'s
+        rows read what the backends it dispatches to read: every effect counts for them."""
         found: set[str] = set()
         named = False
+        dispatches = backend in self.auto_backends
         for effect in self.effects:
-            if effect.kind != "backends" or not self.applies(effect) or backend not in effect.backends:
+            if effect.kind != "backends" or not self.applies(effect):
+                continue
+            if backend not in effect.backends and not dispatches:
                 continue
             if effect.entries is None:
                 return None
@@ -346,13 +393,42 @@ class Affected:
         return None
 
     def to_dict(self) -> dict:
+        """The selection file (``python -m attnkit_perf.select --json-out``; format
+        :data:`FORMAT`): the decision and everything :meth:`from_dict` needs to apply it."""
         return {
+            "format": FORMAT,
             "base": self.base,
             "gpu": self.gpu,
             "everything": bool(self.everything),
             "backends": self.backends,
             "changed": [asdict(e) for e in self.effects],
+            "auto_backends": list(self.auto_backends),
+            "known": None if self.known is None else list(self.known),
+            "entry_rules": self.entry_rules,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict, gpu: str | None = None) -> Affected:
+        """The decision :meth:`to_dict` wrote (validated against the selection schema by the
+        caller), for a run on GPU model ``gpu``: a file written for any model (``gpu`` null)
+        takes the run's; one written for another model is refused (:class:`ValueError`)."""
+        written = data.get("gpu")
+        if written is not None and gpu is not None and written != gpu:
+            raise ValueError(f"the selection was made for GPU model {written!r}; this run is on {gpu!r}")
+        effects = [
+            Effect(**{**e, "entries": None if e.get("entries") is None else tuple(e["entries"])})
+            for e in data["changed"]
+        ]
+        known = data.get("known")
+        return cls(
+            data["base"],
+            [e.path for e in effects],
+            effects,
+            written or gpu,
+            tuple(data.get("auto_backends", ("auto",))),
+            None if known is None else tuple(known),
+            dict(data.get("entry_rules", {})),
+        )
 
     def describe(self) -> list[str]:
         """Lines for people: the decision, then each changed file's effect."""

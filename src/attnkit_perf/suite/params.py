@@ -14,7 +14,7 @@ import torch
 
 import attnkit
 from attnkit.registry import get_backend
-from attnkit_perf.measure.cases import BenchCase, gpu_suite_cases
+from attnkit_perf.measure.cases import AUTO_BACKEND, BenchCase, gpu_suite_cases
 from attnkit_perf.measure.timing import gpu_time_clock
 from attnkit_perf.plugin import SESSION
 from attnkit_perf.run.session import PerfSession
@@ -46,6 +46,8 @@ def _backend_skip(case: BenchCase, session: PerfSession, standard: frozenset[str
     the device; a backend outside the standard grid also declines here the shapes its
     ``supports`` refuses."""
     backend = case.backend
+    if backend == AUTO_BACKEND:
+        return None  # the dispatcher: some path it tries runs anywhere (naive does)
     if backend not in attnkit.backend_names():
         return f"backend {backend!r} is not registered in this build"
     reason = attnkit.unavailable_reason(backend, session.device)
