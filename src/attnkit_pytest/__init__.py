@@ -6,11 +6,12 @@ for the ``attnkit_backend`` fixture (parametrized over those names; a backend th
 on the test device is a skip with its reason) and ``attnkit_device`` (``ATTNKIT_TEST_DEVICE``,
 else CUDA when present, else the CPU). Problems a backend declines are listed at the end of the
 run under "attnkit: declined problems", one line per backend and reason with a count. A run of
-attnkit's installed tests leaves nothing in the folder it was started from: pytest-benchmark's
-storage (which neither uses) goes to pytest's cache folder unless ``--benchmark-storage`` is
-given. A broken ``attnkit.backends`` entry point is a warning in the run's summary, and a usage
-error only when its backend is named. The plugin changes nothing in a run that uses none of
-this.
+attnkit's installed tests leaves nothing in the folder it was started from but pytest's own
+cache folder (``.pytest_cache``): pytest-benchmark's storage (which neither uses) goes there
+unless ``--benchmark-storage`` is given, or under ``-p no:cacheprovider`` to a temporary folder
+removed after the run. A broken ``attnkit.backends`` entry point is a warning in the run's
+summary, and a usage error only when its backend is named. The plugin changes nothing in a run
+that uses none of this.
 
 ``pytest --pyargs attnkit_perf.suite`` (the installed perf gate) also needs the gate's plugin
 (``attnkit_perf.plugin``, which needs the ``perf`` extras): this plugin loads it when that
@@ -66,7 +67,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 
 
 #: The installed correctness suite; with :data:`PERF_PACKAGE`, the tests attnkit installs: a
-#: run of them keeps nothing in the user's folder.
+#: run of them keeps nothing in the user's folder but pytest's cache folder.
 SUITE_PACKAGE = "attnkit.suite"
 #: A warning torch gives about itself (see pytest_configure), as a ``filterwarnings`` line.
 TORCH_JIT_DEPRECATION = "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning:torch.jit._script"
