@@ -13,13 +13,10 @@ no variable to know (an explicit value in the environment always wins):
 Hypothesis' profile is ``ci`` unless ``HYPOTHESIS_PROFILE`` names another: the default is set in
 one place, :mod:`attnkit.testing.profiles`.
 
-Inductor's compile cache (``TORCHINDUCTOR_CACHE_DIR``; torch's default is ``torchinductor_<user>``
-in the system's temporary folder, left there) goes to pytest's cache folder
-(``.pytest_cache/d/attnkit-torchinductor``, kept for the next run), or under
-``-p no:cacheprovider`` to a temporary folder removed when the run ends; one run compiles into
-one cache. Inductor's precompiled C++ header is not built
-(``TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0``): torch keeps it in the temporary folder
-whatever the cache variable says.
+Inductor's compile cache goes to pytest's cache folder (``.pytest_cache/d/attnkit-torchinductor``,
+kept for the next run), or under ``-p no:cacheprovider`` to a temporary folder removed when the
+run ends, as in a run of the installed suite (:func:`attnkit_pytest.keep_compile_cache_in`); one
+run compiles into one cache.
 """
 
 from __future__ import annotations
@@ -33,6 +30,8 @@ import tempfile
 
 import pytest
 
+from attnkit_pytest import keep_compile_cache_in
+
 
 def _cuda_present() -> bool:
     # torch, not attnkit: importing attnkit here would build the kernels before the variable is set.
@@ -41,18 +40,14 @@ def _cuda_present() -> bool:
     return torch.cuda.is_available()
 
 
-#: Set before anything imports torch: importing torch._dynamo (attnkit does) already makes the
-#: cache folder, and torch then writes its default into the variable. The process that made the
-#: folder removes it when it exits; xdist workers and the processes tests start inherit it.
+#: Set before anything imports torch: importing torch._dynamo (attnkit, through the plugins
+#: below) makes the cache folder and writes torch's default into the variable. This process
+#: removes the folder when it exits; xdist workers and the processes tests start inherit it.
 _RUN_INDUCTOR_CACHE = None
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     _RUN_INDUCTOR_CACHE = tempfile.mkdtemp(prefix="attnkit-torchinductor-")
     atexit.register(shutil.rmtree, _RUN_INDUCTOR_CACHE, ignore_errors=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _RUN_INDUCTOR_CACHE
-# Inductor's precompiled C++ header (~150 MB) goes to the system's temporary folder whatever
-# TORCHINDUCTOR_CACHE_DIR says, and stays there: the tests compile their CPU kernels without it
-# (as fast, measured). Read when torch._inductor.config is imported: set before torch is.
-os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
+keep_compile_cache_in(_RUN_INDUCTOR_CACHE or os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 #: Whether something imported attnkit before this file ran (a plugin named with ``-p`` or an
 #: entry point): then TRITON_INTERPRET set below comes too late for the kernels already built.

@@ -9,9 +9,9 @@ run under "attnkit: declined problems", one line per backend and reason with a c
 attnkit's installed tests leaves nothing in the folder it was started from but pytest's own
 cache folder (``.pytest_cache``): pytest-benchmark's storage (which neither uses) goes there
 unless ``--benchmark-storage`` is given, or under ``-p no:cacheprovider`` to a temporary folder
-removed after the run. A broken ``attnkit.backends`` entry point is a warning in the run's
-summary, and a usage error only when its backend is named. The plugin changes nothing in a run
-that uses none of this.
+removed after the run; so does Inductor's compile cache. A broken ``attnkit.backends`` entry
+point is a warning in the run's summary, and a usage error only when its backend is named. The
+plugin changes nothing in a run that uses none of this.
 
 ``pytest --pyargs attnkit_perf.suite`` (the installed perf gate) also needs the gate's plugin
 (``attnkit_perf.plugin``, which needs the ``perf`` extras): this plugin loads it when that
@@ -104,7 +104,20 @@ def pytest_configure(config: pytest.Config) -> None:
         # torch's own torch/utils/mkldnn.py calls the deprecated torch.jit.script_method when
         # torch.compile imports it; nothing of attnkit or of the kernel under test calls it.
         config.addinivalue_line("filterwarnings", TORCH_JIT_DEPRECATION)
-    _check_named_backends(config)
+        keep_compile_cache_in(scratch_dir(config, "torchinductor"))
+    _check_named_backends(config)  # imports attnkit, and with it torch._dynamo: after the above
+
+
+def keep_compile_cache_in(folder) -> None:
+    """Inductor's compile cache in ``folder`` rather than torch's default, ``torchinductor_<user>``
+    in the system's temporary folder, where it stays; and no precompiled C++ header, which torch
+    keeps there whatever the cache variable says (the CPU kernels compile as fast without it).
+    A value in the environment wins. Only before torch._dynamo is imported: torch then writes
+    its default into the variable, and reads the header's setting once."""
+    import os
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder))
+    os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
 
 
 def scratch_dir(config: pytest.Config, name: str):

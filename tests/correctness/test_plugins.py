@@ -442,7 +442,12 @@ def test_a_run_of_the_installed_suite_leaves_nothing_behind(tmp_path, cache):
         "PYTHONPATH": os.pathsep.join([str(site), *sys.path]),
         "HYPOTHESIS_PROFILE": "dev",  # dev keeps a database; every profile caches the code's constants
     }
-    env.pop("PYTEST_XDIST_WORKER", None)
+    for name in (
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS",
+        "PYTEST_XDIST_WORKER",
+    ):
+        env.pop(name, None)  # as a fresh shell has them: this run's own values are inherited
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--pyargs", "attnkit.suite.test_properties",
          "--attnkit-backend", "naive", "-q", "-x", "-k", "permut",
