@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 runs="${1:-5}"
 out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
 base="$out/base" && mkdir -p "$base" && cp -r src "$base/src"
 for i in $(seq "$runs"); do
     bash .ci/gpu-python.sh -m pytest tests/perf -q -p no:cacheprovider --attnkit-base="$base" \

@@ -12,15 +12,25 @@ no variable to know (an explicit value in the environment always wins):
 
 Hypothesis' profile is ``ci`` unless ``HYPOTHESIS_PROFILE`` names another: the default is set in
 one place, :mod:`attnkit.testing.profiles`.
+
+Inductor's compile cache goes to pytest's cache folder (``.pytest_cache/d/attnkit-torchinductor``,
+kept for the next run), or under ``-p no:cacheprovider`` to a temporary folder removed when the
+run ends, as in a run of the installed suite (:func:`attnkit_pytest.keep_compile_cache_in`); one
+run compiles into one cache.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
+
+from attnkit_pytest import keep_compile_cache_in
 
 
 def _cuda_present() -> bool:
@@ -29,6 +39,15 @@ def _cuda_present() -> bool:
 
     return torch.cuda.is_available()
 
+
+#: Set before anything imports torch: importing torch._dynamo (attnkit, through the plugins
+#: below) makes the cache folder and writes torch's default into the variable. This process
+#: removes the folder when it exits; xdist workers and the processes tests start inherit it.
+_RUN_INDUCTOR_CACHE = None
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _RUN_INDUCTOR_CACHE = tempfile.mkdtemp(prefix="attnkit-torchinductor-")
+    atexit.register(shutil.rmtree, _RUN_INDUCTOR_CACHE, ignore_errors=True)
+keep_compile_cache_in(_RUN_INDUCTOR_CACHE or os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 #: Whether something imported attnkit before this file ran (a plugin named with ``-p`` or an
 #: entry point): then TRITON_INTERPRET set below comes too late for the kernels already built.
@@ -43,7 +62,11 @@ pytest_plugins = ("attnkit_pytest", "attnkit_perf.plugin")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Refuse a run whose Triton tests would all be skipped because the interpreter came too late."""
+    """Keep Inductor's cache in the run's own folders; refuse a run whose Triton tests would all be
+    skipped because the interpreter came too late."""
+    cache = getattr(config, "cache", None)
+    if _RUN_INDUCTOR_CACHE is not None and cache is not None:  # kept for the next run
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache.mkdir("attnkit-torchinductor"))
     if not _ATTNKIT_ALREADY_IMPORTED or os.environ.get("TRITON_INTERPRET") != "1" or _cuda_present():
         return
     if importlib.util.find_spec("triton") is None:

@@ -6,11 +6,12 @@ for the ``attnkit_backend`` fixture (parametrized over those names; a backend th
 on the test device is a skip with its reason) and ``attnkit_device`` (``ATTNKIT_TEST_DEVICE``,
 else CUDA when present, else the CPU). Problems a backend declines are listed at the end of the
 run under "attnkit: declined problems", one line per backend and reason with a count. A run of
-attnkit's installed tests leaves nothing in the folder it was started from: pytest-benchmark's
-storage (which neither uses) goes to pytest's cache folder unless ``--benchmark-storage`` is
-given. A broken ``attnkit.backends`` entry point is a warning in the run's summary, and a usage
-error only when its backend is named. The plugin changes nothing in a run that uses none of
-this.
+attnkit's installed tests leaves nothing in the folder it was started from but pytest's own
+cache folder (``.pytest_cache``): pytest-benchmark's storage (which neither uses) goes there
+unless ``--benchmark-storage`` is given, or under ``-p no:cacheprovider`` to a temporary folder
+removed after the run; so does Inductor's compile cache. A broken ``attnkit.backends`` entry
+point is a warning in the run's summary, and a usage error only when its backend is named. The
+plugin changes nothing in a run that uses none of this.
 
 ``pytest --pyargs attnkit_perf.suite`` (the installed perf gate) also needs the gate's plugin
 (``attnkit_perf.plugin``, which needs the ``perf`` extras): this plugin loads it when that
@@ -66,7 +67,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 
 
 #: The installed correctness suite; with :data:`PERF_PACKAGE`, the tests attnkit installs: a
-#: run of them keeps nothing in the user's folder.
+#: run of them keeps nothing in the user's folder but pytest's cache folder.
 SUITE_PACKAGE = "attnkit.suite"
 #: A warning torch gives about itself (see pytest_configure), as a ``filterwarnings`` line.
 TORCH_JIT_DEPRECATION = "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning:torch.jit._script"
@@ -103,7 +104,20 @@ def pytest_configure(config: pytest.Config) -> None:
         # torch's own torch/utils/mkldnn.py calls the deprecated torch.jit.script_method when
         # torch.compile imports it; nothing of attnkit or of the kernel under test calls it.
         config.addinivalue_line("filterwarnings", TORCH_JIT_DEPRECATION)
-    _check_named_backends(config)
+        keep_compile_cache_in(scratch_dir(config, "torchinductor"))
+    _check_named_backends(config)  # imports attnkit, and with it torch._dynamo: after the above
+
+
+def keep_compile_cache_in(folder) -> None:
+    """Inductor's compile cache in ``folder`` rather than torch's default, ``torchinductor_<user>``
+    in the system's temporary folder, where it stays; and no precompiled C++ header, which torch
+    keeps there whatever the cache variable says (the CPU kernels compile as fast without it).
+    A value in the environment wins. Only before torch._dynamo is imported: torch then writes
+    its default into the variable, and reads the header's setting once."""
+    import os
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder))
+    os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
 
 
 def scratch_dir(config: pytest.Config, name: str):

@@ -3,20 +3,27 @@
 For each path: forward+backward time, throughput, peak extra memory, and the largest error
 against the float64 oracle with the tolerance rule's verdict. Examples::
 
-    attnkit-demo --seq-len 256 --dtype fp32                                   # a CPU, ~1 s
+    attnkit-demo --seq-len 256 --dtype fp32                                      # a CPU
     attnkit-demo --seq-len 4096 --head-dim 128 --heads 16 --causal --dtype bf16  # a GPU
+
+A backend named with --backends that is not registered, or that cannot run on the device, is a
+usage error (exit status 2) with the whole reason; one that declines the problem is a skip, and
+the exit status is then 1.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch, attnkit and the gate load after the arguments parse: --help stays instant
+    import torch
 
-import attnkit
-from attnkit.testing import compare_to_reference
-from attnkit_perf.measure.cases import DTYPES, BenchCase, build_runner, make_inputs
-from attnkit_perf.measure.timing import median_time_s, peak_extra_bytes
+    from attnkit_perf.measure.cases import BenchCase
+
+#: The benchmark cases' element types (the keys of :data:`attnkit_perf.measure.cases.DTYPES`, a
+#: module that imports torch), named here so that --help and a usage error need no torch.
+DTYPE_NAMES = ("bf16", "fp16", "fp32")
 
 #: Throughput prefixes, largest first: a CPU's GFLOP/s and a GPU's TFLOP/s both print with
 #: three significant digits instead of rounding one of them to 0.0.
@@ -52,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads Hkv; None: Hq")
     parser.add_argument("--seq-len", type=int, default=512, help="query and key length N = M")
     parser.add_argument("--head-dim", type=int, default=64, help="head dim D = Dv")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="element type")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="bf16", help="element type")
     parser.add_argument("--causal", action="store_true", help="bottom-right causal mask")
     parser.add_argument("--backends", nargs="*", default=None, help="paths to run; None: every available one")
     parser.add_argument("--device", default=None, help="device; None: CUDA when present, else the CPU")
@@ -60,8 +67,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-check", action="store_true", help="skip the float64 comparison (large N)")
     args = parser.parse_args(argv)
 
-    device = torch.device(args.device) if args.device else attnkit.registry.default_device()
-    names = args.backends or attnkit.available_backends(device)
+    import torch
+
+    import attnkit
+    from attnkit.testing import compare_to_reference
+    from attnkit_perf.measure.cases import BenchCase, build_runner, make_inputs
+    from attnkit_perf.measure.timing import median_time_s, peak_extra_bytes
+
+    try:
+        device = torch.device(args.device) if args.device else attnkit.registry.default_device()
+    except RuntimeError as err:
+        parser.error(f"argument --device: {err}")
+    named = list(dict.fromkeys(args.backends or []))  # in the order given, each once
+    for name in named:
+        if problem := _cannot_run(name, device):
+            parser.error(f"argument --backends: {problem}")
+    names = named or attnkit.available_backends(device)
     template = BenchCase(names[0] if names else "naive", "fwd+bwd", args.batch, args.heads,
                          args.kv_heads or args.heads, args.seq_len, args.head_dim, args.causal,
                          args.dtype)  # fmt: skip
@@ -79,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(header)
     print("-" * len(header))
+    declined_by_name = []
     for name in names:
         case = BenchCase(name, "fwd+bwd", args.batch, args.heads, args.kv_heads or args.heads,
                          args.seq_len, args.head_dim, args.causal, args.dtype)  # fmt: skip
@@ -86,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
             step = build_runner(case, device)
             step()
         except (NotImplementedError, ValueError, torch.OutOfMemoryError) as err:
-            print(f"{name:<16}  skipped: {str(err).splitlines()[0][:100]}")
+            print(f"{name:<16}  skipped: {err}")  # the whole reason: its fix is often at the end
+            if name in named:
+                declined_by_name.append(name)
             continue
         seconds = median_time_s(step, device, budget_s=0.3, min_rounds=args.reps)
         peak_bytes = peak_extra_bytes(step, device)
@@ -107,7 +131,24 @@ def main(argv: list[str] | None = None) -> int:
         )
     if device.type != "cuda":
         print(f"peak MiB: '-' on {device.type}: extra memory is read from CUDA's allocator statistics only")
+    if declined_by_name:
+        print(f"not run although named with --backends: {', '.join(declined_by_name)} (see above)")
+        return 1
     return 0
+
+
+def _cannot_run(name: str, device: torch.device) -> str | None:
+    """Why backend ``name``, named on the command line, cannot run on ``device`` at all (not
+    registered, a broken plugin, or unavailable there), in full; None when it can."""
+    import attnkit
+
+    if name == "auto":
+        return None
+    try:
+        reason = attnkit.unavailable_reason(name, device)
+    except (ValueError, attnkit.BackendEntryPointError) as err:  # every valid name, or the plugin's error
+        return str(err)
+    return None if reason is None else f"{name} cannot run on {device}: {reason}"
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

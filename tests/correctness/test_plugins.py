@@ -6,11 +6,13 @@ with ``entry_points.txt``, and its module) to a temporary folder on sys.path, as
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,13 @@ import torch
 import attnkit
 from attnkit import plugins, registry
 from attnkit.reference import reference_attention
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pytest depends on tomli where the standard library has no tomllib
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # Registry and entry-point logic, on the CPU: the CPU CI's run decides it.
 pytestmark = pytest.mark.device_independent
@@ -63,6 +72,12 @@ def install(tmp_path, monkeypatch, registry_snapshot):
         return str(tmp_path)
 
     return make
+
+
+def _planted(warned) -> list:
+    """The warnings of ``warned`` about the entry points :func:`install` planted (its
+    distribution ``toy-dist``), not about whatever else is installed in this environment."""
+    return [w for w in warned if "of distribution 'toy-dist'" in str(w.message)]
 
 
 def _inputs(requires_grad=False):
@@ -127,7 +142,8 @@ def test_a_broken_import_is_one_warning_line_and_the_error_whenever_its_backend_
     with pytest.warns(attnkit.BackendEntryPointWarning) as warned:
         names = attnkit.backend_names()
     assert "naive" in names and "broken" not in names, names
-    assert len(warned) == 1 and "\n" not in str(warned[0].message), [str(w.message) for w in warned]
+    ours = _planted(warned)  # another installed distribution's broken entry point warns too
+    assert len(ours) == 1 and "\n" not in str(ours[0].message), [str(w.message) for w in warned]
     q, k, v = _inputs()
     for _ in range(2):  # the error is kept: the plugin is never silently absent later
         with pytest.raises(attnkit.BackendEntryPointError) as caught:
@@ -146,7 +162,7 @@ def test_a_broken_entry_point_leaves_the_others_working(install):
         assert "under-test" in attnkit.available_backends("cpu")
     _assert_matches_oracle("under-test")
     _assert_matches_oracle("naive")
-    with pytest.raises(ValueError, match=r"got 'nope'; not loaded: attnkit.backends entry point 'broken'"):
+    with pytest.raises(ValueError, match=r"got 'nope';.* not loaded: attnkit.backends entry point 'broken'"):
         attnkit.attention(*_inputs(), backend="nope")  # an unknown name mentions what did not load
 
 
@@ -394,24 +410,107 @@ def test_bisect_finds_a_built_in_benchmark_beside_a_broken_plugin_and_names_the_
         find_case(asked)
 
 
-def test_a_run_of_the_installed_suite_leaves_nothing_behind(tmp_path):
-    """Nothing new in the temporary folder, nothing in the folder pytest starts in but pytest's
-    own cache (pytest-benchmark's storage and hypothesis' database go there or nowhere)."""
-    scratch, start = tmp_path / "tmp", tmp_path / "start"
+def plant_attnkit_install(site: Path) -> None:
+    """attnkit's own entry points (pyproject's ``[project.entry-points]``: the pytest plugin's)
+    in a ``*.dist-info`` under ``site``, as ``pip install`` writes them: with ``site`` on its path
+    a fresh process finds them whether or not attnkit is installed here (the GPU gate runs the
+    tests from ``src/`` with nothing installed; the CPU CI installs the package)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf8"))["project"]
+    info = site / f"{project['name']}-{project['version']}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in entries.items())
+            for group, entries in project["entry-points"].items()
+        )
+    )
+
+
+@pytest.mark.parametrize("cache", ["cache", "no-cache"])
+def test_a_run_of_the_installed_suite_leaves_nothing_behind(tmp_path, cache):
+    """``pytest --pyargs attnkit.suite`` with attnkit installed, from a folder of its own, leaves
+    what docs/EXTENDING.md says: pytest's own cache folder and nothing else there, hypothesis'
+    files inside it (pytest-benchmark's storage too); nothing at all under
+    ``-p no:cacheprovider``; nothing new in the temporary folder either way."""
+    scratch, start, site = tmp_path / "tmp", tmp_path / "start", tmp_path / "site"
     scratch.mkdir()
     start.mkdir()
-    env = {**os.environ, "TMPDIR": str(scratch), "PYTHONPATH": os.pathsep.join(sys.path)}
+    plant_attnkit_install(site)  # the plugin comes from its entry point, as after pip install
+    env = {
+        **os.environ,
+        "TMPDIR": str(scratch),
+        "PYTHONPATH": os.pathsep.join([str(site), *sys.path]),
+        "HYPOTHESIS_PROFILE": "dev",  # dev keeps a database; every profile caches the code's constants
+    }
+    for name in (
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS",
+        "PYTEST_XDIST_WORKER",
+    ):
+        env.pop(name, None)  # as a fresh shell has them: this run's own values are inherited
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "attnkit.suite.test_properties",
+         "--attnkit-backend", "naive", "-q", "-x", "-k", "permut",
+         *(["-p", "no:cacheprovider"] if cache == "no-cache" else [])],
+        cwd=start, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    left = sorted(p.name for p in start.iterdir())
+    if cache == "cache":
+        assert left == [".pytest_cache"], left
+        hypothesis = start / ".pytest_cache" / "d" / "attnkit-hypothesis"
+        assert hypothesis.is_dir(), f"no {hypothesis}: {sorted(start.rglob('*'))}"
+    else:
+        assert left == [], left
+    assert list(scratch.iterdir()) == [], f"left in the temporary folder: {list(scratch.iterdir())}"
+
+
+def test_the_plugin_named_with_p_and_installed_as_an_entry_point_is_registered_once(
+    pytester, tmp_path, monkeypatch
+):
+    """A checkout's runs name the plugin (``-p attnkit_pytest``): where attnkit is installed too,
+    its pytest11 entry point of the same name is that plugin, loaded once, with or without -p."""
+    import attnkit_pytest
+
+    plant_attnkit_install(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    for args in (["-p", "attnkit_pytest"], []):
+        manager = pytester.parseconfigure(*args).pluginmanager
+        names = [name for name, plugin in manager.list_name_plugin() if plugin is attnkit_pytest]
+        assert names == ["attnkit_pytest"], (args, names)
+        assert any(plugin is attnkit_pytest for plugin, _ in manager.list_plugin_distinfo()), (
+            f"{args}: the plugin was not loaded through its pytest11 entry point"
+        )
+
+
+def test_the_entry_point_tests_pass_beside_another_distributions_broken_entry_point(tmp_path):
+    """The tests above count only the entry points they plant: run again in a fresh pytest beside
+    a broken ``attnkit.backends`` entry point of another installed distribution, they pass, and
+    that run saw the other one."""
+    site = tmp_path / "site"
+    info = site / "someone_elses_kernel-2.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: someone-elses-kernel\nVersion: 2.0\n")
+    (info / "entry_points.txt").write_text("[attnkit.backends]\nelsewhere = no_such_module_here:backend\n")
+    planting = sorted(
+        name
+        for name, test in globals().items()
+        if name.startswith("test_") and "install" in inspect.signature(test).parameters
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
     env.pop("PYTEST_XDIST_WORKER", None)
-    for profile in ("dev",):  # dev keeps a database; every profile caches the code's constants
-        env["HYPOTHESIS_PROFILE"] = profile
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "--pyargs", "attnkit.suite.test_properties",
-             "--attnkit-backend", "naive", "-q", "-x", "-k", "permut"],
-            cwd=start, env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-        assert sorted(p.name for p in start.iterdir()) == [".pytest_cache"], list(start.iterdir())
-        assert list(scratch.iterdir()) == [], f"left in the temporary folder: {list(scratch.iterdir())}"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", str(Path(__file__).relative_to(ROOT)), "-k", " or ".join(planting),
+         "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "'someone-elses-kernel'" in output, f"the run did not see the other broken entry point:\n{output}"
 
 
 def test_declines_that_differ_only_in_their_sizes_are_one_line_with_a_count():

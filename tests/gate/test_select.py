@@ -324,9 +324,12 @@ def test_the_perf_grid_keeps_the_rows_of_the_backends_a_change_reaches(pytester,
     with open(pytester.path / "src/attnkit/tiled.py", "a") as f:
         f.write("\n# changed\n")
     monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
+    # -p: attnkit's plugin loads the gate's for --pyargs attnkit_perf.suite; an installed attnkit
+    # loads it as its entry point of the same name, a checkout's src/ on the path does not.
     result = pytester.runpytest_inprocess(
-        "--pyargs", "attnkit_perf.suite", "--attnkit-changes-since", "main", "--collect-only", "-q"
-    )
+        "-p", "attnkit_pytest", "--pyargs", "attnkit_perf.suite", "--attnkit-changes-since", "main",
+        "--collect-only", "-q",
+    )  # fmt: skip
     names = [line for line in result.stdout.lines if "::test_" in line]
     assert names and all("[tiled-" in line or "[auto-" in line for line in names), names
     assert any("[auto-" in line for line in names), "auto may dispatch to tiled: its rows run"

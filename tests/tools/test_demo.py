@@ -1,12 +1,22 @@
-"""``attnkit-demo`` prints the problem it ran and throughput in a unit that fits it."""
+"""``attnkit-demo`` prints the problem it ran and throughput in a unit that fits it; a backend
+it cannot run, when named, ends it with the whole reason and a non-zero status."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
-from attnkit_tools.demo import format_rate, main
+import attnkit
+from attnkit.reference import reference_attention
+from attnkit_perf.measure.cases import DTYPES
+from attnkit_tools.demo import DTYPE_NAMES, format_rate, main
+
+#: A reason longer than any cut a message might get, with its fix at the very end.
+LONG_REASON = "this kernel needs a device of compute capability 9.0 or newer " * 3 + "(fix: use another one)"
 
 
 @pytest.mark.parametrize(
@@ -59,5 +69,96 @@ def test_on_the_cpu_it_says_why_peak_memory_is_blank_and_warns_of_interpreted_pa
     assert "warning: tiled runs through Triton's interpreter" in printed, printed
     assert "warning: naive" not in printed, printed
     assert "peak MiB: '-' on cpu: extra memory is read from CUDA's allocator statistics only" in printed, (
+        printed
+    )
+
+
+def test_the_dtype_choices_are_the_benchmark_cases_element_types():
+    assert set(DTYPE_NAMES) == set(DTYPES), (DTYPE_NAMES, tuple(DTYPES))
+
+
+def test_help_imports_neither_torch_nor_attnkit():
+    """--help and usage errors come before the heavy imports: they print at once."""
+    code = (
+        "import sys\nfrom attnkit_tools.demo import main\ntry:\n    main(['--help'])\n"
+        "except SystemExit:\n    pass\n"
+        "print('imported:', sorted(m for m in ('torch', 'attnkit') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "imported: []", done.stdout[-2000:]
+
+
+_SMALL = ["--seq-len", "16", "--head-dim", "8", "--heads", "1", "--dtype", "fp32", "--device", "cpu",
+          "--reps", "1", "--no-check"]  # fmt: skip
+
+
+def _kernel(q, k, v, *, causal, scale, window):
+    return reference_attention(q, k, v, causal=causal, scale=scale, window=window).to(q.dtype)
+
+
+@pytest.fixture
+def toy_backend():
+    """``toy_backend(**traits)``: registers backend ``demo-toy`` with those traits, removed after."""
+    registered = []
+
+    def register(**traits):
+        attnkit.register_backend("demo-toy", _kernel, **traits)
+        registered.append("demo-toy")
+
+    yield register
+    for name in registered:
+        attnkit.unregister_backend(name)
+
+
+def test_an_unknown_backend_is_a_usage_error_listing_every_valid_name(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main([*_SMALL, "--backends", "naive", "nope"])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2, (out, err)
+    assert out == "", f"something ran before the usage error:\n{out}"
+    assert err.startswith("usage: attnkit-demo"), err
+    message = err.splitlines()[-1]
+    assert message.startswith("attnkit-demo: error: argument --backends:") and "got 'nope'" in message, err
+    for name in ("auto", *attnkit.backend_names()):
+        assert f"'{name}'" in message, f"{name!r} missing from the valid names in: {message}"
+
+
+def test_a_named_backend_unavailable_on_the_device_is_a_usage_error_with_the_whole_reason(
+    capsys, toy_backend
+):
+    toy_backend(device_support=lambda device: LONG_REASON)
+    with pytest.raises(SystemExit) as exited:
+        main([*_SMALL, "--backends", "demo-toy"])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2, (out, err)
+    assert out == "", f"something ran before the usage error:\n{out}"
+    assert (
+        err.splitlines()[-1]
+        == f"attnkit-demo: error: argument --backends: demo-toy cannot run on cpu: {LONG_REASON}"
+    )
+
+
+def test_a_named_backend_declining_the_problem_is_a_skip_with_the_whole_reason_and_status_1(
+    capsys, toy_backend
+):
+    toy_backend(supports=lambda problem: LONG_REASON)
+    status = main([*_SMALL, "--backends", "naive", "demo-toy"])
+    printed = capsys.readouterr().out
+    assert status == 1, printed
+    skipped = next((line for line in printed.splitlines() if line.startswith("demo-toy")), "")
+    assert "skipped:" in skipped and skipped.endswith(LONG_REASON), printed
+    assert re.search(r"^naive .*FLOP/s", printed, re.MULTILINE), f"naive did not run:\n{printed}"
+    assert "not run although named with --backends: demo-toy" in printed, printed
+
+
+def test_a_backend_declining_the_problem_unasked_is_a_skip_and_status_0(capsys, toy_backend, monkeypatch):
+    toy_backend(supports=lambda problem: LONG_REASON)
+    monkeypatch.setattr(attnkit, "available_backends", lambda device: ["naive", "demo-toy"])
+    status = main(_SMALL)
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    assert any(line.startswith("demo-toy") and line.endswith(LONG_REASON) for line in printed.splitlines()), (
         printed
     )

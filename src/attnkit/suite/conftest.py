@@ -1,9 +1,10 @@
 """Settings of the installed suite when pytest collects it from the package
 (``pytest --pyargs attnkit.suite``): hypothesis' profiles (:mod:`attnkit.testing.profiles`,
 ``HYPOTHESIS_PROFILE`` choosing one). Hypothesis keeps its files (the failing examples of ``dev``
-and ``thorough``, its cache of the constants of the code under test) in pytest's cache folder, or
-in a temporary folder removed after the run under ``-p no:cacheprovider``: never in the folder
-pytest was started from, unless ``HYPOTHESIS_STORAGE_DIRECTORY`` names one."""
+and ``thorough``, its cache of the constants of the code under test) in pytest's cache folder
+(``.pytest_cache/d/attnkit-hypothesis``), or in a temporary folder removed after the run under
+``-p no:cacheprovider``: never in a ``.hypothesis/`` of the folder pytest was started from,
+unless ``HYPOTHESIS_STORAGE_DIRECTORY`` names one."""
 
 import os
 import shutil
