@@ -72,6 +72,10 @@ def repo(pytester, monkeypatch, tmp_path):
     log = tmp_path / "decisions.log"
     monkeypatch.setenv("ATTNKIT_DECISIONS_LOG", str(log))
     monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
+    # Run inside an xdist worker of the outer run, the inner run's workers would inherit its
+    # worker variables: the inner run must see a plain shell's environment.
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
     return pytester.path, log
 
 
