@@ -39,7 +39,8 @@
 # ATTNKIT_SHARD            I/N: this runner's shard of the correctness tests and perf rows split over
 #                          N runners (--attnkit-shard); merge the N verdicts with
 #                          python -m attnkit_perf.report merge (docs/CI.md)
-# HYPOTHESIS_PROFILE       correctness examples (default ci: derandomised, the same every run)
+# HYPOTHESIS_PROFILE       correctness examples (default ci: derandomised, the same every run; the
+#                          PR tier's default is pr, a third of ci's examples)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,6 +49,8 @@ gpu_python=(bash .ci/gpu-python.sh)
 rm -rf "$out" && mkdir -p "$out"
 # The interpreter would make the GPU run ~1000x slower; CI's CPU job sets it, a runner must not.
 unset TRITON_INTERPRET
+# A profile the caller names is kept; otherwise ci, or pr for the PR tier (step 1).
+profile_given="${HYPOTHESIS_PROFILE:-}"
 export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
 
 # pytest exits 5 when it collected nothing: a suite that tests nothing has not passed.
@@ -90,7 +93,11 @@ case "$tier" in
     all) tier_args=() ;;
     *) echo "ATTNKIT_TEST_TIER: expected pr, nightly or all, got '$tier'" >&2; exit 2 ;;
 esac
-echo "tier: $tier ${tier_args[*]}"
+# The PR tier draws fewer hypothesis examples (each drawn shape compiles kernels); nightly keeps ci.
+if [ "$tier" = pr ] && [ -z "$profile_given" ]; then
+    export HYPOTHESIS_PROFILE=pr
+fi
+echo "tier: $tier ${tier_args[*]} (hypothesis profile $HYPOTHESIS_PROFILE)"
 "${gpu_python[@]}" -m pytest tests/correctness -q -p no:cacheprovider "${workers[@]}" "${tier_args[@]}" \
     "${selection_args[@]}" "${shard[@]}" --durations=25 --junitxml="$out/correctness.xml"
 pytest_status $?

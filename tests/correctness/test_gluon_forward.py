@@ -41,11 +41,11 @@ _API_REASON = None
 if gluon.forward is not None:
     import triton
 
-    from attnkit.triton.gluon import hopper_forward
+    from attnkit.triton.gluon import schedule
 
     if not triton.__version__.startswith(gluon.GLUON_API_VERSION):
         _API_REASON = f"triton {triton.__version__}; the kernel targets {gluon.GLUON_API_VERSION}x"
-    elif type(hopper_forward._tile).__name__ == "InterpretedFunction":
+    elif type(schedule.query_tile).__name__ == "InterpretedFunction":
         # tests/conftest.py sets TRITON_INTERPRET=1 on a machine without CUDA unless it is set.
         _API_REASON = "kernels built for the interpreter; set TRITON_INTERPRET=0 to compile for sm_90"
 

@@ -5,6 +5,9 @@
                  run and bounded time on a 2-core CPU or a GPU runner, where shrinking a failure
                  through per-shape kernel compilation can take many minutes; the failing example
                  is still printed in full. It keeps no database.
+* ``pr``       — ``ci`` with a third of its examples: the GPU gate's pull-request tier, where
+                 each drawn shape compiles its kernels (``.ci/gpu-gate.sh`` picks it for that
+                 tier; its nightly run keeps ``ci``).
 * ``dev``      — random, a moderate number of examples, for exploring locally. A failing example
                  is saved in hypothesis' database and replayed first on every later run until it
                  passes; replay a whole run with ``--hypothesis-seed=<n>``.
@@ -36,7 +39,7 @@ _NO_SHRINK = [Phase.explicit, Phase.generate, Phase.target]
 
 
 def load_profiles(database: ExampleDatabase | None = None) -> str:
-    """Register ``ci``, ``dev`` and ``thorough`` (``database``: where dev and thorough keep
+    """Register ``ci``, ``pr``, ``dev`` and ``thorough`` (``database``: where dev and thorough keep
     failing examples; None: hypothesis' default, ``.hypothesis/`` in the working directory) and
     load the one ``HYPOTHESIS_PROFILE`` names, else :data:`DEFAULT_PROFILE`."""
     common = {"deadline": None, "suppress_health_check": _SUPPRESSED, "print_blob": True}
@@ -44,6 +47,9 @@ def load_profiles(database: ExampleDatabase | None = None) -> str:
     # ci: no database, so a run is exactly the same examples anywhere.
     settings.register_profile(
         "ci", max_examples=12, derandomize=True, database=None, phases=_NO_SHRINK, **common
+    )
+    settings.register_profile(
+        "pr", max_examples=4, derandomize=True, database=None, phases=_NO_SHRINK, **common
     )
     settings.register_profile("dev", max_examples=40, **kept, **common)
     settings.register_profile("thorough", max_examples=400, **kept, **common)
