@@ -5,8 +5,9 @@ wrote (the gate's ``correctness.xml`` and ``verdict.json``, the step's ``status`
 A step is one of:
 
 * ``aa`` / ``aa-all``: the whole gate on unchanged code against a copy of itself. Every failed
-  correctness test and every perf row that is not ``same`` or ``faster`` is a false alarm; the
-  step passes when the gate passed with none.
+  correctness test and every perf row that is not ``same`` or ``faster`` is a false alarm, but
+  for the rows the time budget left undecided (``unfinished``, ``not-reached``), which are listed
+  apart with their count; the step passes when the gate passed with no false alarm.
 * ``stored``: stored mode on unchanged code. Every row that is not ``same`` or ``faster`` is a
   false alarm (``new`` and ``missing`` included: the baseline must cover the grid).
 * ``change-NAME``: the gate on a planted change. It passes when the gate failed on a row the
@@ -27,6 +28,9 @@ from pathlib import Path
 QUIET = ("same", "faster")
 #: Perf outcomes that fail a row: what a planted change must cause on its affected row.
 FAILING = ("slower", "more-memory", "kept-memory")
+#: Rows the time budget left undecided (the PR tier's default lets them pass, named): no alarm,
+#: and no evidence of quiet either; listed apart, with their count.
+UNDECIDED = ("unfinished", "not-reached")
 
 
 def correctness_failures(junit: Path) -> tuple[dict, list[str]]:
@@ -89,11 +93,17 @@ def summarize(folder: Path) -> tuple[bool, list[str]]:
             lines += ["", detection]
     else:
         alarms += [
-            f"perf {r['outcome']}: {r['name']}: {r.get('reason')}" for r in rows if r["outcome"] not in QUIET
+            f"perf {r['outcome']}: {r['name']}: {r.get('reason')}"
+            for r in rows
+            if r["outcome"] not in QUIET + UNDECIDED
         ]
+        undecided = [r for r in rows if r["outcome"] in UNDECIDED]
         passed = status == "0" and not alarms and verdict.is_file()
         lines.append(f"- false alarms: {len(alarms)}")
         lines += [f"  - {alarm}" for alarm in alarms]
+        if undecided:
+            lines.append(f"- not decided in the time budget: {len(undecided)} of {len(rows)} rows")
+            lines += [f"  - {r['outcome']} {r['name']}" for r in undecided]
     lines += [f"- **verdict: {'PASS' if passed else 'FAIL'}**", ""]
     return passed, lines
 

@@ -641,3 +641,13 @@ def test_a_graph_case_reads_the_peak_of_its_capture():
     built = build_measured(case, torch.device("cuda"))
     out_bytes = 1 * 8 * 128 * 64 * 2
     assert built.graph_peak is not None and built.graph_peak >= out_bytes, (built.graph_peak, out_bytes)
+
+
+def test_a_drop_within_the_rules_resolution_reads_nothing_kept():
+    """A small block another component frees during the calls (-512 B read on an H200) is below
+    what the kept-memory rule can call, not a measurement error."""
+    readings = iter([10_000_000 - 512])
+    assert kept_bytes(lambda: None, CPU, 10_000_000, calls=1, read=lambda device: next(readings)) == 0
+    readings = iter([10_000_000 - 2 * MIB])
+    with pytest.raises(KeptMemoryError):
+        kept_bytes(lambda: None, CPU, 10_000_000, calls=1, read=lambda device: next(readings))

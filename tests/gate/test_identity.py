@@ -140,3 +140,9 @@ def test_other_gpu_work_is_timed_as_before():
     results, _ = measure_looks(paired, _rule(), {}, PairedSettings(), host=False)
     assert paired.timed and results["head"].blocks
     assert "not timed" not in _rule().decide(results).reason
+
+
+def test_a_timed_row_says_which_launch_differed():
+    other = fingerprint(binaries={"_plain_fwd_kernel": ["bbbb"]})
+    results = OneLookSession(fingerprint(), other).measure({}, None, None, same_work=_rule().same_work)
+    assert "_plain_fwd_kernel" in _rule().decide(results).extra["identity"]

@@ -132,6 +132,14 @@ def test_a_clean_aa_step_passes_and_a_faster_row_is_no_alarm(tmp_path):
     assert passed and "false alarms: 0" in "\n".join(lines)
 
 
+def test_rows_the_budget_left_undecided_are_no_alarm_but_are_counted_and_named(tmp_path):
+    rows = {"fwd[a]": "same", "fwd[b]": "not-reached", "fwd[c]": "unfinished"}
+    passed, lines = acceptance.summarize(_step(tmp_path, "aa", 0, rows=rows))
+    text = "\n".join(lines)
+    assert passed and "false alarms: 0" in text, text
+    assert "not decided in the time budget: 2 of 3 rows" in text and "not-reached fwd[b]" in text, text
+
+
 def test_an_incomplete_verdict_fails_the_step(tmp_path):
     folder = _step(tmp_path, "aa-all", 0)
     _verdict(folder / "gate" / "verdict.json", {"fwd[a]": "same"}, complete=False)

@@ -90,6 +90,12 @@ COMPARED = ("slower", "more-memory", "kept-memory", "inconclusive", "unfinished"
 MIB = 1024 * 1024
 
 
+#: The kept-memory rule's resolution: the smallest growth of kept bytes it can call (one output of
+#: the host-bound shape is about this size), and the largest drop a reading may show without
+#: being an error (:func:`attnkit_perf.measure.host.kept_bytes`).
+KEPT_ABS_BYTES = 64 * 1024
+
+
 @dataclass(frozen=True)
 class Thresholds:
     """Decision parameters; each is a CLI option and an ini key of the plugin.
@@ -129,7 +135,7 @@ class Thresholds:
     #: Memory a call keeps after it returns (:mod:`attnkit_perf.decide.host`) may grow by at most
     #: ``max(kept_abs_bytes, memory_rel x the base's kept bytes)``: one output of the host-bound
     #: shapes is 128 KiB, the allocator's smallest block 512 B.
-    kept_abs_bytes: int = 64 * 1024
+    kept_abs_bytes: int = KEPT_ABS_BYTES
 
     #: Stored-mode default: GPU-bound kernels of this grid differed by up to 6% between two fresh
     #: H100s measured the same day (docs/PERF_GATE.md), machines of one model more than runs of one.

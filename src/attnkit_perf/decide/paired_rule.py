@@ -71,7 +71,7 @@ class PairedRule:
                 identity_decision(identity), base.peak_bytes, head.peak_bytes, self.thresholds
             )
         limit = paired_limit(self.threshold, self.thresholds, host_bound_throughout(results, *earlier))
-        return decide_sequential(
+        timed = decide_sequential(
             base.blocks,
             head.blocks,
             head.workers,
@@ -83,6 +83,9 @@ class PairedRule:
             base.peak_bytes,
             head.peak_bytes,
         )
+        if identity.outcome == "differs":  # why the row was timed: the first difference
+            timed.extra["identity"] = identity.reason
+        return timed
 
     def count_comparison(self, results: Mapping) -> CountComparison | None:
         """The two sides' host work counts compared (:func:`compare_counts`), or None where
