@@ -10,8 +10,12 @@ from attnkit.fastpath import loader
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    usage = "usage: python -m attnkit.fastpath [build|status]"
+    if args in (["-h"], ["--help"]):
+        print(f"{usage}\n\n{__doc__.strip()}")
+        return 0
     if args not in ([], ["build"], ["status"]):
-        print("usage: python -m attnkit.fastpath [build|status]", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     if args == ["build"] and loader.memo is None:
         try:
