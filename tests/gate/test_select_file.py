@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from attnkit_perf.measure.cases import gpu_suite_cases
+from attnkit_perf.select import collection
 from attnkit_perf.select.__main__ import main as select_main
 from attnkit_perf.select.rules import Affected, affected
 
@@ -71,6 +72,9 @@ def repo(pytester, monkeypatch, tmp_path):
     planted.write_text("{}\n")
     log = tmp_path / "decisions.log"
     monkeypatch.setenv("ATTNKIT_DECISIONS_LOG", str(log))
+    # An in-process run's conftest wraps this process's collection.decide: put it back after the
+    # test, so that the next test's run counts its own decisions, not through every earlier wrapper.
+    monkeypatch.setattr(collection, "decide", collection.decide)
     monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
     # Run inside an xdist worker of the outer run, the inner run's workers would inherit its
     # worker variables: the inner run must see a plain shell's environment.
