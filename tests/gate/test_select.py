@@ -254,17 +254,23 @@ CORRECTNESS_TESTS = {
 }
 
 
+def _commit_base(repo: Path, files: dict[str, str]) -> None:
+    """Write ``files`` (relative path -> text) into ``repo`` and commit everything there as the
+    base of a planted change."""
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "base")
+
+
 @pytest.fixture
 def planted(pytester, monkeypatch):
     """A git repository with the library's source (linked) and three correctness test modules,
     committed: ``change(path)`` plants a changed file, ``run()`` selects against the commit."""
     (pytester.path / "src").symlink_to(ROOT / "src", target_is_directory=True)
-    for name, text in CORRECTNESS_TESTS.items():
-        (pytester.path / name).parent.mkdir(parents=True, exist_ok=True)
-        (pytester.path / name).write_text(text)
-    _git(pytester.path, "init", "-q", "-b", "main")
-    _git(pytester.path, "add", ".")
-    _git(pytester.path, "commit", "-qm", "base")
+    _commit_base(pytester.path, CORRECTNESS_TESTS)
     monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
 
     def change(path: str) -> None:
@@ -318,9 +324,7 @@ def test_the_perf_grid_keeps_the_rows_of_the_backends_a_change_reaches(pytester,
     import shutil
 
     shutil.copytree(ROOT / "src", pytester.path / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    _git(pytester.path, "init", "-q", "-b", "main")
-    _git(pytester.path, "add", ".")
-    _git(pytester.path, "commit", "-qm", "base")
+    _commit_base(pytester.path, {})
     with open(pytester.path / "src/attnkit/tiled.py", "a") as f:
         f.write("\n# changed\n")
     monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
@@ -495,12 +499,7 @@ def planted_source(pytester, monkeypatch):
     import shutil
 
     shutil.copytree(ROOT / "src", pytester.path / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    for name, text in KVCACHE_TESTS.items():
-        (pytester.path / name).parent.mkdir(parents=True, exist_ok=True)
-        (pytester.path / name).write_text(text)
-    _git(pytester.path, "init", "-q", "-b", "main")
-    _git(pytester.path, "add", ".")
-    _git(pytester.path, "commit", "-qm", "base")
+    _commit_base(pytester.path, KVCACHE_TESTS)
     monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
 
     def edit(path: str) -> None:
