@@ -317,22 +317,7 @@ def test_a_verdict_with_an_impossible_figure_is_not_written(tmp_path):
 COMMITTED = sorted((REPO / "baselines").glob("*/baseline.json"))
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(
-            path,
-            id=path.parent.name,
-            marks=pytest.mark.xfail(
-                path.parent.name == "nvidia-h200",
-                reason="recorded at 75d9e47 with a kept memory of -96 MiB: re-record it on an H200",
-                raises=FormatError,
-                strict=True,
-            ),
-        )
-        for path in COMMITTED
-    ],
-)
+@pytest.mark.parametrize("path", COMMITTED, ids=[path.parent.name for path in COMMITTED])
 def test_the_committed_baselines_load_through_the_gates_reader(path):
     key = path.parent.name
     baseline = load_baseline(path, key, timing_protocol=TIMING_PROTOCOL)
