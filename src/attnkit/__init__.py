@@ -8,9 +8,10 @@ from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
 from attnkit.kvcache import attention_with_kvcache
 from attnkit.module import MultiHeadAttention
-from attnkit.plugins import BackendEntryPointError, BackendEntryPointWarning, BackendSpec
+from attnkit.plugins import BackendEntryPointError, BackendEntryPointWarning
 from attnkit.reference import reference_attention
 from attnkit.registry import (
+    Backend,
     available_backends,
     backend_names,
     register_backend,
@@ -23,9 +24,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AUTO_ORDER",
     "AttentionProblem",
+    "Backend",
     "BackendEntryPointError",
     "BackendEntryPointWarning",
-    "BackendSpec",
     "BackendUnavailableError",
     "DispatchBoundary",
     "MultiHeadAttention",

@@ -189,7 +189,7 @@ def _check_named(backend: str, problem: AttentionProblem) -> None:
     reason = _device_reason(backend, problem.device)
     if reason is not None:
         raise BackendUnavailableError(f"backend {backend!r} is unavailable: {reason}")
-    reason = chosen.problem_support(problem)
+    reason = chosen.supports(problem)
     if reason is not None:
         raise UnsupportedProblemError(f"backend {backend!r} does not support {problem.describe()}: {reason}")
 
@@ -217,7 +217,7 @@ def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
     chosen = get_backend(backend)
     if problem.is_degenerate:  # a zero-size dimension: one answer for every path (README)
         return PreparedRun(degenerate_attention) if prepared else degenerate_attention
-    return chosen.prepared_run(problem) if prepared else chosen.run
+    return chosen.prepared_run(problem) if prepared else chosen.call
 
 
 def _auto_runs(problem: AttentionProblem, prepared: bool, names) -> dict:
@@ -233,10 +233,10 @@ def _auto_runs(problem: AttentionProblem, prepared: bool, names) -> dict:
         reason = (
             auto_skip_reason(name, problem.device)
             or _device_reason(name, problem.device)
-            or candidate.problem_support(problem)
+            or candidate.supports(problem)
         )
         if reason is None:
-            runs[name] = candidate.prepared_run(problem).run if prepared else candidate.run
+            runs[name] = candidate.prepared_run(problem).run if prepared else candidate.call
         else:
             runs[name] = f"{name}: {reason}"
     return runs

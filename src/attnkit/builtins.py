@@ -1,12 +1,16 @@
-"""attnkit's own backends, registered through the same door as a plugin's
-(:func:`attnkit.register_backend`, in its advanced form with ``run``, ``device_support`` and
-``prepare``). Imported once, by the package: the registry defines the door, this module walks
-through it."""
+"""attnkit's own backends, each described once, here, by what it declares (:class:`attnkit.Backend`:
+its functions and every property the dispatchers, the suite and the perf gate read), and
+registered through the same door as a plugin's (:func:`attnkit.register_backend`, in its advanced
+form with ``run``, ``device_support`` and ``prepare``). Imported once, by the package: the
+registry defines the door, this module walks through it, and what it registered is what
+:func:`builtin_names` calls attnkit's own.
+"""
 
 from __future__ import annotations
 
 from functools import partial
 
+from attnkit.errors import BackendUnavailableError
 from attnkit.flex import flex_device_support, flex_problem_support, flex_run
 from attnkit.reference import naive_attention
 from attnkit.registry import register_backend
@@ -19,6 +23,31 @@ from attnkit.sdpa import (
 )
 from attnkit.tiled import tiled_attention
 
+#: The names registered here, in order.
+_OWN: list[str] = []
+
+
+def _register(name: str, **declarations) -> None:
+    _OWN.append(register_backend(name, **declarations).name)
+
+
+def builtin_names() -> tuple[str, ...]:
+    """The names of attnkit's own backends: those this module registered, in order (every other
+    registered name came from a plugin: an entry point, or a program's own
+    :func:`~attnkit.register_backend`)."""
+    return tuple(_OWN)
+
+
+def _unavailable(name: str, reason: str) -> dict:
+    """The declarations of a backend that cannot run in this install: unavailable on every
+    device, saying why (a name attnkit owns resolves to that reason, not to a plugin)."""
+
+    def run(q, k, v, problem):
+        raise BackendUnavailableError(f"backend {name!r} is unavailable: {reason}")
+
+    return {"run": run, "device_support": lambda device: reason, "description": f"unavailable: {reason}"}
+
+
 # naive and tiled are made of ATen ops in a fixed order per (batch, head), with no atomics and no
 # index_add (the gradients of the K and V a query-head group shares are sums over the group): on
 # the CPU and on CUDA the same shapes give the same bits on every call. Batch-invariant on the CPU only: there
@@ -26,14 +55,14 @@ from attnkit.tiled import tiled_attention
 # its kernel (tiles, split-K) by the batch size, so a sequence alone and in a batch of three
 # differ in the last bits (measured on an H200: out and dv, bf16, N = 2048).
 _ATEN_DEVICES = ("cpu", "cuda")
-register_backend(
+_register(
     "naive",
     run=naive_attention,
     description="materialised score matrix; float64-capable oracle",
     deterministic=_ATEN_DEVICES,
     batch_invariant=("cpu",),
 )
-register_backend(
+_register(
     "tiled",
     run=tiled_attention,
     description="FlashAttention-2 in pure PyTorch (online softmax, O(N) memory)",
@@ -51,7 +80,7 @@ _SDPA_DETERMINISM = {
     "sdpa-efficient": {"deterministic_when_enforced": _ATEN_DEVICES},
 }
 for _name in SDPA_BACKENDS:
-    register_backend(
+    _register(
         _name,
         run=partial(sdpa_attention, _name),
         description="torch SDPA"
@@ -71,10 +100,12 @@ try:
         triton_device_support,
         triton_problem_support,
     )
-except ImportError:  # no triton in this install: the backend is simply not registered
-    pass
+except ImportError as err:  # no usable triton in this install: the name says why, everywhere
+    _register(
+        "triton", **_unavailable("triton", f"the Triton path cannot be imported ({err}); install triton")
+    )
 else:
-    register_backend(
+    _register(
         "triton",
         run=run_after_support_check,
         description="fused Triton FlashAttention-2 kernels, deterministic backward",
@@ -89,7 +120,7 @@ else:
         cache_forward=cache_forward,
     )
 
-register_backend(
+_register(
     "flex",
     run=flex_run,
     description="PyTorch FlexAttention (torch.compile), masks as block masks",

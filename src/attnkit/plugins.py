@@ -7,9 +7,9 @@ A package registers its kernel by declaring, in its ``pyproject.toml``::
 
 The value names an object that is one of:
 
-* a :class:`BackendSpec` (a module constant);
-* a function of no arguments returning a :class:`BackendSpec`, a list of them, or None after
-  calling :func:`attnkit.register_backend` itself.
+* an :class:`attnkit.Backend` (a module constant);
+* a function of no arguments returning a :class:`~attnkit.Backend`, a list of them, or None
+  after calling :func:`attnkit.register_backend` itself.
 
 The group is loaded lazily and once per process, by the first registry lookup that needs it
 (:func:`attnkit.backend_names`, :func:`attnkit.available_backends`, or a name attnkit does not
@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import warnings
-from collections.abc import Callable, Collection
-from dataclasses import dataclass, fields
+from collections.abc import Callable
 
 #: The entry-point group installed packages declare their backends in.
 ENTRY_POINT_GROUP = "attnkit.backends"
@@ -38,31 +37,6 @@ ENTRY_POINT_GROUP = "attnkit.backends"
 
 class BackendEntryPointError(RuntimeError):
     """An ``attnkit.backends`` entry point could not be loaded; the message names it."""
-
-
-@dataclass(frozen=True)
-class BackendSpec:
-    """A backend as data: the arguments of :func:`attnkit.register_backend` (see there).
-
-    ``fn(q, k, v, *, causal, scale, window)`` maps q (B, Hq, N, D), k (B, Hkv, M, D),
-    v (B, Hkv, M, Dv) to the (B, Hq, N, Dv) output; ``supports(problem)`` returns None or the
-    reason it declines an :class:`~attnkit.AttentionProblem`. ``dispatch_boundaries`` (a tuple
-    of :class:`~attnkit.DispatchBoundary`), ``deterministic`` and ``batch_invariant`` declare
-    what the installed suite checks beyond the oracle; these two, ``deterministic_when_enforced``
-    and ``interpreted_on`` are declared per device type: True (every one), False (none) or a
-    collection such as ``("cpu",)`` (see :func:`attnkit.register_backend`).
-    """
-
-    name: str
-    fn: Callable
-    supports: Callable | None = None
-    description: str = ""
-    forward_only: bool = False
-    dispatch_boundaries: tuple = ()
-    deterministic: bool | Collection[str] = False
-    batch_invariant: bool | Collection[str] = False
-    deterministic_when_enforced: bool | Collection[str] = False
-    interpreted_on: bool | Collection[str] = False
 
 
 class BackendEntryPointWarning(UserWarning):
@@ -74,18 +48,18 @@ _read = False
 _broken: dict[str, BackendEntryPointError] = {}
 
 
-def load_entry_points(register: Callable) -> None:
-    """Register every installed ``attnkit.backends`` entry point with ``register`` (the registry's
-    :func:`~attnkit.registry.register_backend`, which calls this), once per process. A broken
-    entry point is kept in :func:`broken_entry_points` and warned about in one line; the others
-    still register."""
+def load_entry_points(backend_type: type, register: Callable) -> None:
+    """Register the Backends (objects of ``backend_type``, :class:`attnkit.Backend`) of every
+    installed ``attnkit.backends`` entry point with ``register`` (the registry's door; the
+    registry calls this), once per process. A broken entry point is kept in
+    :func:`broken_entry_points` and warned about in one line; the others still register."""
     global _read
     if _read:
         return
     _read = True  # set first: a plugin that looks up backends while loading does not recurse
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
-            _load(entry, register)
+            _load(entry, backend_type, register)
         except BackendEntryPointError as err:
             _broken[entry.name] = err
             warnings.warn(
@@ -113,27 +87,24 @@ def _where(entry: importlib.metadata.EntryPoint) -> str:
     return f"{ENTRY_POINT_GROUP} entry point {entry.name!r} = {entry.value!r} of {package}"
 
 
-def _load(entry: importlib.metadata.EntryPoint, register: Callable) -> None:
+def _load(entry: importlib.metadata.EntryPoint, backend_type: type, register: Callable) -> None:
     try:
         target = entry.load()
     except Exception as err:
         raise BackendEntryPointError(f"{_where(entry)}: importing it failed: {err!r}") from err
     try:
-        made = target if isinstance(target, BackendSpec) or not callable(target) else target()
+        # A Backend is data (not callable); anything else callable is a function making them.
+        made = target() if callable(target) else target
     except Exception as err:
         raise BackendEntryPointError(f"{_where(entry)}: calling it failed: {err!r}") from err
-    specs = made if isinstance(made, (list, tuple)) else [made]
-    if made is None:
-        specs = []
-    wrong = [x for x in specs if not isinstance(x, BackendSpec)]
-    if wrong:
+    backends = [] if made is None else made if isinstance(made, (list, tuple)) else [made]
+    if not all(isinstance(backend, backend_type) for backend in backends):
         raise BackendEntryPointError(
-            f"{_where(entry)}: expected a BackendSpec, a function returning one (or a list of them), "
-            f"or a function that calls attnkit.register_backend and returns None; got {made!r}"
+            f"{_where(entry)}: expected an attnkit.Backend, a function returning one (or a list of "
+            f"them), or a function that calls attnkit.register_backend and returns None; got {made!r}"
         )
-    for spec in specs:
+    for backend in backends:
         try:
-            # Field by field, not asdict(): that would turn nested DispatchBoundary objects into dicts.
-            register(**{f.name: getattr(spec, f.name) for f in fields(spec)})
-        except (TypeError, ValueError) as err:
+            register(backend)
+        except ValueError as err:  # a name already registered
             raise BackendEntryPointError(f"{_where(entry)}: {err}") from err

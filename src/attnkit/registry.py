@@ -1,9 +1,16 @@
-"""The backend registry: every path attnkit can dispatch to, and why one may be unavailable."""
+"""The backend registry: every path attnkit can dispatch to, and why one may be unavailable.
+
+A backend is described once, by a :class:`Backend`: its functions and every property the
+dispatchers, the installed suite and the perf gate read. attnkit's own backends
+(:mod:`attnkit.builtins`), a plugin calling :func:`register_backend`, and an installed package's
+entry point (:mod:`attnkit.plugins`) all describe theirs that way and enter through one door.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
@@ -13,15 +20,14 @@ from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
 from attnkit.plugins import broken_entry_points, load_entry_points
 from attnkit.prepared import PreparedRun, RunFn
-from attnkit.sdpa import SDPA_BACKENDS
-from attnkit.traits import NO_DEVICE, Declaration, DeviceTypes, declared_on, device_type
+from attnkit.traits import Declaration, declared_on, device_type
 
 DeviceCheck = Callable[[torch.device], "str | None"]
 ProblemCheck = Callable[[AttentionProblem], "str | None"]
 Prepare = Callable[[AttentionProblem], PreparedRun | RunFn]
 #: ``cache_forward(q, k_cache, v_cache, cache, block_table) -> out | None``: attention over a KV
 #: cache read in place (:func:`attnkit.attention_with_kvcache`), or None where the backend
-#: leaves the call to the gathered route (each sequence's keys gathered, then ``run``).
+#: leaves the call to the gathered route (each sequence's keys gathered, then its run).
 CacheForward = Callable[..., "torch.Tensor | None"]
 
 
@@ -31,62 +37,118 @@ def _always(_) -> None:
 
 #: The Backend fields declared per device type (:mod:`attnkit.traits`).
 _PER_DEVICE = ("deterministic", "deterministic_when_enforced", "batch_invariant", "interpreted_on")
+#: The Backend fields that must be callables when given.
+_CALLABLES = ("fn", "run", "supports", "device_support", "prepare", "cache_forward")
 
 
 @dataclass(frozen=True)
 class Backend:
-    """One attention path.
+    """One attention path, described once: what :func:`register_backend` takes as keywords, and
+    what an ``attnkit.backends`` entry point names (:mod:`attnkit.plugins`). Every field is
+    checked when the Backend is made (a TypeError or ValueError naming ``Backend(name)`` and the
+    field), before anything registers it.
 
-    ``device_support`` and ``problem_support`` return None when the path can run, or a
-    sentence saying why not; they are cheap and run before any kernel. ``prepare``, if given,
-    returns the eager run for one problem that passed both, as a
-    :class:`~attnkit.prepared.PreparedRun` (or a plain run function, which describes nothing),
-    with the work that depends on the problem alone done up front: :func:`attnkit.attention`
-    calls it once per call signature and keeps the result (``run`` is what torch.compile
-    traces). The prepared run may describe itself for the compiled fast path
-    (:mod:`attnkit.prepared`: one SDPA call, or a forward of fixed kernel launches).
+    Args:
+        name: a non-empty string without surrounding spaces, not ``"auto"``.
+        fn: ``fn(q, k, v, *, causal, scale, window) -> out`` with q (B, Hq, N, D), k (B, Hkv, M, D),
+            v (B, Hkv, M, Dv) in one dtype on one device (any strides; ``Hq % Hkv == 0``) and out
+            (B, Hq, N, Dv) in q's dtype. ``causal`` is a bool (bottom-right: query i sees key j iff
+            ``j <= i + M - N``), ``scale`` a float (the default 1/sqrt(D) already resolved),
+            ``window`` None or the normalised (left, right) pair of :attr:`AttentionProblem.window`.
+            Gradients flow through autograd unless ``forward_only``. Inputs reach ``fn`` only
+            after attnkit validated them and ``supports`` accepted them; its output's shape, dtype
+            and device are checked.
+        run: advanced, instead of ``fn``: ``run(q, k, v, problem)`` receiving the validated
+            :class:`~attnkit.AttentionProblem` (the form attnkit's own backends use).
+        supports: ``supports(problem) -> None | str``: None to accept an
+            :class:`~attnkit.AttentionProblem`, or the reason it declines (raised as
+            :class:`~attnkit.UnsupportedProblemError` before ``fn`` runs, shown by the suite as a
+            skip). Cheap: it runs once per call signature.
+        description: one line shown next to the name.
+        forward_only: ``fn`` has no backward; a call whose inputs require grad (with grad mode on)
+            raises UnsupportedProblemError before ``fn`` runs, and the perf gate times no
+            training pass.
+        device_support: advanced: ``device_support(device) -> None | str``, why the backend cannot
+            run on a device at all (it then leaves :func:`available_backends`).
+        prepare: advanced: ``prepare(problem) -> run`` (a :class:`~attnkit.prepared.PreparedRun`
+            or a plain run function, which describes nothing) made once per call signature, with
+            the work that depends on the problem alone done up front (:meth:`prepared_run`); the
+            prepared run may describe itself for the compiled fast path (:mod:`attnkit.prepared`).
+        dispatch_boundaries: the sizes at which the kernel switches code paths, as
+            :class:`~attnkit.DispatchBoundary` objects: the suite runs problems just below, at
+            and just above each. Without any, it still runs sizes spread log-uniformly up to its
+            scale tier's limits.
+        deterministic: the device types on which the same inputs give bitwise-equal outputs and
+            gradients on every call (:meth:`is_deterministic`): True (every device type), False
+            (none), or a collection such as ``("cpu", "cuda")``. The suite repeats the backward
+            at scale and compares bitwise on those devices.
+        batch_invariant: the device types (in the same form) on which a sequence's output and
+            gradients are bitwise the same alone and inside a batch (:meth:`is_batch_invariant`);
+            elsewhere the suite requires them within the tolerance rule.
+        deterministic_when_enforced: the device types on which the backward is deterministic
+            only under ``torch.use_deterministic_algorithms(True)`` (not ``warn_only``), where
+            PyTorch runs its deterministic kernels or raises: ``backend="auto"`` keeps the
+            backend in that mode (:func:`attnkit.auto.deterministic_order`).
+        interpreted_on: the device types on which the backend runs through an interpreter
+            (attnkit's ``triton`` on the CPU; :meth:`is_interpreted`): ``backend="auto"`` passes
+            it over there, and the suite gives it smaller problems.
+        cache_forward: advanced: ``cache_forward(q, k_cache, v_cache, cache, block_table)``
+            (:data:`CacheForward`), attention over a KV cache read in place
+            (:func:`attnkit.attention_with_kvcache`; ``cache`` its validated
+            :class:`~attnkit.kvcache_inputs.CacheProblem`), returning the output or None to leave
+            the call to the gathered route (each sequence's keys gathered, then :attr:`call`).
 
-    ``forward_only``: the backend computes no gradients (training passes are not timed).
-    ``cache_forward``: how it reads a KV cache in place for :func:`attnkit.attention_with_kvcache`
-    (:data:`CacheForward`); without one, each sequence's keys are gathered and ``run`` takes them.
-    ``module``: the module that defines its function (``fn``, else ``run``), e.g. a plugin's
-    kernel module: the perf gate checks that each side of a comparison imported it from that
-    side's source.
-
-    What the installed suite holds the backend to beyond the oracle (:mod:`attnkit.suite`):
-    ``dispatch_boundaries``, the sizes at which it switches code paths (both sides of each are
-    tested), and properties that hold on some device types and not others, each a
-    :class:`~attnkit.traits.DeviceTypes` (declared as True, False or a collection of device
-    types, :func:`register_backend`) asked for one device at a time: ``deterministic``
-    (:meth:`is_deterministic`), repeated calls on the same inputs give bitwise-equal outputs and
-    gradients; ``batch_invariant`` (:meth:`is_batch_invariant`), a sequence's output and
-    gradients are bitwise the same alone and inside a batch (elsewhere they must agree within
-    the tolerance rule). ``backend="auto"`` reads ``deterministic`` and
-    ``deterministic_when_enforced`` (deterministic only under
-    ``torch.use_deterministic_algorithms(True)``) to keep a training call deterministic in that
-    mode, and passes over a backend on a device in ``interpreted_on`` (:meth:`is_interpreted`),
-    where the suite gives it smaller problems.
+    The per-device fields are stored as :class:`~attnkit.traits.DeviceTypes`, ``supports`` and
+    ``device_support`` as functions (accepting everything when not given). Made from them:
+    :attr:`call`, the run :func:`attnkit.attention` calls (``run``, or ``fn`` behind the checks
+    of its output, behind the forward-only guard), and :attr:`module`, the module that defines
+    ``fn`` or ``run`` (e.g. a plugin's kernel module: the perf gate checks that each side of a
+    comparison imported it from that side's source).
     """
 
     name: str
-    summary: str
-    run: RunFn
-    device_support: DeviceCheck = _always
-    problem_support: ProblemCheck = _always
-    prepare: Prepare | None = None
+    fn: Callable[..., torch.Tensor] | None = None
+    _: KW_ONLY
+    run: RunFn | None = None
+    supports: ProblemCheck | None = None
+    description: str = ""
     forward_only: bool = False
-    module: str | None = None
+    device_support: DeviceCheck | None = None
+    prepare: Prepare | None = None
     dispatch_boundaries: tuple[DispatchBoundary, ...] = ()
-    deterministic: DeviceTypes = NO_DEVICE
-    deterministic_when_enforced: DeviceTypes = NO_DEVICE
-    batch_invariant: DeviceTypes = NO_DEVICE
-    interpreted_on: DeviceTypes = NO_DEVICE
+    deterministic: Declaration = False
+    deterministic_when_enforced: Declaration = False
+    batch_invariant: Declaration = False
+    interpreted_on: Declaration = False
     cache_forward: CacheForward | None = None
+    #: Made from the fields above (see the class's docstring).
+    call: RunFn = dataclasses.field(init=False, repr=False, compare=False)
+    module: str | None = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        owner = f"Backend({self.name!r})"
+        _check_name(self.name)
+        if (self.fn is None) == (self.run is None):
+            raise TypeError(f"{owner}: give exactly one of fn and run")
+        for label in _CALLABLES:
+            value = getattr(self, label)
+            if value is not None and not callable(value):
+                raise TypeError(f"{owner}: {label} must be callable, got {type(value).__name__}")
+        if not isinstance(self.description, str):
+            raise TypeError(f"{owner}: description must be a str, got {type(self.description).__name__}")
+        if not isinstance(self.forward_only, bool):
+            raise TypeError(f"{owner}: forward_only must be a bool, got {self.forward_only!r}")
         # One stored form whatever was given (True, False, a collection of device types).
-        for label in _PER_DEVICE:
-            value = declared_on(f"Backend({self.name!r})", label, getattr(self, label))
+        made = {label: declared_on(owner, label, getattr(self, label)) for label in _PER_DEVICE}
+        made["dispatch_boundaries"] = check_boundaries(owner, self.dispatch_boundaries)
+        made["supports"] = self.supports or _always
+        made["device_support"] = self.device_support or _always
+        call = self.run if self.fn is None else _KeywordRun(self.name, self.fn)
+        made["call"] = _ForwardOnly(self.name, call) if self.forward_only else call
+        defined = self.fn if self.fn is not None else self.run
+        defined = getattr(defined, "func", defined)  # a functools.partial: its function's module
+        made["module"] = getattr(defined, "__module__", None)
+        for label, value in made.items():
             object.__setattr__(self, label, value)
 
     def is_deterministic(self, device: torch.device | str, *, enforced: bool = False) -> bool:
@@ -107,137 +169,48 @@ class Backend:
         return device in self.interpreted_on
 
     def prepared_run(self, problem: AttentionProblem) -> PreparedRun:
-        """The eager run for ``problem``: ``prepare(problem)``, or ``run`` without one."""
+        """The eager run for ``problem``: ``prepare(problem)``, or :attr:`call` without one."""
         if self.prepare is None:
-            return PreparedRun(self.run)
+            return PreparedRun(self.call)
         prepared = self.prepare(problem)
-        return prepared if isinstance(prepared, PreparedRun) else PreparedRun(prepared)
+        prepared = prepared if isinstance(prepared, PreparedRun) else PreparedRun(prepared)
+        if self.forward_only:
+            return prepared._replace(run=_ForwardOnly(self.name, prepared.run))
+        return prepared
 
 
 _REGISTRY: dict[str, Backend] = {}
 
 
 def register_backend(
-    name: str,
-    fn: Callable[..., torch.Tensor] | None = None,
-    *,
-    supports: ProblemCheck | None = None,
-    description: str = "",
-    forward_only: bool = False,
-    replace: bool = False,
-    run: RunFn | None = None,
-    device_support: DeviceCheck | None = None,
-    prepare: Prepare | None = None,
-    dispatch_boundaries: tuple[DispatchBoundary, ...] | list[DispatchBoundary] = (),
-    deterministic: Declaration = False,
-    batch_invariant: Declaration = False,
-    deterministic_when_enforced: Declaration = False,
-    interpreted_on: Declaration = False,
-    cache_forward: CacheForward | None = None,
+    name: str, fn: Callable[..., torch.Tensor] | None = None, *, replace: bool = False, **declarations
 ) -> Backend:
     """Register an attention implementation under ``name``; ``attention(..., backend=name)``
     then runs it, and the correctness suite tests it (``pytest --pyargs attnkit.suite
     --attnkit-backend NAME``).
 
-    Args:
-        name: a non-empty string, not ``"auto"``, not registered yet (unless ``replace``).
-        fn: ``fn(q, k, v, *, causal, scale, window) -> out`` with q (B, Hq, N, D), k (B, Hkv, M, D),
-            v (B, Hkv, M, Dv) in one dtype on one device (any strides; ``Hq % Hkv == 0``) and out
-            (B, Hq, N, Dv) in q's dtype. ``causal`` is a bool (bottom-right: query i sees key j iff
-            ``j <= i + M - N``), ``scale`` a float (the default 1/sqrt(D) already resolved),
-            ``window`` None or the normalised (left, right) pair of :attr:`AttentionProblem.window`.
-            Gradients flow through autograd unless ``forward_only``. Inputs reach ``fn`` only
-            after attnkit validated them and ``supports`` accepted them.
-        supports: ``supports(problem) -> None | str``: None to accept an
-            :class:`~attnkit.AttentionProblem`, or the reason it declines (raised as
-            :class:`~attnkit.UnsupportedProblemError` before ``fn`` runs, shown by the suite as a
-            skip). Cheap: it runs once per call signature.
-        description: one line shown next to the name.
-        forward_only: ``fn`` has no backward; a call whose inputs require grad (with grad mode on)
-            raises UnsupportedProblemError before ``fn`` runs.
-        replace: allow replacing a registered backend of the same name.
-        run: advanced, instead of ``fn``: ``run(q, k, v, problem)`` receiving the validated
-            :class:`~attnkit.AttentionProblem` (the form attnkit's own backends use).
-        device_support: advanced: ``device_support(device) -> None | str``, why the backend cannot
-            run on a device at all (it then leaves :func:`available_backends`).
-        prepare: advanced: ``prepare(problem) -> run`` made once per call signature
-            (:meth:`Backend.prepared_run`).
-        dispatch_boundaries: the sizes at which the kernel switches code paths, as
-            :class:`~attnkit.DispatchBoundary` objects: the suite runs problems just below, at
-            and just above each. Without any, it still runs sizes spread log-uniformly up to its
-            scale tier's limits.
-        deterministic: the device types on which the same inputs give bitwise-equal outputs and
-            gradients on every call: True (every device type), False (none), or a collection
-            such as ``("cpu", "cuda")``. The suite repeats the backward at scale and compares
-            bitwise on those devices.
-        batch_invariant: the device types (in the same form as ``deterministic``) on which a
-            sequence's output and gradients are bitwise the same alone and inside a batch;
-            elsewhere the suite requires them within the tolerance rule.
-        deterministic_when_enforced: the device types on which the backward is deterministic
-            only under ``torch.use_deterministic_algorithms(True)`` (not ``warn_only``), where
-            PyTorch runs its deterministic kernels or raises: ``backend="auto"`` keeps the
-            backend in that mode (:func:`attnkit.auto.deterministic_order`).
-        interpreted_on: the device types on which the backend runs through an interpreter
-            (attnkit's ``triton`` on the CPU): ``backend="auto"`` passes it over there, and the
-            suite gives it smaller problems.
-        cache_forward: advanced: ``cache_forward(q, k_cache, v_cache, cache, block_table)``, attention
-            over a KV cache read in place (:func:`attnkit.attention_with_kvcache`; ``cache`` its
-            validated :class:`~attnkit.kvcache_inputs.CacheProblem`), returning the output or None
-            to leave the call to the gathered route.
+    ``name``, ``fn`` and ``declarations`` are :class:`Backend`'s fields (``supports``,
+    ``description``, ``forward_only``, ``dispatch_boundaries``, ``deterministic``, ...; see
+    there), checked before anything registers. ``replace``: allow replacing a registered backend
+    of the same name (not allowed otherwise: a ValueError).
 
     Returns:
         The registered :class:`Backend`.
     """
-    _check_name(name, replace)
-    if (fn is None) == (run is None):
-        raise TypeError(f"register_backend({name!r}): give exactly one of fn and run")
-    for label, value in (
-        ("fn", fn),
-        ("run", run),
-        ("supports", supports),
-        ("device_support", device_support),
-        ("cache_forward", cache_forward),
-    ):
-        if value is not None and not callable(value):
-            raise TypeError(
-                f"register_backend({name!r}): {label} must be callable, got {type(value).__name__}"
-            )
-    per_device = {
-        label: declared_on(f"register_backend({name!r})", label, value)
-        for label, value in (
-            ("deterministic", deterministic),
-            ("batch_invariant", batch_invariant),
-            ("deterministic_when_enforced", deterministic_when_enforced),
-            ("interpreted_on", interpreted_on),
+    return _add_backend(Backend(name, fn, **declarations), replace=replace)
+
+
+def _add_backend(backend: Backend, *, replace: bool = False) -> Backend:
+    """Register ``backend``, a :class:`Backend` already made: where every registration ends,
+    :func:`register_backend`'s and an entry point's (:func:`attnkit.plugins.load_entry_points`)."""
+    if backend.name in _REGISTRY and not replace:
+        raise ValueError(
+            f"backend name {backend.name!r} is already registered ({_REGISTRY[backend.name].description}); "
+            "pass replace=True to replace it"
         )
-    }
-    boundaries = check_boundaries(f"register_backend({name!r})", dispatch_boundaries)
-    if not isinstance(description, str):
-        raise TypeError(
-            f"register_backend({name!r}): description must be a str, got {type(description).__name__}"
-        )
-    module = getattr(fn if fn is not None else run, "__module__", None)
-    if run is None:
-        run = _KeywordRun(name, fn)
-    if forward_only:
-        run = _ForwardOnly(name, run)
-        prepare = None if prepare is None else _forward_only_prepare(name, prepare)
-    backend = Backend(
-        name,
-        description,
-        run,
-        device_support or _always,
-        supports or _always,
-        prepare,
-        forward_only=forward_only,
-        module=module,
-        dispatch_boundaries=boundaries,
-        cache_forward=cache_forward,
-        **per_device,
-    )
-    if name in _REGISTRY:
+    if backend.name in _REGISTRY:
         _forget_plans()  # a replaced backend's memoised runs must not outlive it
-    _REGISTRY[name] = backend
+    _REGISTRY[backend.name] = backend
     return backend
 
 
@@ -248,16 +221,11 @@ def unregister_backend(name: str) -> None:
     _forget_plans()
 
 
-def _check_name(name: object, replace: bool) -> None:
+def _check_name(name: object) -> None:
     if not isinstance(name, str) or not name or name != name.strip():
         raise TypeError(f"backend name: expected a non-empty str without surrounding spaces, got {name!r}")
     if name == "auto":
         raise ValueError("backend name: 'auto' is attention()'s automatic choice, not a registrable name")
-    if name in _REGISTRY and not replace:
-        raise ValueError(
-            f"backend name {name!r} is already registered ({_REGISTRY[name].summary}); "
-            "pass replace=True to replace it"
-        )
 
 
 class _KeywordRun:
@@ -312,10 +280,6 @@ class _ForwardOnly:
         return self.run(q, k, v, problem)
 
 
-def _forward_only_prepare(name: str, prepare: Prepare) -> Prepare:
-    return lambda problem: _ForwardOnly(name, prepare(problem))
-
-
 #: Called with no argument whenever a backend is replaced or removed: :mod:`attnkit.api` adds the
 #: function that drops its memoised plans, which hold the runs of the backends they chose.
 _CHANGE_LISTENERS: list[Callable[[], None]] = []
@@ -334,21 +298,15 @@ def _forget_plans() -> None:
 def backend_names() -> list[str]:
     """Every registered backend's name, those of installed plugins (the ``attnkit.backends``
     entry points, loaded on first use) included."""
-    load_entry_points(register_backend)
+    load_entry_points(Backend, _add_backend)
     return list(_REGISTRY)
-
-
-#: The names attnkit's own backends take, registered or not in this install (``triton`` without
-#: triton): looking one up never loads a plugin, so ``backend="auto"`` never waits for (or fails
-#: with) one.
-OWN_NAMES = frozenset({"auto", "naive", "tiled", *SDPA_BACKENDS, "triton", "flex"})
 
 
 def get_backend(name: str) -> Backend:
     """The backend registered as ``name``; a :class:`~attnkit.BackendEntryPointError` when the
     entry point of that key is broken, a ValueError listing the valid names for any other."""
-    if isinstance(name, str) and name not in _REGISTRY and name not in OWN_NAMES:
-        load_entry_points(register_backend)
+    if isinstance(name, str) and name not in _REGISTRY:
+        load_entry_points(Backend, _add_backend)
     if not isinstance(name, str) or name not in _REGISTRY:
         raise unknown_backend_error(name)
     return _REGISTRY[name]

@@ -59,11 +59,11 @@ def attention(q, k, v, *, causal, scale, window):
     return (weights.to(v.dtype) @ vv).to(q.dtype)
 '''
 
-ENTRY = """from attnkit import BackendSpec
+ENTRY = """from attnkit import Backend
 
 from attnkit_switch.kernel import attention
 
-backend = BackendSpec(name="switch", fn=attention, description="switches paths at N = SWITCH_AT")
+backend = Backend(name="switch", fn=attention, description="switches paths at N = SWITCH_AT")
 """
 
 

@@ -107,7 +107,7 @@ def spies(monkeypatch, tmp_path):
             ran.append(name)
             return naive_attention(q, k, v, p)
 
-        return Backend(name, "records its calls", run)
+        return Backend(name, run=run, description="records its calls")
 
     for name in ("spy-infer", "spy-train"):
         monkeypatch.setitem(attnkit.registry._REGISTRY, name, spy(name))
@@ -166,7 +166,9 @@ def test_deterministic_order_keeps_the_paths_whose_backward_is_deterministic(war
 
 def test_deterministic_order_asks_each_backend_for_the_calls_device(monkeypatch):
     """A path declared deterministic on one device type only is kept there and nowhere else."""
-    spy = Backend("spy-cpu-only", "declares the CPU only", naive_attention, deterministic=("cpu",))
+    spy = Backend(
+        "spy-cpu-only", run=naive_attention, description="declares the CPU only", deterministic=("cpu",)
+    )
     monkeypatch.setitem(attnkit.registry._REGISTRY, spy.name, spy)
     for warn_only in (False, True):
         assert deterministic_order((spy.name,), warn_only, torch.device("cpu")) == (spy.name,)
@@ -205,8 +207,8 @@ def test_a_training_call_in_deterministic_mode_runs_a_deterministic_path(
             name,
             Backend(
                 name,
-                "records its calls",
-                lambda q, k, v, p, name=name: ran.append(name) or naive_attention(q, k, v, p),
+                run=lambda q, k, v, p, name=name: ran.append(name) or naive_attention(q, k, v, p),
+                description="records its calls",
                 **traits,
             ),
         )

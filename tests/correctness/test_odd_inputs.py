@@ -191,8 +191,8 @@ def test_auto_never_picks_interpreted_triton(monkeypatch):
     calls = []
     fake = Backend(
         "triton",
-        "records calls",
-        lambda q, k, v, p: calls.append(p) or q.new_zeros(0),
+        run=lambda q, k, v, p: calls.append(p) or q.new_zeros(0),
+        description="records calls",
         interpreted_on=("cpu",),
     )
     monkeypatch.setitem(attnkit.registry._REGISTRY, "triton", fake)

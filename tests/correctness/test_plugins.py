@@ -19,6 +19,7 @@ import torch
 
 import attnkit
 from attnkit import plugins, registry
+from attnkit.builtins import builtin_names
 from attnkit.reference import reference_attention
 
 if sys.version_info >= (3, 11):
@@ -45,7 +46,7 @@ def registry_snapshot(monkeypatch):
     """attnkit's own backends with the entry points not yet read, as a fresh process has them
     (an installed plugin, the example one say, loads again at the first lookup that needs it);
     the registry and the entry-point state as they were restored after the test."""
-    own = {name: b for name, b in registry._REGISTRY.items() if name in registry.OWN_NAMES}
+    own = {name: b for name, b in registry._REGISTRY.items() if name in builtin_names()}
     monkeypatch.setattr(registry, "_REGISTRY", own)
     monkeypatch.setattr(plugins, "_read", False)
     monkeypatch.setattr(plugins, "_broken", {})
@@ -96,9 +97,9 @@ def _assert_matches_oracle(name):
     assert error < 1e-6, f"backend {name!r} through the registry differs from the oracle by {error:.3e}"
 
 
-def test_a_spec_constant_entry_point_registers_its_backend(install):
+def test_a_backend_constant_entry_point_registers_its_backend(install):
     install(
-        _KERNEL + "backend = attnkit.BackendSpec('under-test', kernel, description='toy kernel')\n",
+        _KERNEL + "backend = attnkit.Backend('under-test', kernel, description='toy kernel')\n",
         {"under-test": "toy_mod:backend"},
     )
     assert "under-test" in attnkit.backend_names()
@@ -106,12 +107,12 @@ def test_a_spec_constant_entry_point_registers_its_backend(install):
     _assert_matches_oracle("under-test")
 
 
-def test_an_entry_point_function_may_return_several_specs_or_register_itself(install):
+def test_an_entry_point_function_may_return_several_backends_or_register_itself(install):
     install(
         _KERNEL
         + """
 def several():
-    return [attnkit.BackendSpec('toy-a', kernel), attnkit.BackendSpec('toy-b', kernel)]
+    return [attnkit.Backend('toy-a', kernel), attnkit.Backend('toy-b', kernel)]
 
 def itself():
     attnkit.register_backend('toy-c', kernel)
@@ -126,12 +127,39 @@ def test_an_unknown_name_loads_the_entry_points_but_attnkits_own_names_do_not(in
     install("raise ImportError('the kernel library is missing')\n", {"broken": "toy_mod:backend"})
     q, k, v = _inputs()
     attnkit.attention(q, k, v, backend="naive")  # no plugin is imported for a built-in name
-    registry._REGISTRY.pop("triton", None)  # as in an install without triton, which auto tries first
     attnkit.api._PLANNED.clear()
     attnkit.attention(q.double(), k.double(), v.double())  # float64: no compiled memo entry either
     assert plugins._read is False, "looking up attnkit's own backends loaded the entry points"
     with pytest.warns(attnkit.BackendEntryPointWarning), pytest.raises(attnkit.BackendEntryPointError):
         attnkit.attention(q, k, v, backend="broken")
+
+
+def test_without_triton_its_name_says_why_and_auto_loads_no_plugin(install):
+    """In an install where the Triton path cannot be imported, ``"triton"`` is still attnkit's
+    name: unavailable on every device with the reason, and ``auto`` (which tries it first) never
+    loads the entry points to look for it."""
+    path = install(_BROKEN_IMPORT, {"broken": "toy_mod:backend"})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, *sys.path])}
+    code = (
+        "import sys; sys.modules['triton'] = None\n"  # import triton now raises ImportError
+        "import attnkit, torch\n"
+        "from attnkit import plugins\n"
+        "q = torch.ones(1, 1, 2, 4)\n"
+        "assert attnkit.attention(q, q, q).sum().item() == 8.0\n"
+        "assert plugins._read is False, 'auto loaded the entry points'\n"
+        "assert 'triton' not in attnkit.available_backends('cpu')\n"
+        "try:\n"
+        "    attnkit.attention(q, q, q, backend='triton')\n"
+        "except attnkit.BackendUnavailableError as err:\n"
+        "    print(err)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    message = result.stdout.strip()
+    assert message.startswith("backend 'triton' is unavailable: the Triton path cannot be imported"), message
+    assert "install triton" in message, message
 
 
 _BROKEN_IMPORT = "raise ImportError('the kernel library is missing')\n"
@@ -155,7 +183,7 @@ def test_a_broken_import_is_one_warning_line_and_the_error_whenever_its_backend_
 
 def test_a_broken_entry_point_leaves_the_others_working(install):
     install(
-        _KERNEL + "backend = attnkit.BackendSpec('under-test', kernel)\n",
+        _KERNEL + "backend = attnkit.Backend('under-test', kernel)\n",
         {"broken": "toy_mod:no_such_attribute", "under-test": "toy_mod:backend"},
     )
     with pytest.warns(attnkit.BackendEntryPointWarning, match="'broken'.*no_such_attribute"):
@@ -176,7 +204,7 @@ def test_a_broken_entry_point_leaves_the_others_working(install):
             "calling it failed: RuntimeError('no GPU here')",
         ),
     ],
-    ids=["not-a-spec", "returns-garbage", "raises"],
+    ids=["not-a-backend", "returns-garbage", "raises"],
 )
 def test_an_entry_point_of_the_wrong_kind_is_a_clear_error(install, source, expected):
     install(source, {"bad": "toy_mod:backend"})
@@ -188,7 +216,7 @@ def test_an_entry_point_of_the_wrong_kind_is_a_clear_error(install, source, expe
 
 
 def test_an_entry_point_taking_a_registered_name_is_a_clear_error(install):
-    install(_KERNEL + "backend = attnkit.BackendSpec('naive', kernel)\n", {"naive": "toy_mod:backend"})
+    install(_KERNEL + "backend = attnkit.Backend('naive', kernel)\n", {"naive": "toy_mod:backend"})
     with pytest.warns(attnkit.BackendEntryPointWarning, match=r"toy-dist.*'naive' is already registered"):
         attnkit.backend_names()
     assert registry.get_backend("naive").module.startswith("attnkit."), "the plugin replaced attnkit's own"
@@ -197,7 +225,7 @@ def test_an_entry_point_taking_a_registered_name_is_a_clear_error(install):
 def test_a_fresh_interpreter_sees_the_plugin(install):
     """Worker processes (paired perf mode, tools) resolve names through the same lazy loading."""
     path = install(
-        _KERNEL + "backend = attnkit.BackendSpec('under-test', kernel)\n", {"under-test": "toy_mod:backend"}
+        _KERNEL + "backend = attnkit.Backend('under-test', kernel)\n", {"under-test": "toy_mod:backend"}
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([path, *sys.path])}
     code = (

@@ -61,11 +61,11 @@ def supports(problem):
     return "no GQA" if problem.kv_heads != problem.q_heads else None
 '''
 
-PACKAGE_INIT = f"""from attnkit import BackendSpec
+PACKAGE_INIT = f"""from attnkit import Backend
 
 from perfkernel.kernel import attend, supports
 
-backend = BackendSpec({BACKEND!r}, attend, supports=supports, description="a test kernel")
+backend = Backend({BACKEND!r}, attend, supports=supports, description="a test kernel")
 """
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import attnkit
-from attnkit.registry import OWN_NAMES, get_backend
+from attnkit.builtins import builtin_names
+from attnkit.registry import get_backend
 from attnkit_perf.measure.cases import gpu_suite_cases
 from attnkit_perf.select.changes import changed_files
 from attnkit_perf.select.rules import DependencyMap, affected
@@ -63,13 +64,11 @@ def test_every_file_under_src_is_mapped_or_runs_everything(deps):
 def test_the_declared_roots_are_the_registered_backends_functions(deps):
     """The table's roots name the functions attnkit registers for each own backend."""
     table = deps.table["backends"]
-    for name in sorted(OWN_NAMES - {"auto"}):
-        if name not in attnkit.backend_names():
-            continue
+    for name in builtin_names():
         spec = table[name]
         spec = table.get(spec.get("same_as"), spec)
         backend = get_backend(name)
-        functions = [backend.run, backend.prepare, backend.device_support, backend.problem_support]
+        functions = [backend.fn, backend.run, backend.prepare, backend.device_support, backend.supports]
         for fn in filter(None, functions):
             fn = getattr(fn, "func", fn)
             if fn.__module__.startswith("attnkit.registry"):

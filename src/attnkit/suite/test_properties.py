@@ -151,7 +151,7 @@ def _skip_unless_windows(backend, device):
     problem = attention_problem(
         q_len=4, kv_len=4, head_dim=16, dtype=torch.float16, window=(1, 1), device=device
     )
-    reason = get_backend(backend).problem_support(problem)
+    reason = get_backend(backend).supports(problem)
     if reason is not None:
         pytest.skip(f"{backend} declines windows: {reason}")
 

@@ -152,7 +152,7 @@ def test_repeated_backward_is_bitwise_equal(attnkit_backend, attnkit_device):
     if not backend.is_deterministic(attnkit_device):
         pytest.skip(
             f"{attnkit_backend} does not declare deterministic on {attnkit_device.type} "
-            f"(BackendSpec.deterministic: {backend.deterministic})"
+            f"(Backend.deterministic: {backend.deterministic})"
         )
     limits = _limits(attnkit_backend, attnkit_device)
     ran = 0

@@ -140,11 +140,12 @@ def search(commits: list[str], good: str, compare: Compare, say: Callable[[str],
 def find_case(name: str):
     """The grid's benchmark called ``name`` (``BenchCase.name``), a backend registered through an
     entry point included, or a :class:`BisectError` naming the closest ones."""
+    from attnkit.builtins import builtin_names
     from attnkit.plugins import broken_entry_points
-    from attnkit.registry import OWN_NAMES, backend_names
+    from attnkit.registry import backend_names
     from attnkit_perf.run.backend_choice import grid_cases
 
-    plugins = [backend for backend in backend_names() if backend not in OWN_NAMES]
+    plugins = [backend for backend in backend_names() if backend not in builtin_names()]
     cases = [*grid_cases(None, gpu=True), *grid_cases(None, gpu=False)]
     if plugins:
         cases += [*grid_cases(plugins, gpu=True), *grid_cases(plugins, gpu=False)]

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from attnkit.registry import OWN_NAMES, backend_names, get_backend
+from attnkit.builtins import builtin_names
+from attnkit.registry import backend_names, get_backend
 from attnkit.testing.selection import named_backends
 from attnkit_perf.measure.cases import BenchCase, suite_cases
 from attnkit_perf.measure.repo import Repository, module_origin
@@ -26,7 +27,7 @@ def grid_backends(config: pytest.Config, repository: Repository | None) -> list[
         return named
     if repository is None or repository.own:
         return None
-    plugins = [name for name in backend_names() if name not in OWN_NAMES]
+    plugins = [name for name in backend_names() if name not in builtin_names()]
     paths = repository.paths()
     mine = [name for name in plugins if _module_in(get_backend(name).module, paths)]
     if not mine:
@@ -54,4 +55,4 @@ def grid_cases(backends: list[str] | None, gpu: bool) -> list[BenchCase]:
 def external_backends(backends: list[str] | None) -> tuple[str, ...]:
     """The backends of a run that are not attnkit's own: the code paired mode compares in a
     repository other than attnkit's."""
-    return tuple(name for name in backends or () if name not in OWN_NAMES)
+    return tuple(name for name in backends or () if name not in builtin_names())

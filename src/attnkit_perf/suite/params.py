@@ -56,7 +56,7 @@ def _backend_skip(case: BenchCase, session: PerfSession, standard: frozenset[str
     if backend in standard:
         return None  # attnkit's own: a decline shows when the case is built, as it always did
     problem = dataclasses.replace(case.problem, device=session.device)
-    reason = get_backend(backend).problem_support(problem)
+    reason = get_backend(backend).supports(problem)
     return f"backend {backend!r} declined {problem.describe()}: {reason}" if reason else None
 
 

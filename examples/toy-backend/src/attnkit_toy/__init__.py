@@ -1,11 +1,11 @@
 """A toy attention kernel registered with attnkit through its ``attnkit.backends`` entry point."""
 
-from attnkit import BackendSpec
+from attnkit import Backend
 
 from attnkit_toy.kernel import supports, toy_attention
 
 #: What the entry point names: attnkit registers it as the backend ``toy`` on first lookup.
-backend = BackendSpec(
+backend = Backend(
     "toy",
     toy_attention,
     supports=supports,
