@@ -6,7 +6,7 @@
 #
 # Steps (default: aa stored change:host-3us), each from cold caches (fresh Triton, Inductor and
 # attnkit caches under a scratch folder), each writing OUT/<step>/ (the gate's folder, its log,
-# its wall times), then OUT/summary.md (python -m attnkit_tools.acceptance):
+# its wall times), then OUT/summary.md (python -m attnkit_tools.gate.acceptance):
 #
 #   aa           the whole gate (.ci/gpu-gate.sh) on unchanged code against a copy of itself: a
 #                scratch clone of this tree whose head commit adds a comment to src/attnkit/api.py
@@ -17,8 +17,8 @@
 #                GPU model's committed baseline. Every row not same or faster is a false alarm.
 #   change:NAME  tests/perf/gate_changes/NAME.patch committed in a scratch clone, the whole gate
 #                run on it, then its true effect measured side by side on the cases its first
-#                line names (python -m attnkit_tools.ab_dobench: alternating fresh processes;
-#                python -m attnkit_tools.detection: the gate's verdict beside it). Passes when the
+#                line names (python -m attnkit_tools.gate.ab_dobench: alternating fresh processes;
+#                python -m attnkit_tools.gate.detection: the gate's verdict beside it). Passes when the
 #                gate failed on a row those cases name. (tests/perf/verify_gate_on_gpu.sh runs
 #                the same patches through paired mode alone, many times.)
 #
@@ -124,11 +124,11 @@ for step in "${steps[@]}"; do
                 (run cd "$tree" && limited env ATTNKIT_BASE="$base" bash .ci/gpu-gate.sh "$dir/gate")
                 gate=$?
                 read -r -a words < "$dir/cases"
-                run cd "$tree" && limited env PYTHONPATH="$tree/src" "$python" -m attnkit_tools.ab_dobench \
+                run cd "$tree" && limited env PYTHONPATH="$tree/src" "$python" -m attnkit_tools.gate.ab_dobench \
                     --base "$scratch/$name-base/src" --head "$tree/src" --match "${words[@]}" \
                     --rounds "${AB_ROUNDS:-3}" --out "$dir/ab.json" > "$dir/ab.txt"
                 if [ -f "$dir/ab.json" ] && [ -f "$dir/gate/verdict.json" ]; then
-                    run env PYTHONPATH="$tree/src" "$python" -m attnkit_tools.detection --effects "$dir/ab.json" \
+                    run env PYTHONPATH="$tree/src" "$python" -m attnkit_tools.gate.detection --effects "$dir/ab.json" \
                         --verdict "$dir/gate/verdict.json" --out "$dir/detection.md" > /dev/null
                 fi
                 exit "$gate" ;;
@@ -145,4 +145,4 @@ for step in "${steps[@]}"; do
 done
 [ "$dry" = 1 ] && { rm -rf "$scratch"; exit 0; }
 rm -rf "$scratch"
-PYTHONPATH=$root/src python3 -m attnkit_tools.acceptance "$out" "${folders[@]}"
+PYTHONPATH=$root/src python3 -m attnkit_tools.gate.acceptance "$out" "${folders[@]}"

@@ -2,7 +2,7 @@
 
 Dispatch is data. ``auto_tables/<gpu_key>.json`` holds, per *cell* (16-bit dtype, head dim,
 causal or not, sequence length, and whether the call is inference or a training step), each
-path's measured time and the fastest; it is written by ``python -m attnkit_tools.auto_table``
+path's measured time and the fastest; it is written by ``python -m attnkit_tools.tune.auto_table``
 on that GPU and committed with its provenance. At plan time (once per call signature) a problem
 that falls in a measured class gets its cell's paths, fastest first, ahead of the portable
 :data:`DEFAULT_ORDER`; every other problem, and every device without a table, gets the default

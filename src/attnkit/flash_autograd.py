@@ -13,7 +13,7 @@ backward:
 * eager with autograd: :class:`_FlashAttentionFunction`. Dispatching the torch.library op
   instead costs host time on every call: measured on the CPU with the Triton launches stubbed
   out (B=1 H=8 N=128 D=64 bf16), 18 us per call through this class against 52 us through the
-  op, and 11 us against 26 us with no gradient; ``python -m attnkit_tools.per_call`` measures it on a
+  op, and 11 us against 26 us with no gradient; ``python -m attnkit_tools.pages.per_call`` measures it on a
   GPU (row ``triton-op``);
 * under torch.compile: the ``attnkit::flash_forward`` op (:mod:`attnkit.ops`), which the
   compiler treats as one opaque node with a fake implementation and a registered backward.

@@ -8,8 +8,8 @@ Run in a lower precision, the same code is the yardstick of the tolerance rule
 FlashAttention's own low-precision reference does): q, k, v stay in their dtype, the scores and
 the softmax are computed in float32, and the weights P are rounded to the input dtype before
 P @ V. Keeping the softmax in float32 makes it 2-4x (median) more accurate than one in fp16/bf16
-(``python -m attnkit_tools.yardstick`` measures it), so the rule's multiple of its error is a tight bound; it
-also keeps scores such as 7e4 * q.k finite where fp16 would overflow to inf and then NaN.
+(``python -m attnkit_tools.pages.yardstick`` measures it), so the rule's multiple of its error is
+a tight bound; it also keeps scores such as 7e4 * q.k finite where fp16 would overflow to inf and then NaN.
 """
 
 from __future__ import annotations

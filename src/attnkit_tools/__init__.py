@@ -1,17 +1,14 @@
-"""Tools above the library and the gate, each run as ``python -m attnkit_tools.<name>``.
+"""Tools above the library and the gate, grouped by job; each is run as
+``python -m attnkit_tools.<job>.<tool>``:
 
-Pages in docs/<gpu>/ that a tool writes carry its command and the machine's provenance
-(:mod:`attnkit_tools.provenance`), and each renders again from its saved JSON without a GPU;
-``pages`` runs every page's tool for the GPU it runs on, in one command:
+* :mod:`~attnkit_tools.tune`: measure on this GPU the data the library reads (tile configs,
+  the ``auto`` dispatch table);
+* :mod:`~attnkit_tools.pages`: the generated pages of ``docs/<gpu>/``, and the command that
+  regenerates them all;
+* :mod:`~attnkit_tools.gate`: record the gate's baselines, and check the gate and its timing
+  against measurements made apart from it;
+* :mod:`~attnkit_tools.demo`: ``attnkit-demo``, every backend on one problem.
 
-* ``grid``: the Triton path against SDPA's flash and cuDNN (PERFORMANCE.md);
-* ``auto_table``: the table ``backend="auto"`` reads, and its check (AUTO.md, AUTO_CHECK.md);
-* ``per_call``: host cost per call against raw SDPA (PER_CALL.md);
-* ``decode_table``: decode / KV-cache throughput and the split-KV tile sweep (DECODE.md);
-* ``yardstick``: how strict the tolerance rule's yardstick is (YARDSTICK.md);
-* ``window_table``: sliding-window attention against full causal and masked SDPA;
-* ``profile``: Nsight Compute counters of Triton against cuDNN (PROFILE.md);
-* ``tune``: the Triton tile configs and the Gluon tiles and routed cells per GPU
-  (``tune_gluon``); ``timing_check``: the timing protocol's checks; ``ab_dobench``: two
-  checkouts timed side by side; ``detection``; ``demo``.
+What they time, they time as the gate does: cases, runners and the timing protocol come from the
+gate's bench layer, through its one public door (:mod:`attnkit_perf.bench`).
 """

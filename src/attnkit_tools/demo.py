@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch, attnkit and the gate load after the arguments parse: --help stays instant
     import torch
 
-    from attnkit_perf.measure.cases import BenchCase
+    from attnkit_perf.bench import BenchCase
 
-#: The benchmark cases' element types (the keys of :data:`attnkit_perf.measure.cases.DTYPES`, a
+#: The benchmark cases' element types (the keys of :data:`attnkit_perf.bench.DTYPES`, a
 #: module that imports torch), named here so that --help and a usage error need no torch.
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
 
@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import attnkit
     from attnkit.testing import compare_to_reference
-    from attnkit_perf.measure.cases import BenchCase, build_runner, make_inputs
-    from attnkit_perf.measure.timing import median_time_s, peak_extra_bytes
+    from attnkit_perf.bench import BenchCase, build_runner, make_inputs, median_time_s, peak_extra_bytes
 
     try:
         device = torch.device(args.device) if args.device else attnkit.registry.default_device()

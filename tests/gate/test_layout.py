@@ -95,10 +95,11 @@ def test_the_history_package_needs_no_torch_and_no_gate_internals():
 
 
 #: The gate's floors, lowest first: a part may import its own floor and those below. The stages
-#: know nothing of the run that sequences them; the pytest entry sits on the run; on top, the
-#: commands and the installed perf tests, each a leaf that no other part imports.
+#: (``bench``: the measuring stage's public door) know nothing of the run that sequences them;
+#: the pytest entry sits on the run; on top, the commands and the installed perf tests, each a
+#: leaf that no other part imports.
 GATE_FLOORS = (
-    ("measure", "decide", "report", "history"),
+    ("measure", "bench", "decide", "report", "history"),
     ("run",),
     ("plugin",),
     ("commands", "suite"),
@@ -258,8 +259,50 @@ def test_the_tools_use_only_public_names_of_the_library():
     assert not bad, "attnkit_tools imports private names of attnkit:\n" + "\n".join(bad)
 
 
+#: The jobs the tools are grouped by, each a package of attnkit_tools; beside them only the
+#: package's door and ``attnkit-demo``.
+TOOL_JOBS = ("gate", "pages", "tune")
+TOOL_LOOSE_MODULES = ("__init__.py", "demo.py")
+
+
+def test_the_tools_are_grouped_by_job():
+    """A tool lives in the package of its job (``attnkit_tools.pages.grid``), so the folder says
+    what each command is for; a module dropped beside the jobs is a drawer growing back."""
+    tools = SRC / "attnkit_tools"
+    folders = sorted(p.name for p in tools.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == sorted(TOOL_JOBS), f"attnkit_tools' packages are {folders}, want {sorted(TOOL_JOBS)}"
+    assert all((tools / job / "__init__.py").is_file() for job in TOOL_JOBS), "a job folder is not a package"
+    loose = sorted(p.name for p in tools.glob("*.py") if p.name not in TOOL_LOOSE_MODULES)
+    assert not loose, f"modules outside a job in attnkit_tools: {loose}: move each into {TOOL_JOBS}"
+
+
+#: What the measuring stage shows to code outside the gate: cases, runners, timing, the machine.
+BENCH_DOOR = "attnkit_perf.bench"
+
+
+@pytest.mark.parametrize("outside", ["attnkit_tools", "attnkit_perf/suite"])
+def test_code_outside_the_measuring_stage_times_through_the_bench_door(outside):
+    """The tools and the installed perf tests time with the gate's cases, runners and timing,
+    imported from :mod:`attnkit_perf.bench`, never from the modules of attnkit_perf.measure: those
+    can then be reshaped without breaking a command that regenerates the docs."""
+    files = _python_files(SRC / outside)
+    assert files, f"no source files under {SRC / outside}"
+    bad = [
+        f"{path.relative_to(REPO)}:{line} imports {module}"
+        for path in files
+        for line, module in _file_imports(path)
+        if module == "attnkit_perf.measure" or module.startswith("attnkit_perf.measure.")
+    ]
+    assert not bad, f"{outside} reaches into the measuring stage; import from {BENCH_DOOR}:\n" + "\n".join(
+        bad
+    )
+    assert any(module == BENCH_DOOR for path in files for _, module in _file_imports(path)), (
+        f"{outside} no longer imports {BENCH_DOOR}: the rule above checks nothing"
+    )
+
+
 def test_there_is_one_home_for_tools():
-    """Tools are modules of attnkit_tools, run as ``python -m attnkit_tools.<name>`` and tested;
+    """Tools are modules of attnkit_tools, run as ``python -m attnkit_tools.<job>.<tool>`` and tested;
     a loose scripts folder beside them would be a second home."""
     message = "a tools/ folder exists: make each script a tested module of attnkit_tools"
     assert not (REPO / "tools").exists(), message
@@ -283,7 +326,7 @@ def test_the_private_name_scan(module, private):
     [
         ("def f():\n    from ..attnkit_perf import gate\n", ("attnkit",), "attnkit_perf"),
         ("from . import registry\n", ("attnkit", "triton"), "attnkit.triton.registry"),
-        ("import attnkit_tools.grid as g\n", (), "attnkit_tools.grid"),
+        ("import attnkit_tools.pages.grid as g\n", (), "attnkit_tools.pages.grid"),
         ("from test_report import write\n", (), "test_report"),
     ],
 )

@@ -9,11 +9,11 @@
 #                  run paired mode against the unchanged tree on the cases the patch names in
 #                  its first line ("# cases: WORD ...": -k "WORD and ...", unless CHANGE_ARGS
 #                  is set), then measure the change's true effect side by side on those cases
-#                  (attnkit_tools.ab_dobench; AB=0 skips this)
+#                  (attnkit_tools.gate.ab_dobench; AB=0 skips this)
 #   base:DIR       paired mode with the base another checkout DIR (holding src/), e.g. an
 #                  earlier commit's `git archive REF src`: a real change, measured, then its
 #                  true effect with do_bench side by side on the cases named by BASE_MATCH
-#                  (words matched as in attnkit_tools.ab_dobench; unset: no do_bench)
+#                  (words matched as in attnkit_tools.gate.ab_dobench; unset: no do_bench)
 #   stored-record  record this GPU model's baseline (pytest tests/perf --attnkit-record)
 #   stored-pool:N  N recordings in fresh processes, pooled into the baseline and its spread
 #                  (python -m attnkit_perf.commands.pool; baselines/<gpu_key>/noise-stored.json)
@@ -85,10 +85,10 @@ for step in "$@"; do
       paired "base_$name" "$root/src" "$dir"
       if [ -n "${BASE_MATCH:-}" ]; then
         read -r -a words <<< "$BASE_MATCH"
-        limited python3 -m attnkit_tools.ab_dobench --base "$dir/src" --head "$root/src" --match "${words[@]}" \
+        limited python3 -m attnkit_tools.gate.ab_dobench --base "$dir/src" --head "$root/src" --match "${words[@]}" \
           --rounds 3 --out "$out/ab_base_$name.json" > "$out/ab_base_$name.txt" 2>&1
         log "$name -> this tree, true effect (ab_dobench: do_bench, or wall per call for loop cases; head/base):"; tee -a "$summary" < "$out/ab_base_$name.txt"
-        python3 -m attnkit_tools.detection --effects "$out/ab_base_$name.json" \
+        python3 -m attnkit_tools.gate.detection --effects "$out/ab_base_$name.json" \
           --verdict "$out/verdict_base_$name.json" --out "$out/detection_base_$name.md" | tee -a "$summary"
       fi ;;
     change:*)
@@ -105,10 +105,10 @@ for step in "$@"; do
       # shellcheck disable=SC2206
       extra=(${PERF_ARGS:-})
       if [ "${AB:-1}" != 0 ]; then
-        limited python3 -m attnkit_tools.ab_dobench --base "$work/clean/src" --head "$head/src" --match "${words[@]}" \
+        limited python3 -m attnkit_tools.gate.ab_dobench --base "$work/clean/src" --head "$head/src" --match "${words[@]}" \
           --rounds 3 --out "$out/ab_$name.json" > "$out/ab_$name.txt" 2>&1
         log "$name true effect (ab_dobench: do_bench, or wall per call for loop cases; head/base):"; tee -a "$summary" < "$out/ab_$name.txt"
-        python3 -m attnkit_tools.detection --effects "$out/ab_$name.json" --verdict "$out/verdict_change_$name.json" \
+        python3 -m attnkit_tools.gate.detection --effects "$out/ab_$name.json" --verdict "$out/verdict_change_$name.json" \
           --out "$out/detection_$name.md" | tee -a "$summary"
       fi ;;
     stored-record)

@@ -1,10 +1,10 @@
-"""attnkit_tools.ab_dobench's command line (CPU only: no side is started)."""
+"""attnkit_tools.gate.ab_dobench's command line (CPU only: no side is started)."""
 
 from __future__ import annotations
 
 import pytest
 
-from attnkit_tools import ab_dobench
+from attnkit_tools.gate import ab_dobench
 
 
 def test_match_words_no_case_contains_are_an_error_before_any_side_runs(capsys, monkeypatch, tmp_path):

@@ -1,5 +1,5 @@
 """The GPU acceptance command (.ci/gpu-acceptance.sh) on the CPU: its arguments, its dry run,
-and the summary it writes from the files a step leaves (attnkit_tools.acceptance)."""
+and the summary it writes from the files a step leaves (attnkit_tools.gate.acceptance)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from attnkit_tools import acceptance
+from attnkit_tools.gate import acceptance
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ".ci" / "gpu-acceptance.sh"
@@ -27,7 +27,7 @@ def test_a_dry_run_prints_each_steps_commands_and_runs_nothing(tmp_path):
     assert "env ATTNKIT_SELECT=all ATTNKIT_BASE=HEAD bash .ci/gpu-gate.sh" in text
     assert "pytest tests/perf -p no:cacheprovider --benchmark-compare" in text
     assert "patch -s -p1 -i " + str(ROOT / "tests/perf/gate_changes/fwd-workspace.patch") in text
-    assert "-m attnkit_tools.ab_dobench" in text and "--match triton fwd" in text
+    assert "-m attnkit_tools.gate.ab_dobench" in text and "--match triton fwd" in text
     fresh = [line for line in text.splitlines() if line.startswith("+ mkdir -p ") and "/cache-" in line]
     assert len(fresh) == 4 and all("/triton " in line and line.endswith("/inductor") for line in fresh), (
         "every step gets fresh attnkit, Triton and Inductor caches"

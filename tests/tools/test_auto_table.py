@@ -11,7 +11,7 @@ import torch
 
 from attnkit.auto import AutoTable
 from attnkit.inputs import check_inputs
-from attnkit_tools import auto_table
+from attnkit_tools.tune import auto_table
 
 INFO = {"gpu_key": "test-gpu", "device_name": "Test GPU", "driver": "1", "commit": "abc1234"}
 MEASURED = [

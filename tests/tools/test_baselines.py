@@ -1,4 +1,4 @@
-"""The one-command baseline refresh (attnkit_tools.baselines): how it shares a machine, how it
+"""The one-command baseline refresh (attnkit_tools.gate.baselines): how it shares a machine, how it
 joins the parts, and a dry run of the whole path on the CPU smoke grid (recordings split over
 two slots, A/A runs merged, pooling, the noise file, schema and coverage checks)."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from attnkit_perf.decide import noise
 from attnkit_perf.decide.baseline import load_baseline
-from attnkit_tools.baselines import BaselineError, Slot, join_recordings, main, make_slots, split_cores
+from attnkit_tools.gate.baselines import BaselineError, Slot, join_recordings, main, make_slots, split_cores
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""attnkit_tools.decode_table: the page rendered from a saved result with its provenance, and
+"""attnkit_tools.pages.decode_table: the page rendered from a saved result with its provenance, and
 the command line (CPU only: nothing is timed)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit_tools import decode_table
+from attnkit_tools.pages import decode_table
 
 DATA = Path(__file__).parent / "data"
 
@@ -20,7 +20,7 @@ def test_a_saved_result_renders_with_its_provenance_and_every_row(saved, tmp_pat
     page_path = tmp_path / "DECODE.md"
     assert decode_table.main(["--from-json", str(DATA / saved), "--md", str(page_path)]) == 0
     page = page_path.read_text()
-    assert "Produced by `python -m attnkit_tools.decode_table --out decode.json --md " in page
+    assert "Produced by `python -m attnkit_tools.pages.decode_table --out decode.json --md " in page
     for key in ("device_name", "driver", "cuda", "torch", "triton", "commit"):
         assert f"| {key} | {result['provenance'][key]} |" in page, f"provenance {key} missing"
     for b, n, m in decode_table.TABLE_ROWS:

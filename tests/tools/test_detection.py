@@ -1,4 +1,4 @@
-"""attnkit_tools.detection: a change's true effect joined with the gate's verdict on it (CPU only)."""
+"""attnkit_tools.gate.detection: a change's true effect joined with the gate's verdict on it (CPU only)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from attnkit_perf.decide import gate
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.run.session import describe
-from attnkit_tools import detection
+from attnkit_tools.gate import detection
 
 T = gate.Thresholds()
 #: sequence length of a synthetic benchmark -> the true effect of the change on it

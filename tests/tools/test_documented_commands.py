@@ -1,5 +1,5 @@
-"""Every ``python -m`` command the docs, the README and the CI scripts name exists and answers
-``--help``: a renamed or moved module fails here, not in a reader's shell."""
+"""Every ``python -m`` command the docs, the README, the CI scripts and workflows name exists and
+answers ``--help``: a renamed or moved module fails here, not in a reader's shell."""
 
 from __future__ import annotations
 
@@ -39,7 +39,14 @@ print(json.dumps(answers))
 
 
 def documented_modules() -> list[str]:
-    sources = [ROOT / "README.md", ROOT / "tox.ini", *ROOT.glob("docs/*.md"), *ROOT.glob(".ci/*.sh")]
+    sources = [
+        ROOT / "README.md",
+        ROOT / "tox.ini",
+        *ROOT.glob("docs/*.md"),
+        *ROOT.glob(".ci/*.sh"),
+        *ROOT.glob("tests/perf/*.sh"),
+        *ROOT.glob(".github/workflows/*.yml"),
+    ]
     return sorted({name for path in sources for name in COMMAND.findall(path.read_text())})
 
 
@@ -55,7 +62,8 @@ def help_answers() -> dict:
 
 
 def test_the_docs_name_commands():
-    assert {"attnkit_perf.select", "attnkit_tools.pages"} <= set(documented_modules())
+    named = set(documented_modules())
+    assert {"attnkit_perf.select", "attnkit_tools.pages.regenerate", "attnkit_tools.gate.ab_dobench"} <= named
 
 
 @pytest.mark.parametrize("module", documented_modules())

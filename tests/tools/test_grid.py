@@ -1,4 +1,4 @@
-"""attnkit_tools.grid: the performance page rendered from saved rows with no GPU, the floor
+"""attnkit_tools.pages.grid: the performance page rendered from saved rows with no GPU, the floor
 marked, and a run with no GPU refused (CPU only)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit_tools import grid
+from attnkit_tools.pages import grid
 
 DATA = Path(__file__).parent / "data"
 
@@ -23,7 +23,7 @@ def test_the_page_renders_from_saved_rows_with_its_provenance(saved, tmp_path):
     for key in ("device_name", "driver", "cuda", "torch", "triton", "commit"):
         assert f"| {key} | {rows['provenance'][key]} |" in page, f"provenance {key} missing"
     # The page names no scratch path: the report's own file name, outside the working directory.
-    assert "Produced by `python -m attnkit_tools.grid --out PERFORMANCE.md`" in page
+    assert "Produced by `python -m attnkit_tools.pages.grid --out PERFORMANCE.md`" in page
     first = rows["rows"][0]  # D=64 fwd full N=1024: triton TFLOP/s and both ratios
     cell = f"{first['triton']:.0f} ({first['triton'] / first['sdpa-flash']:.2f}x, "
     assert f"| 64 | fwd | no | {cell}" in page, f"{cell!r} not in the D=64 forward row"

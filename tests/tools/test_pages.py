@@ -1,4 +1,4 @@
-"""attnkit_tools.pages: the plan of every generated page (each tool's arguments accepted by
+"""attnkit_tools.pages.regenerate: the plan of every generated page (each tool's arguments accepted by
 that tool, every page under docs/<gpu>/, the estimated schedule inside the time limit), the
 runner's order, failures and deadline, and the CPU smoke run writing real pages (CPU only)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attnkit_tools import gpu_jobs, pages
+from attnkit_tools.pages import gpu_jobs, regenerate
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "nvidia-h200"
@@ -22,13 +22,13 @@ SAVED = Path(__file__).parent / "data"
 
 
 def _plan(tmp_path, smoke=False):
-    return pages.plan_jobs(REPO / "docs", KEY, tmp_path, smoke=smoke, saved=SAVED if smoke else None)
+    return regenerate.plan_jobs(REPO / "docs", KEY, tmp_path, smoke=smoke, saved=SAVED if smoke else None)
 
 
 def test_every_page_is_written_under_its_gpu_folder_and_nothing_outside(tmp_path):
     jobs = _plan(tmp_path)
     written = {page for job in jobs for page in job.pages}
-    assert written == set(pages.PAGES)
+    assert written == set(regenerate.PAGES)
     allowed = (REPO / "docs" / KEY, REPO / "src" / "attnkit" / "auto_tables", tmp_path)
     for job in jobs:
         for step in job.steps:
@@ -39,7 +39,7 @@ def test_every_page_is_written_under_its_gpu_folder_and_nothing_outside(tmp_path
                     ), f"{job.name} writes or reads {arg}"
     order = {job.name: job.after for job in jobs}
     assert order["auto_check"] == ("auto",), "the check must read the table written just before"
-    assert set(order["performance"]) == set(pages.GRID_PARTS)
+    assert set(order["performance"]) == set(regenerate.GRID_PARTS)
 
 
 class _Parsed(Exception):
@@ -112,10 +112,10 @@ def test_the_smoke_run_writes_every_page_with_provenance_and_no_scratch_path(tmp
     """The CPU run of the same runner: real subprocesses of every tool (measuring at tiny
     sizes where a CPU can, rendering saved measurements where it cannot)."""
     docs = tmp_path / "docs"
-    assert pages.main(["--smoke", "--saved", str(SAVED), "--docs", str(docs)]) == 0
+    assert regenerate.main(["--smoke", "--saved", str(SAVED), "--docs", str(docs)]) == 0
     folder = next(docs.iterdir())
     written = {p.name for p in folder.glob("*.md")}
-    assert written == set(pages.PAGES) - {"PROFILE.md"}, written
+    assert written == set(regenerate.PAGES) - {"PROFILE.md"}, written
     for page in folder.glob("*.md"):
         text = page.read_text()
         assert re.search(r"commit", text), f"{page.name} names no commit"
@@ -137,12 +137,15 @@ def test_every_relative_link_in_the_docs_resolves():
 
 
 def test_a_page_names_no_scratch_path(monkeypatch, tmp_path):
-    from attnkit_tools.provenance import produced_by, provenance_table, public_path
+    from attnkit_tools.pages.provenance import produced_by, provenance_table, public_path
 
     monkeypatch.chdir(tmp_path)
     inside = tmp_path / "docs" / "nvidia-h200" / "PER_CALL.md"
-    command = produced_by("per_call", ["--out", "/tmp/w/per_call.json", "--md", inside])
-    assert command == "python -m attnkit_tools.per_call --out per_call.json --md docs/nvidia-h200/PER_CALL.md"
+    command = produced_by("pages.per_call", ["--out", "/tmp/w/per_call.json", "--md", inside])
+    assert (
+        command
+        == "python -m attnkit_tools.pages.per_call --out per_call.json --md docs/nvidia-h200/PER_CALL.md"
+    )
     rows = provenance_table(
         {"compiled_call_memo": "on: /root/.cache/attnkit/x/fast_calls.so", "ratio": "3/4"}
     )

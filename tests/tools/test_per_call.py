@@ -1,4 +1,4 @@
-"""attnkit_tools.per_call: targets decided on saved paired comparisons, the page rendered from a
+"""attnkit_tools.pages.per_call: targets decided on saved paired comparisons, the page rendered from a
 saved report with its provenance, and the command line (CPU only: nothing is timed)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from attnkit_tools import per_call, per_call_report
+from attnkit_tools.pages import per_call, per_call_report
 
 PROVENANCE = {"device_name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "cuda": "13.0",
               "torch": "2.11.0+cu130", "triton": "3.6.0", "commit": "abc1234"}  # fmt: skip
@@ -44,7 +44,7 @@ ROWS = [
     },
     {"size": "B1-H8-N128-D64", "pass": "fwd", "path": "sdpa-cudnn", "error": "no kernel for this input"},
 ]
-COMMAND = "python -m attnkit_tools.per_call --out p.json"
+COMMAND = "python -m attnkit_tools.pages.per_call --out p.json"
 REPORT = {"provenance": PROVENANCE, "python": "3.12.3", "direct_launches": True, "fast_calls": "on",
           "rows": ROWS, "paired": PAIRED, "command": COMMAND}  # fmt: skip
 
@@ -70,7 +70,7 @@ def test_the_absolute_triton_limit_holds_only_for_the_small_forward():
 
 def test_the_page_carries_the_command_and_the_provenance():
     page = per_call_report.markdown(REPORT, REPORT["command"])
-    assert "Produced by `python -m attnkit_tools.per_call --out p.json`" in page
+    assert "Produced by `python -m attnkit_tools.pages.per_call --out p.json`" in page
     for key, value in PROVENANCE.items():
         assert f"| {key} | {value} |" in page, f"provenance {key} missing from the page"
     assert "| python | 3.12.3 |" in page and "| compiled_call_memo | on |" in page

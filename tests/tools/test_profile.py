@@ -1,4 +1,4 @@
-"""attnkit_tools.profile: ncu's raw CSV mapped back to the cases and summed per cell (CPU only)."""
+"""attnkit_tools.pages.profile: ncu's raw CSV mapped back to the cases and summed per cell (CPU only)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from attnkit_tools import profile
+from attnkit_tools.pages import profile
 
 TIME = "gpu__time_duration.sum"
 PIPE = "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"

@@ -1,4 +1,4 @@
-"""attnkit_tools.tune's choice among timed candidates (CPU only: no kernel runs)."""
+"""attnkit_tools.tune.configs's choice among timed candidates (CPU only: no kernel runs)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from attnkit.triton.gluon.config import (
     packaged_section,
     routed_cells,
 )
-from attnkit_tools.tune import _label, closest_to_best
-from attnkit_tools.tune import main as tune_main
-from attnkit_tools.tune_gluon import carried_section, merge_measured, routed_from, write_families
+from attnkit_tools.tune.configs import _label, closest_to_best
+from attnkit_tools.tune.configs import main as tune_main
+from attnkit_tools.tune.gluon import carried_section, merge_measured, routed_from, write_families
 
 SEQ_LENS = (1024, 4096, 16384)
 SPRINTER = KernelConfig(128, 128, 8, 3)  # fastest at the longest length, poor at the shortest
@@ -109,7 +109,7 @@ def test_the_packaged_tables_carry_the_h100_gluon_measurement():
 
 
 def test_a_gluon_candidate_that_fails_to_compile_or_is_wrong_is_recorded_not_timed(monkeypatch):
-    from attnkit_tools import tune_gluon
+    from attnkit_tools.tune import gluon as tune_gluon
 
     def rule(head_dim, causal, cfg):
         if cfg.consumers == 3:
@@ -144,7 +144,7 @@ KERNEL_MEASURED = {
 
 @pytest.mark.parametrize(("d", "causal"), list(KERNEL_MEASURED))
 def test_the_backward_candidates_hold_the_measured_config_and_its_neighbours(d, causal):
-    from attnkit_tools import tune_gluon
+    from attnkit_tools.tune import gluon as tune_gluon
 
     tried = [tune_gluon.BACKWARD_CANDIDATES[label] for label in tune_gluon.backward_candidates(causal)]
     measured = KERNEL_MEASURED[d, causal]
@@ -183,7 +183,7 @@ def test_the_recorded_backward_is_written_for_the_h200_only(tmp_path):
 
 
 def test_a_measured_backward_replaces_the_recorded_one_and_its_provenance(tmp_path):
-    from attnkit_tools.tune_gluon import recorded_backward
+    from attnkit_tools.tune.gluon import recorded_backward
 
     section = {
         "provenance": {"gpu_key": "nvidia-h200", "commit": "f"},
@@ -253,8 +253,9 @@ def test_the_backward_measurement_keeps_the_closest_candidate_and_routes_where_i
     import attnkit.triton.gluon as gluon
     import attnkit.triton.gluon.backward_launch as backward_launch
     import attnkit.triton.launch as triton_launch
-    import attnkit_perf.measure.machine as machine
-    from attnkit_tools import ranking, tune_gluon
+    import attnkit_perf.bench as bench
+    from attnkit_tools.tune import gluon as tune_gluon
+    from attnkit_tools.tune import ranking
 
     lengths = tune_gluon.ROUTING_SEQ_LENS
     plain = dict(zip(lengths, (1.0, 2.0, 4.0, 8.0, 16.0), strict=True))
@@ -283,7 +284,7 @@ def test_the_backward_measurement_keeps_the_closest_candidate_and_routes_where_i
         return n, n, n, n, (head_dim, causal)
 
     monkeypatch.setattr(gluon, "unavailable_reason", lambda: None)
-    monkeypatch.setattr(machine, "provenance", lambda device: {"gpu_key": "fake"})
+    monkeypatch.setattr(bench, "provenance", lambda device: {"gpu_key": "fake"})
     monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
     monkeypatch.setattr(ranking, "tuning_inputs", fake_inputs)
     monkeypatch.setattr(triton_launch, "launch_setup", lambda problem: None)

@@ -1,4 +1,4 @@
-"""attnkit_tools.window_table: the checks computed from timed cells, the page with its
+"""attnkit_tools.pages.window_table: the checks computed from timed cells, the page with its
 provenance, and the command line (CPU only: nothing is timed)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit_tools import window_table
+from attnkit_tools.pages import window_table
 
 SIZES = [4096, 8192]
 
@@ -46,11 +46,11 @@ def test_the_page_carries_the_command_provenance_and_skipped_cells():
     listed = [{"label": lab, "pass": p, "N": n, **cell} for (lab, p, n), cell in cells.items()]
     prov = {"device_name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "cuda": "13.0",
             "torch": "2.11.0", "triton": "3.6.0", "commit": "abc1234"}  # fmt: skip
-    report = {"command": "python -m attnkit_tools.window_table --out w", "provenance": prov,
+    report = {"command": "python -m attnkit_tools.pages.window_table --out w", "provenance": prov,
               "shape": {"heads": 16, "head_dim": 128, "dtype": "bf16", "window": [1024, 0]},
               "sizes": SIZES, "cells": listed, "checks": window_table.checks(cells, SIZES)}  # fmt: skip
     page = window_table.markdown(report)
-    assert "Produced by `python -m attnkit_tools.window_table --out w`" in page
+    assert "Produced by `python -m attnkit_tools.pages.window_table --out w`" in page
     for key, value in prov.items():
         assert f"| {key} | {value} |" in page, f"provenance {key} missing"
     assert "| 8192 | 2.200 (100) | 12.000 (300) | skipped | 4.400 (50) |" in page

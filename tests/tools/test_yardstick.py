@@ -1,4 +1,4 @@
-"""attnkit_tools.yardstick: the dtype-softmax naive path, the summary table from fixed rows, the
+"""attnkit_tools.pages.yardstick: the dtype-softmax naive path, the summary table from fixed rows, the
 page with its provenance, and the command line (CPU only)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attnkit
-from attnkit_tools import yardstick
+from attnkit_tools.pages import yardstick
 
 
 def test_the_dtype_softmax_path_is_attention_in_float64():
@@ -41,10 +41,10 @@ def test_the_summary_reads_looseness_multiples_and_failures_from_the_rows():
 def test_the_page_carries_the_command_and_provenance():
     info = {"device_name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "cuda": "13.0",
             "torch": "2.11.0", "triton": "3.6.0", "commit": "abc1234"}  # fmt: skip
-    page = yardstick.page("TABLE", info, "python -m attnkit_tools.yardstick --seeds 3", 3)
+    page = yardstick.page("TABLE", info, "python -m attnkit_tools.pages.yardstick --seeds 3", 3)
     assert page.startswith("# The tolerance rule's yardstick\n")
     assert (
-        f"Produced by `python -m attnkit_tools.yardstick --seeds 3`: {len(yardstick.PROBLEMS)} problems"
+        f"Produced by `python -m attnkit_tools.pages.yardstick --seeds 3`: {len(yardstick.PROBLEMS)} problems"
         in page
     )
     for key, value in info.items():

@@ -17,7 +17,8 @@ The tolerance rule (FlashAttention's): a path's error against the float64 oracle
   as FlashAttention's low-precision reference does: scores and softmax in float32, the weights
   rounded to the dtype before P @ V (:mod:`attnkit.reference`). A softmax in fp16/bf16 would be
   2-4x less accurate (median; up to ~95x on large logits) and the same factors would admit that
-  much more error: ``python -m attnkit_tools.yardstick`` measures it, docs/<gpu>/YARDSTICK.md has the table.
+  much more error: ``python -m attnkit_tools.pages.yardstick`` measures it, docs/<gpu>/YARDSTICK.md
+  has the table.
 * ``factor`` is 2 for the output and 3 for gradients. Output: 2x leaves room for a different
   summation order (online softmax rescaling, blocked accumulation). Gradients pass through two
   more matmuls (dS = P * (dP - delta), then dS @ K or dS^T @ Q), each rounding in a different

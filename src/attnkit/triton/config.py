@@ -2,7 +2,7 @@
 
 Configuration is data. ``configs/<gpu_key>.json`` holds, per *shape family* (dtype class, padded
 head dim, causal or not), the tile shape of each of the three kernels; the table is written by
-``python -m attnkit_tools.tune`` on that GPU and committed. At run time the table is read once
+``python -m attnkit_tools.tune.configs`` on that GPU and committed. At run time the table is read once
 (no autotuning at import or per call), so a perf gate always times the same kernels. A GPU with
 no table, or a family missing from it, gets :func:`default_config`, which only promises to fit
 in ~96 KB of shared memory and to be correct.

@@ -42,7 +42,7 @@ class DecodeConfig:
     see :mod:`attnkit.triton.decode_kernels`).
 
     The tile (32 keys, 4 warps, 3 stages, 2 programs per SM) is the one closest to the best on
-    every shape of ``python -m attnkit_tools.decode_table --sweep``: 48 configs timed from CUDA
+    every shape of ``python -m attnkit_tools.pages.decode_table --sweep``: 48 configs timed from CUDA
     graph replays on an H100 80GB HBM3 (torch 2.11, triton 3.6) over 8 shapes of B 1..8,
     N 1..16, M 4K..128K (Hq 32, Hkv 8, D 128, bf16), it took x1.019 of each shape's best time
     on geometric mean. A 64-key, 2-stage tile took x1.071 and read 64% of the copy bandwidth at
@@ -64,8 +64,8 @@ class DecodeConfig:
 DEFAULT_DECODE_CONFIG = DecodeConfig()
 #: The tile through a block table: a key block there waits on its page's table entry, which
 #: favours longer blocks and more programs than the contiguous cache. Closest to the best of
-#: ``python -m attnkit_tools.decode_table --sweep-paged`` on the H100 (x1.036 of the best on average); the
-#: contiguous tile took x1.10 there.
+#: ``python -m attnkit_tools.pages.decode_table --sweep-paged`` on the H100 (x1.036 of the best on
+#: average); the contiguous tile took x1.10 there.
 DEFAULT_PAGED_DECODE_CONFIG = DecodeConfig(block_n=64, num_stages=2, programs_per_sm=4)
 
 

@@ -16,7 +16,7 @@ an entry there and a branch in :class:`attnkit.triton.PlannedKernels`, which run
 names. The Gluon backward, for example, is: its problem rule in
 :data:`attnkit.triton.gluon.support.PASS_SUPPORT` (``"backward"``), ``"backward"`` in
 :data:`attnkit.triton.gluon.config.PASSES` (its configs and routed cells in each GPU's table,
-measured by ``python -m attnkit_tools.tune --gluon --passes backward``),
+measured by ``python -m attnkit_tools.tune.configs --gluon --passes backward``),
 ``("gluon", partial(routed, pass_name="backward"))`` in :data:`BACKWARD_KINDS`, and
 ``PlannedKernels.backward`` launching it. A planned Gluon pass runs only on tensors the Gluon
 layout rule accepts (:func:`attnkit.triton.gluon.support.layout_ok`; for the backward also a

@@ -14,8 +14,7 @@ import torch
 
 import attnkit
 from attnkit.registry import get_backend
-from attnkit_perf.measure.cases import AUTO_BACKEND, BenchCase, gpu_suite_cases
-from attnkit_perf.measure.timing import gpu_time_clock
+from attnkit_perf.bench import AUTO_BACKEND, BenchCase, gpu_suite_cases, gpu_time_clock
 from attnkit_perf.plugin import SESSION
 from attnkit_perf.run.session import PerfSession
 

@@ -1,7 +1,7 @@
 """Tile and register configuration of the Gluon Hopper kernels, and the cells they are routed
 in, as per-GPU data: the ``gluon`` section of the Triton config table
 (``attnkit/triton/configs/<gpu_key>.json``, :mod:`attnkit.triton.config`), written by
-``python -m attnkit_tools.tune --gluon`` on that GPU and committed.
+``python -m attnkit_tools.tune.configs --gluon`` on that GPU and committed.
 
 The section holds, per pass (``forward``, ``backward``), one config per
 cell (:func:`cell_key`: head dim and causal, e.g. ``d128-causal``), and under ``routed`` the

@@ -1,6 +1,6 @@
-"""The per-call report of :mod:`attnkit_tools.per_call`: targets decided on the paired
+"""The per-call report of :mod:`attnkit_tools.pages.per_call`: targets decided on the paired
 comparisons, the console table and the Markdown page (docs/<gpu>/PER_CALL.md). No GPU needed: a saved
-report renders again with ``python -m attnkit_tools.per_call --from-json FILE --md PAGE``.
+report renders again with ``python -m attnkit_tools.pages.per_call --from-json FILE --md PAGE``.
 
 The targets, each decided on the 95% bootstrap interval of a paired median (PASS when the whole
 interval meets the target, FAIL when none of it does, UNCLEAR otherwise):
@@ -12,7 +12,7 @@ interval meets the target, FAIL when none of it does, UNCLEAR otherwise):
 
 from __future__ import annotations
 
-from attnkit_tools.provenance import provenance_table
+from attnkit_tools.pages.provenance import provenance_table
 
 #: The targets' pairs: attnkit path -> its raw counterpart (the same kernel, forced once outside
 #: the loop; PyTorch's choice for ``sdpa`` and ``triton``).
@@ -90,7 +90,7 @@ def console_table(rows: list[dict]) -> str:
 def markdown(report: dict, command: str) -> str:
     """The report as a page: the command and provenance, the paired comparisons, the targets
     decided again from them (the rule is this module's), then each row's least-of-loops host,
-    wall and GPU time. ``report``: what :func:`attnkit_tools.per_call.run` returns."""
+    wall and GPU time. ``report``: what :func:`attnkit_tools.pages.per_call.run` returns."""
     lines = [
         "# Per-call cost against raw SDPA",
         "",

@@ -1,6 +1,6 @@
-"""Checks of the timing protocol, run on a GPU: ``python -m attnkit_tools.timing_check OUT.json``.
+"""Checks of the timing protocol, run on a GPU: ``python -m attnkit_tools.gate.timing_check OUT.json``.
 
-1. Agreement: for each case, the median of the suite's protocol (:mod:`attnkit_perf.measure.timing`)
+1. Agreement: for each case, the median of the suite's protocol (:mod:`attnkit_perf.bench`)
    against ``triton.testing.do_bench``'s median, measured alternately (A B A B) so slow drift
    cancels. The suite's medians should agree within ~5% for kernels over 50 us.
 2. Noise: a few kernels measured back to back many times, each time preceded by the
@@ -16,9 +16,14 @@ import sys
 
 import torch
 
-from attnkit_perf.measure.calibration import measure_calibration
-from attnkit_perf.measure.cases import BenchCase, build_runner
-from attnkit_perf.measure.timing import L2Flusher, measure_samples, warm_up_and_plan
+from attnkit_perf.bench import (
+    BenchCase,
+    L2Flusher,
+    build_runner,
+    measure_calibration,
+    measure_samples,
+    warm_up_and_plan,
+)
 
 AGREEMENT_CASES = [
     BenchCase("sdpa-flash", "fwd", 4, 16, 16, 4096, 128, True),

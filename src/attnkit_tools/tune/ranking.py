@@ -1,5 +1,6 @@
 """What every tuner ranks candidates with: the inputs of one tuning point and the time-over-best
-rule (:mod:`attnkit_tools.tune`, :mod:`attnkit_tools.tune_gluon`, :mod:`attnkit_tools.decode_table`)."""
+rule (:mod:`attnkit_tools.tune.configs`, :mod:`attnkit_tools.tune.gluon`,
+:mod:`attnkit_tools.pages.decode_table`)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def tuning_inputs(dtype, head_dim, causal, seq_len, batch=4):
 def time_over_best(times: dict) -> dict:
     """{candidate: geometric mean over the points of its time / the best candidate's time at
     that point} from ``times`` = {candidate: {point: time}}, every candidate timed at the same
-    points. The ranking rule of every config choice here and in ``attnkit_tools.decode_table``."""
+    points. The ranking rule of every config choice here and in ``attnkit_tools.pages.decode_table``."""
     points = next(iter(times.values()), {})
     best = {n: min(per_point[n] for per_point in times.values()) for n in points}
     return {

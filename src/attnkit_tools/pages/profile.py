@@ -1,11 +1,12 @@
 """Hardware counters of the Triton kernels and cuDNN's side by side, through Nsight Compute.
 
-    python -m attnkit_tools.profile list --cases cases.json
+    python -m attnkit_tools.pages.profile list --cases cases.json
     ncu --clock-control none --profile-from-start off --csv --page raw \\
         --section SpeedOfLight --section Occupancy --section LaunchStats \\
         --section WarpStateStats --section ComputeWorkloadAnalysis \\
-        python -m attnkit_tools.profile run > counters.csv
-    python -m attnkit_tools.profile summarize counters.csv --cases cases.json --out docs/<gpu>/PROFILE.md
+        python -m attnkit_tools.pages.profile run > counters.csv
+    python -m attnkit_tools.pages.profile summarize counters.csv --cases cases.json \\
+        --out docs/<gpu>/PROFILE.md
 
 Each case is a path x pass x head dim x causal x sequence length at the grid's shape (B=4,
 H*D=2048, bf16). ``--seq-lens`` defaults to the long lengths where the kernels, not launches,
@@ -59,7 +60,7 @@ def run(cases_out: str | None, seq_lens=SEQ_LENS) -> int:
     kernels (torch.profiler) into that file."""
     import torch
 
-    from attnkit_perf.measure.cases import BenchCase, build_runner
+    from attnkit_perf.bench import BenchCase, build_runner
 
     cases = []
     for pass_name, head_dim, causal, seq_len, path in itertools.product(
@@ -91,7 +92,7 @@ def run(cases_out: str | None, seq_lens=SEQ_LENS) -> int:
         cases.append({"case": name, "kernels": kernels})
         print(f"{name}: {len(kernels)} kernels: {kernels}", file=sys.stderr)
     if cases_out is not None:
-        from attnkit_perf.measure.machine import provenance
+        from attnkit_perf.bench import provenance
 
         with open(cases_out, "w") as f:
             json.dump({"provenance": provenance(torch.device("cuda")), "cases": cases}, f, indent=1)
@@ -220,7 +221,7 @@ def summarize(counters_csv: str, cases_json: str) -> str:
     out = [
         "# Triton against cuDNN under Nsight Compute",
         "",
-        "Produced by `python -m attnkit_tools.profile` (list, run under ncu, summarize; see its "
+        "Produced by `python -m attnkit_tools.pages.profile` (list, run under ncu, summarize; see its "
         "docstring). bf16, B=4, H*D=2048, one call of each case; durations are ncu's (each kernel "
         "replayed alone, caches flushed, clocks not locked), so they read higher than "
         "the grid's timings (PERFORMANCE.md).",

@@ -1,8 +1,8 @@
 """How the gate's verdict on a code change compares with the change's true effect.
 
-    python -m attnkit_tools.detection --effects ab.json --verdict verdict.json [--out table.md]
+    python -m attnkit_tools.gate.detection --effects ab.json --verdict verdict.json [--out table.md]
 
-``ab.json`` comes from :mod:`attnkit_tools.ab_dobench` (do_bench medians of base and head in
+``ab.json`` comes from :mod:`attnkit_tools.gate.ab_dobench` (do_bench medians of base and head in
 alternating fresh processes), ``verdict.json`` from a paired run of the same change. Per
 benchmark found in both: the true effect, the gate's outcome and ratio; then, per band of true
 effect, how many benchmarks the gate failed. A gate that works fails every benchmark well above
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from attnkit_perf.decide.formats import FormatError
 from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
-from attnkit_tools.ab_dobench import read_effects
+from attnkit_tools.gate.ab_dobench import read_effects
 
 #: Bands of true effect (head/base), lower bounds; each band runs to the next one's.
 BANDS = (0.0, 1.01, 1.02, 1.03, 1.05)
@@ -72,9 +72,9 @@ def render(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m attnkit_tools.detection", description=__doc__.splitlines()[0]
+        prog="python -m attnkit_tools.gate.detection", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--effects", required=True, help="attnkit_tools.ab_dobench --out file")
+    parser.add_argument("--effects", required=True, help="attnkit_tools.gate.ab_dobench --out file")
     parser.add_argument("--verdict", required=True, help="the paired run's --attnkit-verdict-json file")
     parser.add_argument("--out", help="also write the tables here (Markdown)")
     args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 """The Gluon section of a config table (:mod:`attnkit.triton.gluon.config`): measured on this
-GPU by ``python -m attnkit_tools.tune --gluon``, or carried over from another GPU's table by
+GPU by ``python -m attnkit_tools.tune.configs --gluon``, or carried over from another GPU's table by
 ``--gluon-carry-over``.
 
 Measured, per cell (head dim 64 and 128, causal or not; bf16, H*D=2048) and per pass
@@ -8,7 +8,7 @@ Measured, per cell (head dim 64 and 128, causal or not; bf16, H*D=2048) and per 
 * forward (B=4): every candidate of :data:`FORWARD_CANDIDATES` is compiled and checked against
   the float64 oracle by attnkit.testing's tolerance rule (forward through the Gluon kernel,
   backward through the Triton one, on N = 300, M = 333), then timed with the gate's protocol at
-  the tuning lengths; the one kept is :func:`attnkit_tools.tune.closest_to_best`'s choice; it
+  the tuning lengths; the one kept is :func:`attnkit_tools.tune.configs.closest_to_best`'s choice; it
   and the plain Triton forward (this GPU's table) are then timed at :data:`ROUTING_SEQ_LENS`;
 * backward (B=4, 2 at N=16384): every candidate of :func:`backward_candidates` is compiled and
   checked against the oracle (the plain forward, then the Gluon backward, on N = 300, M = 333
@@ -118,13 +118,13 @@ def recorded_backward(target_gpu_key: str) -> dict:
     if target_gpu_key != measured_on:
         raise SystemExit(
             f"--gluon-recorded-backward: the recorded backward was measured on {measured_on}, "
-            f"not on {target_gpu_key}; measure it there with python -m attnkit_tools.tune --gluon "
+            f"not on {target_gpu_key}; measure it there with python -m attnkit_tools.tune.configs --gluon "
             "--passes backward"
         )
     configs = RECORDED_BACKWARD["configs"]
     note = (
         f"recorded from the {measured_on} measurement made before the tuner measured the backward; "
-        "re-measure with python -m attnkit_tools.tune --gluon --passes backward"
+        "re-measure with python -m attnkit_tools.tune.configs --gluon --passes backward"
     )
     return {
         "backward": {key: cfg.as_dict() for key, cfg in configs.items()},
@@ -157,7 +157,7 @@ def carried_section(source: Mapping, source_path: str, target_gpu_key: str) -> d
     measured_on = measured.get("gpu_key", source.get("gpu_key", "?"))
     note = f"carried over from the {measured_on} measurement"
     if measured_on != target_gpu_key:
-        note += f", not measured on {target_gpu_key}: run python -m attnkit_tools.tune --gluon there"
+        note += f", not measured on {target_gpu_key}: run python -m attnkit_tools.tune.configs --gluon there"
     carried = dict(section)
     carried["provenance"] = {"source": note, "measured": measured}
     if "provenance_of" in section:
@@ -174,7 +174,7 @@ def _carried_provenance(provenance: Mapping, target_gpu_key: str) -> dict:
     measured_on = provenance.get("gpu_key", "?")
     note = f"carried over from the {measured_on} measurement"
     if measured_on != target_gpu_key:
-        note += f", not measured on {target_gpu_key}: run python -m attnkit_tools.tune --gluon there"
+        note += f", not measured on {target_gpu_key}: run python -m attnkit_tools.tune.configs --gluon there"
     return {"source": note, "measured": dict(provenance)}
 
 
@@ -417,7 +417,7 @@ def measure_section(
     ``passes`` measured on the current CUDA GPU (module docstring); candidates are compiled
     and checked by ``workers`` processes first, then timed here one at a time."""
     from attnkit.triton.gluon import unavailable_reason
-    from attnkit_perf.measure.machine import provenance
+    from attnkit_perf.bench import provenance
 
     reason = unavailable_reason()
     if reason is not None:
@@ -457,8 +457,8 @@ def _usable(pass_name, head_dim, causal, labels, verdicts, cell_timings, log) ->
 
 def _measure_forward(cells, seq_lens, verdicts, log, budget_s):
     from attnkit.triton.launch import attention_forward, launch_setup
-    from attnkit_perf.measure.timing import median_time_s
-    from attnkit_tools.ranking import time_over_best, tuning_inputs
+    from attnkit_perf.bench import median_time_s
+    from attnkit_tools.tune.ranking import time_over_best, tuning_inputs
 
     device = torch.device("cuda")
     configs, routed, timings = {}, {}, {}
@@ -505,7 +505,7 @@ def _measure_backward(cells, verdicts, log):
 
     from attnkit.triton.gluon.backward_launch import launch
     from attnkit.triton.launch import attention_backward, attention_forward, launch_setup
-    from attnkit_tools.ranking import time_over_best, tuning_inputs
+    from attnkit_tools.tune.ranking import time_over_best, tuning_inputs
 
     configs, routed, timings = {}, {}, {}
     for head_dim, causal in cells:

@@ -1,11 +1,12 @@
 """Decode / KV-cache throughput on one GPU: a table of decode shapes, and tokens/s against
 context length, side by side with SDPA.
 
-    python -m attnkit_tools.decode_table --out decode.json --md docs/<gpu>/DECODE.md [--sweep] [--sweep-paged]
-    python -m attnkit_tools.decode_table --from-json decode.json --md docs/<gpu>/DECODE.md   # no GPU
+    python -m attnkit_tools.pages.decode_table --out decode.json --md docs/<gpu>/DECODE.md \\
+        [--sweep] [--sweep-paged]
+    python -m attnkit_tools.pages.decode_table --from-json decode.json --md docs/<gpu>/DECODE.md   # no GPU
 
 Shapes: Hq 32, Hkv 8, D 128, bf16, causal (bottom-right). Every time is the median of the
-gate's timing protocol (:func:`attnkit_perf.measure.timing.median_time_s`: L2 flushed before
+gate's timing protocol (:func:`attnkit_perf.bench.median_time_s`: L2 flushed before
 each call, CUDA events), in one process. Columns marked "graph" replay the call from a CUDA
 graph: the kernels' own time, as a serving loop that captures its decode step sees it; the
 others are eager calls, whose host work can outlast a short kernel. GB/s is the bytes of K and
@@ -31,11 +32,9 @@ import torch
 import attnkit
 from attnkit.inputs import check_inputs
 from attnkit.triton.decode import DecodeConfig, decode_config, decode_forward
-from attnkit_perf.measure.cases import captured
-from attnkit_perf.measure.machine import provenance
-from attnkit_perf.measure.timing import median_time_s
-from attnkit_tools.provenance import produced_by, provenance_table, require_cuda
-from attnkit_tools.ranking import time_over_best
+from attnkit_perf.bench import captured, median_time_s, provenance
+from attnkit_tools.pages.provenance import produced_by, provenance_table, require_cuda, restated
+from attnkit_tools.tune.ranking import time_over_best
 
 HQ, HKV, D, DTYPE = 32, 8, 128, torch.bfloat16
 #: (B, N, M) of the table: decode steps of a batch and of one long sequence, and a short
@@ -287,7 +286,7 @@ def page(result: dict, command: str) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m attnkit_tools.decode_table", description=__doc__.splitlines()[0]
+        prog="python -m attnkit_tools.pages.decode_table", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--out", help="JSON file to write (required unless --from-json)")
     parser.add_argument("--md", help="also write the tables, with provenance, to this Markdown file")
@@ -310,16 +309,19 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.from_json) as f:
             result = json.load(f)
         # A result saved without its command was measured by the canonical one.
-        canonical = produced_by("decode_table", ["--out", "decode.json", "--md", args.md])
+        if "command" in result:
+            command = restated(result["command"], "pages.decode_table")
+        else:
+            command = produced_by("pages.decode_table", ["--out", "decode.json", "--md", args.md])
         with open(args.md, "w") as f:
-            f.write(page(result, result.get("command", canonical)))
+            f.write(page(result, command))
         return 0
-    require_cuda("attnkit_tools.decode_table")
+    require_cuda("attnkit_tools.pages.decode_table")
     copy_gbs = copy_bandwidth()
     rows = [time_row(b, n, m, copy_gbs) for b, n, m in TABLE_ROWS]
     tokens = tokens_per_second()
     info = provenance(torch.device("cuda"))
-    command = produced_by("decode_table", sys.argv[1:] if argv is None else argv)
+    command = produced_by("pages.decode_table", sys.argv[1:] if argv is None else argv)
     result = {"command": command, "provenance": info, "copy_gbs": copy_gbs, "rows": rows, "tokens": tokens}
     result["config"] = dataclasses.asdict(decode_config(paged=False))
     result["paged_config"] = dataclasses.asdict(decode_config(paged=True))

@@ -1,12 +1,12 @@
 """Tune the Triton kernels on this GPU and write the config table.
 
-    python -m attnkit_tools.tune --out src/attnkit/triton/configs/<gpu_key>.json
+    python -m attnkit_tools.tune.configs --out src/attnkit/triton/configs/<gpu_key>.json
 
 For each shape family (16-bit inputs; head dims 64 and 128; causal or not) and each of the three
 kernels (forward, dK/dV, dQ), every candidate tile config is compiled, checked against the
 float64 oracle by attnkit.testing's tolerance rule (forward and backward on N = 300, M = 333,
 through the same addressing, TMA descriptors or pointers, as the timed run), and timed alone
-with the gate's timing protocol (:func:`attnkit_perf.measure.timing.median_time_s`: flushed L2,
+with the gate's timing protocol (:func:`attnkit_perf.bench.median_time_s`: flushed L2,
 CUDA events, median) at the grid's shapes (B=4, H*D=2048) at several sequence lengths
 (``--seq-lens``, default 1024, 4096 and 16384: the fastest tile at one length need not be
 at another). The candidate kept is the correct one with the smallest geometric mean, over the
@@ -23,13 +23,13 @@ run alone: ``--jobs`` worker processes first compile and check every candidate i
 their entries from the existing table, whose provenance is kept as ``previous_provenance``.
 
 The table's ``gluon`` section (the Gluon Hopper kernels' tiles and routed cells,
-:mod:`attnkit_tools.tune_gluon`) is kept as it is by a Triton tuning run; ``--gluon`` measures
+:mod:`attnkit_tools.tune.gluon`) is kept as it is by a Triton tuning run; ``--gluon`` measures
 it on this GPU (and leaves the Triton families as they are), the forward's and the backward's
 cells (``--passes``) of every cell or of some (``--cells``: one process a GPU can measure a
 cell each); ``--gluon-carry-over TABLE`` copies another GPU's section, saying so in its
 provenance, until this GPU measures its own; ``--gluon-recorded-backward`` writes the Gluon
 backward's cells recorded on the GPU they were measured on
-(:data:`attnkit_tools.tune_gluon.RECORDED_BACKWARD`) into that GPU's table, until it measures
+(:data:`attnkit_tools.tune.gluon.RECORDED_BACKWARD`) into that GPU's table, until it measures
 them with ``--gluon --passes backward``.
 """
 
@@ -50,11 +50,9 @@ from attnkit.inputs import check_inputs
 from attnkit.triton.config import AttentionConfig, KernelConfig, default_config, family_key
 from attnkit.triton.gluon.config import PASSES, cell_key, parse_cell
 from attnkit.triton.launch import LaunchSetup, attention_forward, bwd_dkdv, bwd_dq, bwd_preprocess
-from attnkit_perf.measure.machine import provenance
-from attnkit_perf.measure.timing import median_time_s
-from attnkit_tools.ranking import time_over_best, tuning_inputs
-from attnkit_tools.tune_gluon import CELLS as GLUON_CELLS
-from attnkit_tools.tune_gluon import (
+from attnkit_perf.bench import median_time_s, provenance
+from attnkit_tools.tune.gluon import CELLS as GLUON_CELLS
+from attnkit_tools.tune.gluon import (
     carried_section,
     measure_section,
     merge_measured,
@@ -62,6 +60,7 @@ from attnkit_tools.tune_gluon import (
     write_families,
     write_section,
 )
+from attnkit_tools.tune.ranking import time_over_best, tuning_inputs
 
 #: (block_m, block_n, num_warps, num_stages) tried per kernel. block_m is the query tile,
 #: block_n the key tile, in every kernel. Candidates that cannot fit (shared memory) fail to
@@ -244,7 +243,9 @@ def _log(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnkit_tools.tune", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m attnkit_tools.tune.configs", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--out", help="JSON table to write (default: configs/<gpu_key>.json)")
     parser.add_argument(
         "--seq-lens", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths tuned at"

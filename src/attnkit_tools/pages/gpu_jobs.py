@@ -1,5 +1,5 @@
 """Jobs of tool commands spread over the GPUs of one machine, for
-:mod:`attnkit_tools.pages`: one job per GPU at a time (``CUDA_VISIBLE_DEVICES``), each on its
+:mod:`attnkit_tools.pages.regenerate`: one job per GPU at a time (``CUDA_VISIBLE_DEVICES``), each on its
 own share of the CPU cores, the longest chain first, a deadline that stops what still runs.
 
 A :class:`Job` is :class:`Step` commands run in order; it may wait for other jobs (``after``)

@@ -1,16 +1,16 @@
 """The performance grid of the Triton path against SDPA's flash and cuDNN backends.
 
-    python -m attnkit_tools.grid --out docs/<gpu>/PERFORMANCE.md --json grid.json       # on a GPU
-    python -m attnkit_tools.grid --render grid.json --out docs/<gpu>/PERFORMANCE.md     # anywhere
-    python -m attnkit_tools.grid --head-dims 64 --passes fwd --json d64.json   # a part, then
-    python -m attnkit_tools.grid --render d64.json d128.json --out docs/<gpu>/PERFORMANCE.md
+    python -m attnkit_tools.pages.grid --out docs/<gpu>/PERFORMANCE.md --json grid.json       # on a GPU
+    python -m attnkit_tools.pages.grid --render grid.json --out docs/<gpu>/PERFORMANCE.md     # anywhere
+    python -m attnkit_tools.pages.grid --head-dims 64 --passes fwd --json d64.json   # a part, then
+    python -m attnkit_tools.pages.grid --render d64.json d128.json --out docs/<gpu>/PERFORMANCE.md
 
 bf16, B=4, H*D=2048, N in 1024..16384, D in {64, 128}, causal and not, forward and backward:
 every cell times triton, sdpa-flash, sdpa-cudnn and flex (FlexAttention, compiled) side by side in
 one run, with
-the gate's timing protocol (:func:`attnkit_perf.measure.timing.median_time_s`: warm-up, L2
+the gate's timing protocol (:func:`attnkit_perf.bench.median_time_s`: warm-up, L2
 flushed, CUDA events, median) on random
-inputs, through :func:`attnkit_perf.measure.cases.build_runner` so every provider is timed the same
+inputs, through :func:`attnkit_perf.bench.build_runner` so every provider is timed the same
 way. Prints TFLOP/s and the ratios to both peers, and writes a Markdown report with provenance,
 the floor the Triton path is held to (forward >= 1.2x sdpa-flash, backward >= 1.0x, at
 N >= 2048) and a plot. ``--render`` writes the report and plot again from saved ``--json``
@@ -26,10 +26,8 @@ from pathlib import Path
 
 import torch
 
-from attnkit_perf.measure.cases import BenchCase, build_runner
-from attnkit_perf.measure.machine import provenance
-from attnkit_perf.measure.timing import median_time_s
-from attnkit_tools.provenance import produced_by, provenance_table, require_cuda
+from attnkit_perf.bench import BenchCase, build_runner, median_time_s, provenance
+from attnkit_tools.pages.provenance import produced_by, provenance_table, require_cuda
 
 PROVIDERS = ("triton", "sdpa-flash", "sdpa-cudnn", "flex")
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
@@ -110,7 +108,7 @@ def report(rows: list[dict], info: dict, plot_name: str | None, out: str = "PERF
     lines = [
         "# Performance of the Triton path",
         "",
-        f"Produced by `{produced_by('grid', ['--out', out])}`. bf16, B=4, H*D=2048, "
+        f"Produced by `{produced_by('pages.grid', ['--out', out])}`. bf16, B=4, H*D=2048, "
         "TFLOP/s = 4*B*H*N^2*D (halved when causal, x2.5 for the backward alone), "
         "median of the gate's timing protocol (L2 flushed, CUDA events), random inputs, all "
         "providers timed in one run (flex: FlexAttention, compiled).",
@@ -203,7 +201,9 @@ def write_report(rows: list[dict], info: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnkit_tools.grid", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m attnkit_tools.pages.grid", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--out", help="Markdown report to write (docs/<gpu>/PERFORMANCE.md)")
     parser.add_argument("--json", help="also write the raw rows here")
     parser.add_argument(
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.head_dims) - set(HEAD_DIMS))
     if unknown:
         parser.error(f"--head-dims: {unknown} not in the grid's {list(HEAD_DIMS)}")
-    require_cuda("attnkit_tools.grid")
+    require_cuda("attnkit_tools.pages.grid")
     info = provenance(torch.device("cuda"))
     print(" | ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
 

@@ -1,17 +1,18 @@
 """The true effect of a code change, measured independently of the gate: ``triton.testing.do_bench``
 medians of the same cases under two source trees, in alternating fresh processes (A B A B ...).
 
-    python -m attnkit_tools.ab_dobench --base BASE_SRC --head HEAD_SRC --match triton --rounds 3 --out ab.json
+    python -m attnkit_tools.gate.ab_dobench --base BASE_SRC --head HEAD_SRC --match triton \\
+        --rounds 3 --out ab.json
 
 ``BASE_SRC``/``HEAD_SRC`` are ``src`` folders (each holding ``attnkit``); cases are the perf
-grid's (:func:`attnkit_perf.measure.cases.gpu_suite_cases`) whose name contains every
+grid's (:func:`attnkit_perf.bench.gpu_suite_cases`) whose name contains every
 ``--match`` word. A ``loop`` case (the per-call cost guards) is timed as what it guards
 instead, by the host's clock: the wall time per call of 200 calls back to back, median of 7
 loops (do_bench flushes the L2 before each call, which hides up to a flush's worth of host
 time: the cost those cases exist to see). Prints, per case, the median of the head/base
 ratios over the rounds, and writes every time to ``--out``
 (``schemas/true-effect.schema.json``; :func:`read_effects` reads it back). This is the
-yardstick the gate's verification compares with (:mod:`attnkit_tools.detection`).
+yardstick the gate's verification compares with (:mod:`attnkit_tools.gate.detection`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _side_main(names: list[str]) -> None:
     from triton.testing import do_bench
 
     from attnkit.errors import UnsupportedProblemError
-    from attnkit_perf.measure.cases import build_runner, gpu_suite_cases
+    from attnkit_perf.bench import build_runner, gpu_suite_cases
 
     cases = {c.name: c for c in gpu_suite_cases()}
     times = {}
@@ -80,7 +81,7 @@ def _run_side(src: Path, names: list[str]) -> dict:
     inherited = [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
     env["PYTHONPATH"] = os.pathsep.join([str(src), perf_parent, *inherited])
     out = subprocess.run(
-        [sys.executable, "-m", "attnkit_tools.ab_dobench", "--side", *names],
+        [sys.executable, "-m", "attnkit_tools.gate.ab_dobench", "--side", *names],
         env=env,
         capture_output=True,
         text=True,
@@ -93,7 +94,7 @@ def _run_side(src: Path, names: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     summary = __doc__.splitlines()[0]
-    parser = argparse.ArgumentParser(prog="python -m attnkit_tools.ab_dobench", description=summary)
+    parser = argparse.ArgumentParser(prog="python -m attnkit_tools.gate.ab_dobench", description=summary)
     parser.add_argument("--side", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--base", type=Path, help="base src folder")
     parser.add_argument("--head", type=Path, help="head src folder")
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (args.base and args.head):
         parser.error("--base and --head are required")
-    from attnkit_perf.measure.cases import gpu_suite_cases
+    from attnkit_perf.bench import gpu_suite_cases
 
     names = [c.name for c in gpu_suite_cases() if all(w in c.name for w in args.match)]
     if not names:  # else each side would be started with nothing to time
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             each = " ".join(f"{r:.3f}" for r in ratios)
             print(f"{name:60s} head/base {statistics.median(ratios):.4f}  ({each})")
     if args.out:
-        from attnkit_perf.measure.machine import provenance
+        from attnkit_perf.bench import provenance
 
         document = {"format": FORMAT, "provenance": provenance(), "rows": rows, "runs": runs}
         validate("true-effect", document, args.out)

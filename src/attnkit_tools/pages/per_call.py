@@ -1,7 +1,7 @@
 """Per-call cost of attnkit's paths against raw ``F.scaled_dot_product_attention``.
 
-    python -m attnkit_tools.per_call --out per_call.json --md docs/<gpu>/PER_CALL.md      # on a GPU
-    python -m attnkit_tools.per_call --from-json per_call.json --md docs/<gpu>/PER_CALL.md  # anywhere
+    python -m attnkit_tools.pages.per_call --out per_call.json --md docs/<gpu>/PER_CALL.md      # on a GPU
+    python -m attnkit_tools.pages.per_call --from-json per_call.json --md docs/<gpu>/PER_CALL.md  # anywhere
 
 For each path and size, forward and forward+backward, three figures per call:
 
@@ -24,7 +24,7 @@ eager mode: the dispatcher's cost, the reason eager calls bypass it). The absolu
 least of ``--repeats`` loops, measured one row after another, so a host that drifts between
 rows moves them.
 
-The targets (:mod:`attnkit_tools.per_call_report`) compare each path with its raw counterpart
+The targets (:mod:`attnkit_tools.pages.per_call_report`) compare each path with its raw counterpart
 **paired, call by call**: the two calls alternate (A B, then B A), each timed alone on the host,
 ``--paired-calls`` of each, so a drifting host (clocks, neighbours) moves both sides of every
 pair alike; the device is synchronised every 32 pairs, outside the timed calls, so a queue of
@@ -49,10 +49,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnkit
+from attnkit_perf.bench import provenance
 from attnkit_perf.decide.stats import median_interval
-from attnkit_perf.measure.machine import provenance
-from attnkit_tools.per_call_report import PAIRED, console_table, markdown, targets
-from attnkit_tools.provenance import produced_by, public_path
+from attnkit_tools.pages.per_call_report import PAIRED, console_table, markdown, targets
+from attnkit_tools.pages.provenance import produced_by, restated
 
 SIZES = {  # name: (B, Hq, Hkv, N, M, D), causal, bf16
     # Host cost alone on any device: on the CPU even N=128 takes the kernels hundreds of
@@ -139,7 +139,7 @@ def _context(ctx):
 def measure(size_name: str, calls: int, repeats: int, paired_calls: int, device: torch.device):
     """(rows, paired) of one size: one row per path (the least of ``repeats`` loops of
     ``calls``), and one paired comparison (``paired_calls`` calls a side) per
-    :data:`~attnkit_tools.per_call_report.PAIRED` entry whose both sides ran, after the A/A
+    :data:`~attnkit_tools.pages.per_call_report.PAIRED` entry whose both sides ran, after the A/A
     control."""
     b, hq, hkv, n, m, d = SIZES[size_name]
     gen = torch.Generator(device=device).manual_seed(0)
@@ -241,7 +241,7 @@ def fast_path_status() -> tuple[bool | None, str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m attnkit_tools.per_call", description=__doc__.split("\n")[0]
+        prog="python -m attnkit_tools.pages.per_call", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--out", help="JSON file to write (required unless --from-json)")
     parser.add_argument("--md", help="Markdown page to write (docs/<gpu>/PER_CALL.md)")
@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(
-            "attnkit_tools.per_call measures GPU launches and no CUDA GPU is visible here: "
+            "attnkit_tools.pages.per_call measures GPU launches and no CUDA GPU is visible here: "
             "run it on a GPU machine (or pass --device cpu for the host cost of B1-H1-N8-D16)"
         )
     rows, paired = [], []
@@ -305,11 +305,13 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.from_json) as f:
             report = json.load(f)
         # A report saved without its command was measured by the canonical one.
-        canonical = produced_by("per_call", ["--out", "per_call.json", "--md", args.md])
-        command = public_path(report.get("command", canonical))  # a report saved by an older tool
+        if "command" in report:
+            command = restated(report["command"], "pages.per_call")
+        else:
+            command = produced_by("pages.per_call", ["--out", "per_call.json", "--md", args.md])
     else:
         report = run(args)
-        command = produced_by("per_call", sys.argv[1:] if argv is None else argv)
+        command = produced_by("pages.per_call", sys.argv[1:] if argv is None else argv)
         report["command"] = command
         print(console_table(report["rows"]))
         print("\n".join(report["targets"]))

@@ -14,7 +14,8 @@ quantity (out, dq, dk, dv), on a fixed set of problems (``PROBLEMS`` in the modu
 Usage (CPU or GPU; no network; < 4 min on a GPU, ~1 min on a CPU, the Triton path left out
 when interpreted):
 
-    python -m attnkit_tools.yardstick --seeds 3 --doc docs/<gpu>/YARDSTICK.md [--out r.json] [--device cuda]
+    python -m attnkit_tools.pages.yardstick --seeds 3 --doc docs/<gpu>/YARDSTICK.md \\
+        [--out r.json] [--device cuda]
 
 Prints a Markdown table; ``--doc`` writes it as a page with its provenance, ``--out`` the
 numbers as JSON. Exits 1 when a path falls outside the rule on some problem.
@@ -35,8 +36,8 @@ from attnkit.inputs import check_inputs
 from attnkit.reference import visibility
 from attnkit.registry import get_backend
 from attnkit.testing import ERROR_FACTORS, compare_to_reference, make_tensor, max_abs_error, run_with_grads
-from attnkit_perf.measure.machine import provenance
-from attnkit_tools.provenance import produced_by, provenance_table
+from attnkit_perf.bench import provenance
+from attnkit_tools.pages.provenance import produced_by, provenance_table
 
 QUANTITIES = ("out", "dq", "dk", "dv")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -193,7 +194,7 @@ def page(table: str, info: dict, command: str, seeds: int) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m attnkit_tools.yardstick", description=__doc__.split("\n\n")[0]
+        prog="python -m attnkit_tools.pages.yardstick", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seeds", type=int, default=2, help="random draws per problem")
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     info = provenance(device)
     print(table)
     if args.doc:
-        command = produced_by("yardstick", sys.argv[1:] if argv is None else argv)
+        command = produced_by("pages.yardstick", sys.argv[1:] if argv is None else argv)
         with open(args.doc, "w") as f:
             f.write(page(table, info, command, args.seeds))
     if args.out:

@@ -3,8 +3,8 @@
 Shapes: B=1, H=16, D=128, bf16, causal with window (1024, 0), N = 4K .. 64K. Per N and pass
 (fwd, bwd): Triton windowed, Triton full causal (no window), and the SDPA paths that take the
 window as a mask (``sdpa-efficient``, ``sdpa`` = PyTorch's choice), side by side in one process.
-Every time is :func:`attnkit_perf.measure.timing.median_time_s` (the gate's timing path: L2
-flushed, warm-up, rounds) of the case's :func:`attnkit_perf.measure.cases.build_runner`, so the
+Every time is :func:`attnkit_perf.bench.median_time_s` (the gate's timing path: L2
+flushed, warm-up, rounds) of the case's :func:`attnkit_perf.bench.build_runner`, so the
 cells are the perf grid's ``-W1024`` cases at other lengths. The checks:
 
 1. windowed Triton fwd and bwd grow linearly in N: time / N, normalised to the smallest N, ~1;
@@ -15,8 +15,8 @@ An SDPA cell whose mask would not fit is skipped with the reason (the mask is a 
 which PyTorch turns into a (N, M) additive mask in q's dtype: 12 GB at 64K, more for the
 backward); an out-of-memory error or a kernel that declines is recorded the same way.
 
-    python -m attnkit_tools.window_table --out window/                        # on a GPU, ~2-3 min
-    TRITON_INTERPRET=1 python -m attnkit_tools.window_table --out /tmp/w --smoke   # CPU pipeline
+    python -m attnkit_tools.pages.window_table --out window/                        # on a GPU, ~2-3 min
+    TRITON_INTERPRET=1 python -m attnkit_tools.pages.window_table --out /tmp/w --smoke   # CPU pipeline
 
 Writes ``window_table.json`` (provenance, every cell, the checks) and ``window_table.md`` under
 --out, and prints the Markdown.
@@ -33,10 +33,8 @@ import torch
 
 import attnkit
 from attnkit.errors import UnsupportedProblemError
-from attnkit_perf.measure.cases import DTYPES, BenchCase, build_runner
-from attnkit_perf.measure.machine import provenance
-from attnkit_perf.measure.timing import median_time_s
-from attnkit_tools.provenance import produced_by, provenance_table
+from attnkit_perf.bench import DTYPES, BenchCase, build_runner, median_time_s, provenance
+from attnkit_tools.pages.provenance import produced_by, provenance_table
 
 WINDOW = (1024, 0)
 SIZES = (4096, 8192, 16384, 32768, 65536)
@@ -183,7 +181,7 @@ def markdown(report: dict) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m attnkit_tools.window_table", description=__doc__.splitlines()[0]
+        prog="python -m attnkit_tools.pages.window_table", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--out", required=True, help="directory for window_table.json and window_table.md")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma-separated N")
@@ -230,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(cell)
                 by_key[label, pass_name, n] = cell
     report = {
-        "command": produced_by("window_table", sys.argv[1:] if argv is None else argv),
+        "command": produced_by("pages.window_table", sys.argv[1:] if argv is None else argv),
         "provenance": provenance(device),
         "shape": shape,
         "sizes": sizes,

@@ -2,7 +2,7 @@
 
 A page in docs/ is trusted only as far as it says how to reproduce it, so each tool that writes
 one heads it with :func:`produced_by` and :func:`provenance_table` (GPU, driver, CUDA, torch,
-triton, commit: :func:`attnkit_perf.measure.machine.provenance`'s keys). A page names no scratch
+triton, commit: :func:`attnkit_perf.bench.provenance`'s keys). A page names no scratch
 path: an absolute path in its command or its provenance is written relative to the working
 directory when it lies inside it, else as its file name (:func:`public_path`).
 """
@@ -35,10 +35,20 @@ def public_path(text: str) -> str:
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[\w.+-]+/)+[\w.+-]*")
 
 
-def produced_by(module: str, argv: Sequence[str]) -> str:
-    """``python -m attnkit_tools.<module> <argv>``, quoted for a shell, as a page states it
-    (scratch paths made public: :func:`public_path`)."""
-    return public_path(shlex.join(["python", "-m", f"attnkit_tools.{module}", *map(str, argv)]))
+def produced_by(tool: str, argv: Sequence[str]) -> str:
+    """``python -m attnkit_tools.<tool> <argv>`` (``tool`` as ``pages.grid``), quoted for a
+    shell, as a page states it (scratch paths made public: :func:`public_path`)."""
+    return public_path(shlex.join(["python", "-m", f"attnkit_tools.{tool}", *map(str, argv)]))
+
+
+def restated(recorded: str, tool: str) -> str:
+    """A saved measurement's ``recorded`` command (``python -m MODULE ARGS...``) as ``tool`` runs
+    it now: the recorded arguments given to :func:`produced_by`. A page rendered again from a
+    measurement names a command that still runs, even when the tool has moved since."""
+    words = shlex.split(recorded)
+    if len(words) < 3 or words[:2] != ["python", "-m"]:
+        raise ValueError(f"a saved command is 'python -m MODULE ARGS...', not {recorded!r}")
+    return produced_by(tool, words[3:])
 
 
 def provenance_table(info: dict) -> list[str]:

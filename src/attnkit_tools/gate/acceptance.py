@@ -13,7 +13,7 @@ A step is one of:
 * ``change-NAME``: the gate on a planted change. It passes when the gate failed on a row the
   change's cases name (``# cases:`` of its patch), as ``slower`` or ``more-memory``.
 
-    python -m attnkit_tools.acceptance OUT STEP_FOLDER...   (writes OUT/summary.md, prints it)
+    python -m attnkit_tools.gate.acceptance OUT STEP_FOLDER...   (writes OUT/summary.md, prints it)
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def summarize(folder: Path) -> tuple[bool, list[str]]:
         lines += [f"  - {r['outcome']} {r['name']} ratio={r.get('ratio')}: {r.get('reason')}" for r in hit]
         effect = _read(folder / "ab.txt")
         if effect:
-            lines += ["", "True effect (attnkit_tools.ab_dobench, head/base):", "", "```", effect, "```"]
+            lines += ["", "True effect (attnkit_tools.gate.ab_dobench, head/base):", "", "```", effect, "```"]
         detection = _read(folder / "detection.md")
         if detection:
             lines += ["", detection]
@@ -110,7 +110,7 @@ def summarize(folder: Path) -> tuple[bool, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m attnkit_tools.acceptance", description=__doc__.split("\n\n")[0]
+        prog="python -m attnkit_tools.gate.acceptance", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("out", type=Path, help="the acceptance run's folder: summary.md is written here")
     parser.add_argument("steps", type=Path, nargs="+", help="the steps' folders, in the order they ran")

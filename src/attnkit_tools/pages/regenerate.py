@@ -1,8 +1,8 @@
 """Regenerate every generated page of the GPU this runs on, in one command.
 
-    python -m attnkit_tools.pages                       # every page, over every visible GPU
-    python -m attnkit_tools.pages --dry-run             # the plan: commands, GPUs, estimated time
-    python -m attnkit_tools.pages --smoke --saved DIR --docs OUT   # CPU: the same runner, tiny inputs
+    python -m attnkit_tools.pages.regenerate             # every page, over every visible GPU
+    python -m attnkit_tools.pages.regenerate --dry-run   # the plan: commands, GPUs, estimated time
+    python -m attnkit_tools.pages.regenerate --smoke --saved DIR --docs OUT   # CPU: tiny inputs
 
 Pages go to ``docs/<gpu_key>/`` (:func:`attnkit.device.gpu_key`): PERFORMANCE (the grid, with
 its plot), AUTO and AUTO_CHECK (the auto table, written to ``src/attnkit/auto_tables/<gpu_key>.json``,
@@ -12,7 +12,7 @@ measurement is kept in ``docs/<gpu_key>/data/`` so a page renders again without 
 tools' ``--render`` / ``--from-json``); ncu's counters, which are large, and the yardstick's
 samples, which no tool renders from, stay in a scratch directory. Each page heads itself with
 its command and provenance (GPU, driver, CUDA, torch, triton, commit), without scratch paths
-(:mod:`attnkit_tools.provenance`).
+(:mod:`attnkit_tools.pages.provenance`).
 
 Every job is a sequence of tool commands (``python -m attnkit_tools.<tool> ...``) run as
 subprocesses of this one, with the checkout's ``src`` first on ``PYTHONPATH``. Jobs are spread
@@ -41,9 +41,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from attnkit_tools.gpu_jobs import Job, Step, run_jobs, simulate
+from attnkit_tools.pages.gpu_jobs import Job, Step, run_jobs, simulate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 #: The pages this command writes, by file name under ``docs/<gpu_key>/``.
 PAGES = (
@@ -89,7 +89,7 @@ ESTIMATE_S = {
 }
 
 
-#: ncu's options for ``attnkit_tools.profile run`` (its docstring): clocks as they run, only the
+#: ncu's options for ``attnkit_tools.pages.profile run`` (its docstring): clocks as they run, only the
 #: profiled call's kernels, raw CSV of the sections the summary reads.
 NCU_ARGS = (
     "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw",
@@ -116,27 +116,30 @@ def plan_jobs(
     if smoke:  # the CPU: render the CUDA-only tools' pages from saved measurements
         grids = sorted(saved.glob("grid_*.json")) or [_one(saved, "grid_*.json")]
         grid_parts = {
-            name: [tool("grid", "--render", grids[i % len(grids)], "--out", scratch / f"{name}.md")]
+            name: [tool("pages.grid", "--render", grids[i % len(grids)], "--out", scratch / f"{name}.md")]
             for i, name in enumerate(GRID_PARTS)
         }
-        performance = tool("grid", "--render", grids[0], "--out", out / "PERFORMANCE.md")
+        performance = tool("pages.grid", "--render", grids[0], "--out", out / "PERFORMANCE.md")
         packaged = sorted((REPO / "src" / "attnkit" / "auto_tables").glob("*.json"))[0]
-        auto = [tool("auto_table", "--render", packaged, "--md", out / "AUTO.md")]
+        auto = [tool("tune.auto_table", "--render", packaged, "--md", out / "AUTO.md")]
         auto_check = [
-            tool("auto_table", "--render", _one(saved, "auto_check_*.json"), "--md", out / "AUTO_CHECK.md")
+            tool(
+                "tune.auto_table", "--render", _one(saved, "auto_check_*.json"), "--md", out / "AUTO_CHECK.md"
+            )
         ]
         decode = [
-            tool("decode_table", "--from-json", _one(saved, "decode_*.json"), "--md", out / "DECODE.md")
+            tool("pages.decode_table", "--from-json", _one(saved, "decode_*.json"), "--md", out / "DECODE.md")
         ]
         per_call = [
             tool(
-                "per_call", "--device", "cpu", "--sizes", "B1-H1-N8-D16", "--calls", "4", "--repeats", "1",
-                "--paired-calls", "8", "--out", data / "per_call.json", "--md", out / "PER_CALL.md",
+                "pages.per_call", "--device", "cpu", "--sizes", "B1-H1-N8-D16", "--calls", "4",
+                "--repeats", "1", "--paired-calls", "8",
+                "--out", data / "per_call.json", "--md", out / "PER_CALL.md",
             )
         ]  # fmt: skip
         yardstick = [
             tool(
-                "yardstick", "--device", "cpu", "--seeds", "1", "--backends", "tiled",
+                "pages.yardstick", "--device", "cpu", "--seeds", "1", "--backends", "tiled",
                 "--doc", out / "YARDSTICK.md", "--out", scratch / "yardstick.json",
             )
         ]  # fmt: skip
@@ -144,20 +147,22 @@ def plan_jobs(
         profile_skip = "the CPU smoke run has no Nsight Compute"
     else:
         grid_parts = {
-            name: [tool("grid", "--head-dims", d, "--passes", pass_name, "--json", data / f"{name}.json")]
+            name: [
+                tool("pages.grid", "--head-dims", d, "--passes", pass_name, "--json", data / f"{name}.json")
+            ]
             for name, (d, pass_name) in GRID_PARTS.items()
         }
         performance = tool(
-            "grid",
+            "pages.grid",
             "--render",
             *(data / f"{name}.json" for name in GRID_PARTS),
             "--out",
             out / "PERFORMANCE.md",
         )
-        auto = [tool("auto_table", "--out", auto_table, "--md", out / "AUTO.md")]
+        auto = [tool("tune.auto_table", "--out", auto_table, "--md", out / "AUTO.md")]
         auto_check = [
             tool(
-                "auto_table",
+                "tune.auto_table",
                 "--verify",
                 "--rounds",
                 "2",
@@ -167,28 +172,36 @@ def plan_jobs(
                 out / "AUTO_CHECK.md",
             )
         ]
-        decode = [tool("decode_table", "--out", data / "decode.json", "--md", out / "DECODE.md")]
+        decode = [tool("pages.decode_table", "--out", data / "decode.json", "--md", out / "DECODE.md")]
         per_call = [
             Step(("fastpath", "build"), module="attnkit", optional=True),
-            tool("per_call", "--repeats", "3", "--out", data / "per_call.json", "--md", out / "PER_CALL.md"),
+            tool(
+                "pages.per_call",
+                "--repeats",
+                "3",
+                "--out",
+                data / "per_call.json",
+                "--md",
+                out / "PER_CALL.md",
+            ),
         ]
         yardstick = [
             tool(
-                "yardstick", "--device", "cuda", "--seeds", "2",
+                "pages.yardstick", "--device", "cuda", "--seeds", "2",
                 "--doc", out / "YARDSTICK.md", "--out", scratch / "yardstick.json",
             )
         ]  # fmt: skip
         cases, counters = scratch / "profile_cases.json", scratch / "profile_counters.csv"
         ncu = shutil.which("ncu") or "ncu"
         profile = [
-            tool("profile", "list", "--cases", cases, "--seq-lens", PROFILE_SEQ_LENS),
+            tool("pages.profile", "list", "--cases", cases, "--seq-lens", PROFILE_SEQ_LENS),
             Step(
                 (
                     str(ncu),
                     *NCU_ARGS,
                     sys.executable,
                     "-m",
-                    "attnkit_tools.profile",
+                    "attnkit_tools.pages.profile",
                     "run",
                     "--seq-lens",
                     PROFILE_SEQ_LENS,
@@ -196,7 +209,7 @@ def plan_jobs(
                 module=None,
                 stdout=counters,
             ),
-            tool("profile", "summarize", counters, "--cases", cases, "--out", out / "PROFILE.md"),
+            tool("pages.profile", "summarize", counters, "--cases", cases, "--out", out / "PROFILE.md"),
         ]
         profile_skip = None if shutil.which("ncu") else "ncu (Nsight Compute) is not installed here"
     jobs = [
@@ -220,7 +233,9 @@ def _one(folder: Path, pattern: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnkit_tools.pages", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m attnkit_tools.pages.regenerate", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--docs", type=Path, default=REPO / "docs", help="pages go to DOCS/<gpu_key>/")
     parser.add_argument("--gpus", type=int, help="GPUs to spread the jobs over (default: every visible one)")
     parser.add_argument("--only", nargs="+", choices=list(ESTIMATE_S), help="run these jobs alone")

@@ -5,7 +5,7 @@
     bash .ci/refresh-baselines.sh --gpus 0,1,2,3 --recordings 2 --aa-runs 2
     bash .ci/refresh-baselines.sh --cpu 2 --out build/try -- -k "naive and fwd"   # dry run, no GPU
 
-(the script runs ``python -m attnkit_tools.baselines --tests tests/perf ...`` from the checkout's
+(the script runs ``python -m attnkit_tools.gate.baselines --tests tests/perf ...`` from the checkout's
 root: the baseline keeps the names that ``pytest tests/perf --benchmark-compare`` looks up).
 
 It writes, under ``--out`` (default ``baselines``), ``<gpu_key>/baseline.json`` and
@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnkit_perf.bench import cpu_suite_cases, gpu_suite_cases, visible_gpus
 from attnkit_perf.commands import noise as noise_command
 from attnkit_perf.commands import pool as pool_command
 from attnkit_perf.decide import noise, pooled
@@ -53,8 +54,6 @@ from attnkit_perf.decide.formats import FormatError, read_json, validate
 from attnkit_perf.decide.host import host_noise_name
 from attnkit_perf.decide.merge import merge_verdicts
 from attnkit_perf.decide.verdict import VerdictDocument
-from attnkit_perf.measure.cases import cpu_suite_cases, gpu_suite_cases
-from attnkit_perf.measure.processes import visible_gpus
 
 
 class BaselineError(RuntimeError):
@@ -176,7 +175,7 @@ def check_outputs(folder: Path, key: str, selected: set[str], hosted: set[str]) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m attnkit_tools.baselines", description=__doc__.split("\n\n")[0]
+        prog="python -m attnkit_tools.gate.baselines", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
         "--tests",
