@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.verdict import BenchmarkVerdict
+from attnkit_perf.formats.verdict import OUT_OF_TIME, BenchmarkVerdict
 from attnkit_perf.measure.checkout import BaseError
 from attnkit_perf.measure.processes import ANSWER_TIMEOUT_S
 from attnkit_perf.measure.repo import RepositoryError, find_repository
@@ -405,7 +405,7 @@ def _selects(config: pytest.Config, perf, note: bool = False) -> bool:
 def _decision(config: pytest.Config, perf):
     """The run's decision (:data:`DECISION`), made once: read from ``--attnkit-selection``; on an
     xdist worker, the controller's (:func:`pytest_configure_node`); else computed here."""
-    from attnkit_perf.decide.formats import FormatError
+    from attnkit_perf.formats.schema import FormatError
     from attnkit_perf.select import collection
     from attnkit_perf.select.rules import Affected
 
@@ -595,9 +595,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     for key, (then, now) in doc.version_differences.items():
         write(f"WARNING: baseline recorded under {key} {then}, this run has {now}")
     write(f"{doc.base['label']} against {doc.head['label']}")
-    failing = tuple(k for k in doc.failing_outcomes if k not in ("inconclusive", *gate.OUT_OF_TIME))
+    failing = tuple(k for k in doc.failing_outcomes if k not in ("inconclusive", *OUT_OF_TIME))
     accepted = ("dropped",) if "dropped" not in failing else ()
-    out_of_time = gate.OUT_OF_TIME
+    out_of_time = OUT_OF_TIME
     out_of_time_fails = set(out_of_time) <= set(doc.failing_outcomes)
     budget_rule = "failing: --attnkit-out-of-time=fail"
     if not out_of_time_fails:

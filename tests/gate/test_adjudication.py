@@ -17,7 +17,7 @@ from perf_synthetic import FAST_PROBES, SHAPE, SYNTHETIC_SUITE
 
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.adjudication import adjudicated, kept, source_problem
-from attnkit_perf.decide.formats import validate
+from attnkit_perf.formats.schema import validate
 from attnkit_perf.measure.machine import source_digest
 from attnkit_perf.run.stored_recheck import Adjudicator, adjudicate_rows
 

@@ -20,6 +20,7 @@ from attnkit_perf.decide.stats import (
     paired_ratio,
     sample_problem,
 )
+from attnkit_perf.formats.verdict import FAILING
 from attnkit_perf.measure.paired_session import PairedSettings
 
 MS = 1e-3
@@ -520,6 +521,6 @@ def test_aa_stored_comparisons_raise_no_false_alarm():
         noise = {"cv": rng.uniform(0.02, 0.05), "session_sd": 0.01}
         base, head = noisy_samples(rng, MS, **noise), noisy_samples(rng, MS, **noise)
         d = gate.decide_stored(base, head, 1.0, STORED, STORED_ALPHA, STORED.slower)
-        if d.outcome in gate.FAILING:
+        if d.outcome in FAILING:
             alarms.append((i, d.reason))
     assert not alarms, f"{len(alarms)} false alarms in 300 unchanged comparisons: {alarms[:3]}"

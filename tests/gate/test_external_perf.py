@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import attnkit
-from attnkit_perf.decide.formats import validate
+from attnkit_perf.formats.schema import validate
 from attnkit_perf.measure.paired_session import PairedSession
 from attnkit_perf.measure.processes import WorkerError
 

@@ -1,4 +1,4 @@
-"""The gate's file formats (attnkit_perf/decide/schemas/*.json): valid documents pass, corrupt
+"""The gate's file formats (attnkit_perf/formats/schemas/*.json): valid documents pass, corrupt
 ones raise FormatError naming the field, and the verdict's writer and reader agree."""
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import pytest
 from perf_synthetic import H100_KEY, bench_entry, case_for, noisy_samples, paired_blocks, run_json
 
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.baseline import UNNAMED_TIMING_PROTOCOL, load_baseline, save_baseline
-from attnkit_perf.decide.formats import FormatError, validate
-from attnkit_perf.decide.noise import FORMAT as NOISE_FORMAT
-from attnkit_perf.decide.noise import load_noise
-from attnkit_perf.decide.verdict import FORMAT as VERDICT_FORMAT
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.decide.noise import noise_sigmas
+from attnkit_perf.formats.baseline import UNNAMED_TIMING_PROTOCOL, load_baseline, save_baseline
+from attnkit_perf.formats.noise import FORMAT as NOISE_FORMAT
+from attnkit_perf.formats.noise import read_noise
+from attnkit_perf.formats.schema import FormatError, validate
+from attnkit_perf.formats.verdict import FORMAT as VERDICT_FORMAT
+from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
 from attnkit_perf.report.terminal import summary_line
 from attnkit_perf.run.session import describe
@@ -200,7 +201,7 @@ def test_corrupt_noise_names_the_field(path, value, field, tmp_path):
     file = tmp_path / "noise.json"
     file.write_text(json.dumps(_set(_noise(), path, value)))
     with pytest.raises(FormatError) as err:
-        load_noise(file, H100_KEY, "paired")
+        read_noise(file, H100_KEY, "paired")
     assert f"at {field}" in str(err.value), f"the message must name {field}: {err.value}"
 
 
@@ -324,7 +325,7 @@ def test_the_committed_baselines_load_through_the_gates_reader(path):
     assert baseline["benchmarks"], f"{path} holds no benchmark"
     paired = path.parent / "noise-paired.json"
     if paired.is_file():
-        assert load_noise(paired, key, "paired"), f"{paired} holds no benchmark"
+        assert noise_sigmas(read_noise(paired, key, "paired")), f"{paired} holds no benchmark"
 
 
 # --- the verdict's writer and reader together -----------------------------------------------

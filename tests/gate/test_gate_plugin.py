@@ -21,8 +21,8 @@ import pytest
 from perf_synthetic import FAST_PROBES, H100_KEY, SHAPE, SYNTHETIC_SUITE, bench_entry, run_json
 
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.formats import validate
-from attnkit_perf.decide.verdict import VerdictDocument
+from attnkit_perf.formats.schema import validate
+from attnkit_perf.formats.verdict import OUT_OF_TIME, VerdictDocument
 from attnkit_perf.measure.machine import gpu_key
 from attnkit_perf.measure.paired_session import PairedSettings
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
@@ -880,7 +880,7 @@ def test_a_run_out_of_time_names_the_rows_it_did_not_decide(tmp_path, out_of_tim
     assert second["outcome"] == "not-reached", f"{second}\n{output[-3000:]}"
     assert second["reason"].startswith("not started within the time budget ("), second["reason"]
     assert "s of 1 s left, the first look of a row (eager fwd) takes" in second["reason"], second["reason"]
-    undecided = [name for name, row in rows.items() if row["outcome"] in gate.OUT_OF_TIME]
+    undecided = [name for name, row in rows.items() if row["outcome"] in OUT_OF_TIME]
     block = verdict["time_budget"]
     assert block["undecided"] == undecided and sdpa in undecided, block
     assert block["seconds"] == 1 and block["estimates"]["eager fwd"]["first"]["looks"] == 1, block

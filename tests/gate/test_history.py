@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from history_fixture import DRIFT, DRIFT_AT, FLAT, GPU_KEY, STEP, STEP_AT, planted_store, synthetic_run
 
-from attnkit_perf.decide.formats import validate
+from attnkit_perf.formats.schema import validate
 from attnkit_perf.history import HistoryError, history_link, record
 from attnkit_perf.history.__main__ import main
 from attnkit_perf.history.detect import Rule, detect

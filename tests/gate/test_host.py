@@ -17,11 +17,11 @@ import torch
 
 from attnkit.errors import UnsupportedProblemError
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.host import decide_host, host_noise_name, host_summary, join_host, with_kept
-from attnkit_perf.decide.noise import build
+from attnkit_perf.decide.host import decide_host, host_summary, join_host, with_kept
 from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.formats.noise import build, host_noise_name
+from attnkit_perf.formats.verdict import COMPARED, FAILING, BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.host import (
     KEPT_CALLS,
     HostBatch,
@@ -433,7 +433,7 @@ def test_kept_memory_growing_past_the_limit_fails(base, head, outcome):
             "head_bytes": head,
             "limit_bytes": d.extra["kept"]["limit_bytes"],
         }
-    assert ("kept-memory" in gate.FAILING) and ("kept-memory" in gate.COMPARED)
+    assert ("kept-memory" in FAILING) and ("kept-memory" in COMPARED)
 
 
 def test_a_slower_row_stays_slower_when_it_also_keeps_more():

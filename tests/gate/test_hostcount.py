@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.formats import validate
 from attnkit_perf.decide.gate import Decision
 from attnkit_perf.decide.hostcount import compare_counts, count_decision, side_count, with_stored_count
 from attnkit_perf.decide.paired_rule import PairedRule
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.formats.schema import validate
+from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.cases import BenchCase, build_runner
 from attnkit_perf.measure.hostcount import count_call, count_environment, host_count
 from attnkit_perf.measure.paired_session import SideResult

@@ -1,6 +1,7 @@
 """One-way imports: the library never imports the gate, the tools or the tests; the gate never
-imports the tools or the tests, and inside it the stages (measure, decide, report, history) never
-import the run that sequences them, the run never imports the pytest entry, the commands or the
+imports the tools or the tests, and inside it the file formats (attnkit_perf.formats) import none
+of the gate's other parts, the stages (measure, decide, report, history) never import the run
+that sequences them, the run never imports the pytest entry, the commands or the
 installed perf tests (attnkit_perf.suite: a leaf); the gate's decisions (attnkit_perf.decide)
 import neither torch nor the measuring code; no test module imports another. Checked on
 the source with ast, so an import inside a function body counts as much as one at the top."""
@@ -71,7 +72,7 @@ def test_imports_point_one_way(package, forbidden):
 
 #: What the history package may import from attnkit_perf: it reads files the gate wrote, and runs
 #: where the dashboard is built (a CPU job without torch or a GPU stack).
-HISTORY_MAY_IMPORT = ("attnkit_perf.history", "attnkit_perf.decide.formats")
+HISTORY_MAY_IMPORT = ("attnkit_perf.history", "attnkit_perf.formats.schema")
 
 
 def test_the_history_package_needs_no_torch_and_no_gate_internals():
@@ -94,11 +95,12 @@ def test_the_history_package_needs_no_torch_and_no_gate_internals():
     )
 
 
-#: The gate's floors, lowest first: a part may import its own floor and those below. The stages
-#: (``bench``: the measuring stage's public door) know nothing of the run that sequences them;
-#: the pytest entry sits on the run; on top, the commands and the installed perf tests, each a
-#: leaf that no other part imports.
+#: The gate's floors, lowest first: a part may import its own floor and those below. The file
+#: formats know nothing of who writes or reads them; the stages (``bench``: the measuring stage's
+#: public door) know nothing of the run that sequences them; the pytest entry sits on the run; on
+#: top, the commands and the installed perf tests, each a leaf that no other part imports.
 GATE_FLOORS = (
+    ("formats",),
     ("measure", "bench", "decide", "report", "history"),
     ("run",),
     ("plugin",),
@@ -191,6 +193,38 @@ def test_the_decisions_are_pure():
         if any(module == f or module.startswith(f + ".") for f in forbidden)
     ]
     assert files and not bad, "attnkit_perf.decide must stay pure:\n" + "\n".join(bad)
+
+
+#: What reading or writing a file looks like in source: the gate's JSON reader, and the calls
+#: that open a file.
+FILE_ACCESS = {"attnkit_perf.formats.schema.read_json", "open", "read_text", "write_text", "read_bytes"}
+
+
+def test_the_decisions_read_and_write_no_file():
+    """The gate's file formats (paths, readers, writers, schemas) live in attnkit_perf.formats:
+    attnkit_perf.decide holds no data file and no module of it opens one."""
+    decide = SRC / "attnkit_perf" / "decide"
+    data = [
+        str(p.relative_to(REPO))
+        for p in decide.rglob("*")
+        if p.is_file() and p.suffix != ".py" and "__pycache__" not in p.parts
+    ]
+    access = []
+    for path in _python_files(decide):
+        source = path.read_text(encoding="utf8")
+        access += [
+            f"{path.relative_to(REPO)}:{line} imports {m}" for line, m in imports(source) if m in FILE_ACCESS
+        ]
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+                if name in FILE_ACCESS:
+                    access.append(f"{path.relative_to(REPO)}:{node.lineno} calls {name}")
+    assert not data and not access, "attnkit_perf.decide reads or holds files:\n" + "\n".join(data + access)
+    # The scan sees a reader where there is one.
+    assert any(
+        m in FILE_ACCESS for _, m in imports((SRC / "attnkit_perf" / "formats" / "baseline.py").read_text())
+    ), "formats/baseline.py reads with read_json: the scan above would find nothing"
 
 
 def _names_a_test_file(text: str) -> bool:
@@ -421,7 +455,7 @@ def test_only_the_gluon_package_imports_the_experimental_triton_api():
 
 
 def test_the_readme_names_every_outcome_the_gate_can_give():
-    from attnkit_perf.decide.gate import OUTCOMES
+    from attnkit_perf.formats.verdict import OUTCOMES
 
     readme = (REPO / "README.md").read_text()
     listed = readme.split("says per benchmark one of", 1)[1].split("\n\n", 1)[0]

@@ -12,9 +12,10 @@ from perf_synthetic import H100_KEY, case_for
 
 from attnkit_perf.commands.noise import main
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.formats import FormatError, validate
-from attnkit_perf.decide.noise import build, load_noise, noise_file
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.decide.noise import noise_sigmas
+from attnkit_perf.formats.noise import build, noise_file, read_noise
+from attnkit_perf.formats.schema import FormatError, validate
+from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.run.session import describe
 
 #: Per benchmark, the ratio each of three A/A runs measured (None: the run has no ratio for it).
@@ -78,7 +79,7 @@ def test_the_command_writes_a_valid_file_the_gate_reads(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"wrote {out}: 2 benchmarks from 3 runs" in printed, printed
     validate("noise", json.loads(out.read_text()), str(out))
-    sds = load_noise(out, H100_KEY, "paired")
+    sds = noise_sigmas(read_noise(out, H100_KEY, "paired"))
     assert set(sds) == {case_for("sdpa").name, case_for("tiled").name}, sds
     assert sds[case_for("tiled").name] > sds[case_for("sdpa").name], f"tiled is the noisier: {sds}"
 
@@ -93,13 +94,13 @@ def test_the_command_rejects_mixed_inputs_with_exit_2(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("key", "mode"), [("nvidia-h200", "paired"), (H100_KEY, "stored")])
-def test_load_noise_rejects_another_gpu_or_mode(key, mode, tmp_path):
+def test_reading_noise_rejects_another_gpu_or_mode(key, mode, tmp_path):
     path = tmp_path / "noise.json"
     path.write_text(json.dumps(build([_doc(0), _doc(1)])))
     with pytest.raises(
         FormatError, match=f"is for '{H100_KEY}' in paired mode; this run is '{key}' in {mode}"
     ):
-        load_noise(path, key, mode)
+        read_noise(path, key, mode)
 
 
 def test_a_verdict_of_changed_code_is_refused_as_noise():

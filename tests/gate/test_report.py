@@ -15,7 +15,7 @@ from perf_synthetic import H100_KEY, bench_entry, noisy_samples, paired_blocks, 
 
 import attnkit_perf.report
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.history import history_link
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.report import data, markdown, plots

@@ -13,12 +13,13 @@ from perf_synthetic import H100_KEY, bench_entry, case_for, noisy_samples
 from scipy import stats
 
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.formats import FormatError
 from attnkit_perf.decide.hostbound import STORED_HOST_BOUND, stored_exempt
-from attnkit_perf.decide.noise import SD_CONFIDENCE, coverage_notes, load_noise, sd_upper_bound
+from attnkit_perf.decide.noise import SD_CONFIDENCE, noise_sigmas, sd_upper_bound
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import MAX_REMEASURES, StoredRule, settle
-from attnkit_perf.decide.verdict import BenchmarkVerdict
+from attnkit_perf.formats.noise import coverage_notes, read_noise
+from attnkit_perf.formats.schema import FormatError
+from attnkit_perf.formats.verdict import BenchmarkVerdict
 from attnkit_perf.run.session import describe
 
 MS = 1e-3
@@ -177,14 +178,14 @@ def _noise(tmp_path, names, timing="flush-by-read", runs=3) -> str:
 
 def test_the_gate_reads_the_bound_not_the_sample_sd(tmp_path):
     path = _noise(tmp_path, ["fwd[a]"])
-    bound = load_noise(path, H100_KEY, "paired", timing_protocol="flush-by-read")["fwd[a]"]
+    bound = noise_sigmas(read_noise(path, H100_KEY, "paired", timing_protocol="flush-by-read"))["fwd[a]"]
     assert bound == pytest.approx(sd_upper_bound(0.004, 3)) and bound > 3 * 0.004, bound
 
 
 def test_a_noise_file_of_another_timing_protocol_is_refused(tmp_path):
     path = _noise(tmp_path, ["fwd[a]"], timing="flush-by-zeroing")
     with pytest.raises(FormatError, match="measured with the 'flush-by-zeroing' timing protocol, this run"):
-        load_noise(path, H100_KEY, "paired", timing_protocol="flush-by-read")
+        read_noise(path, H100_KEY, "paired", timing_protocol="flush-by-read")
 
 
 def test_a_noise_file_that_does_not_describe_the_grid_says_so_loudly(tmp_path):

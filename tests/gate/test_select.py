@@ -231,7 +231,7 @@ def test_a_deleted_or_renamed_module_runs_everything():
 
 
 def test_a_verdict_with_nothing_affected_passes_only_for_that_reason():
-    from attnkit_perf.decide.verdict import VerdictDocument
+    from attnkit_perf.formats.verdict import VerdictDocument
     from attnkit_perf.report.terminal import summary_line
 
     selection = {"base": "main", "everything": False, "selected": 0, "skipped": [{"reason": "r", "count": 3}]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.cases import gpu_suite_cases
 from attnkit_perf.measure.processes import placement, shard_problem
 from attnkit_perf.report.merge import main as merge_main

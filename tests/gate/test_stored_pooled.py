@@ -16,10 +16,11 @@ from scipy import stats
 from attnkit_perf.commands import pool
 from attnkit_perf.decide import gate, pooled
 from attnkit_perf.decide.drift import LATENCY_MULTIPLE, drift_kind, latency_bound
-from attnkit_perf.decide.formats import FormatError, validate
 from attnkit_perf.decide.noise import SD_CONFIDENCE
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import StoredRule
+from attnkit_perf.formats import spread as spread_file
+from attnkit_perf.formats.schema import FormatError, validate
 from attnkit_perf.measure.machine import gpu_key
 
 US = 1e-6
@@ -160,12 +161,11 @@ def test_the_command_writes_both_files_and_the_gate_reads_the_bound(tmp_path, ca
         paths[-1].write_text(json.dumps(_recording(i, {"flash_a": offset, "cudnn_b": 1.0})))
     out = tmp_path / "baselines" / H100_KEY / "baseline.json"
     assert pool.main([*map(str, paths), "--out", str(out)]) == 0, capsys.readouterr().err
-    spread_path = out.parent / pooled.SPREAD_FILE
+    spread_path = out.parent / spread_file.SPREAD_FILE
     assert out.is_file() and spread_path.is_file(), capsys.readouterr().out
     baseline = json.loads(out.read_text())
-    sigmas, notes = pooled.load_spread(
-        spread_path, H100_KEY, baseline, baseline["machine_info"]["attnkit"]["timing"]
-    )
+    document = spread_file.read_spread(spread_path, H100_KEY, baseline["machine_info"]["attnkit"]["timing"])
+    sigmas, notes = pooled.spread_bounds(document, spread_path, baseline)
     name = next(
         b["extra_info"]["name"] for b in baseline["benchmarks"] if b["extra_info"]["backend"] == "flash_a"
     )
@@ -188,16 +188,18 @@ def test_a_spread_of_another_pool_gpu_or_protocol(tmp_path):
     path = tmp_path / "noise-stored.json"
     path.write_text(json.dumps(spread))
     single = copy.deepcopy(a)
-    sigmas, notes = pooled.load_spread(path, H100_KEY, single, None)
+    sigmas, notes = pooled.spread_bounds(spread_file.read_spread(path, H100_KEY, None), path, single)
     assert sigmas == {} and notes[0].startswith("WARNING: stored spread") and "a single recording" in notes[0]
+    sigmas, notes = pooled.spread_bounds(spread_file.read_spread(path, H100_KEY, None), path, baseline)
+    assert set(sigmas) == set(spread["benchmarks"]) and "2 recordings pooled" in notes[0], (sigmas, notes)
     with pytest.raises(FormatError, match="is for 'nvidia-h100-80gb-hbm3'; this run is 'nvidia-h200'"):
-        pooled.load_spread(path, "nvidia-h200", baseline, None)
+        spread_file.read_spread(path, "nvidia-h200", None)
     with pytest.raises(FormatError, match="timing protocol, this run times with 'other'"):
-        pooled.load_spread(path, H100_KEY, baseline, "other")
+        spread_file.read_spread(path, H100_KEY, "other")
     spread["benchmarks"][next(iter(spread["benchmarks"]))]["log_offsets"] = [0.1]
     path.write_text(json.dumps(spread))
     with pytest.raises(FormatError, match=r"is not a valid noise-stored file: at benchmarks/.*/log_offsets"):
-        pooled.load_spread(path, H100_KEY, baseline, None)
+        spread_file.read_spread(path, H100_KEY, None)
 
 
 @pytest.mark.parametrize("recordings", [2, 4, 6])

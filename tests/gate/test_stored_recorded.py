@@ -18,6 +18,7 @@ from attnkit_perf.decide import gate, pooled
 from attnkit_perf.decide.hostbound import STORED_HOST_BOUND
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import StoredRule
+from attnkit_perf.formats.verdict import FAILING
 
 DATA = Path(__file__).parent / "data"
 STORED = gate.Thresholds(slower=gate.Thresholds.STORED_SLOWER)
@@ -69,7 +70,7 @@ def test_the_aa_run_passes_and_no_host_bound_row_is_called_same(recorded):
     rows = rule.compare(baseline, run, {})
     assert len(rows) == 33, len(rows)
     outcomes = {info["name"]: d for info, d, _ in rows}
-    failing = {n: d.reason for n, d in outcomes.items() if d.outcome in gate.FAILING}
+    failing = {n: d.reason for n, d in outcomes.items() if d.outcome in FAILING}
     assert not failing, f"unchanged code failed: {failing}"
     for info, d, measured in rows:
         if info.get("host_bound") and measured["host_bound"]:

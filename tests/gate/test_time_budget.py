@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 from perf_synthetic import SHAPE
 
-from attnkit_perf.decide.formats import validate
 from attnkit_perf.decide.gate import Decision
 from attnkit_perf.decide.out_of_time import after_looks, not_reached, unfinished
 from attnkit_perf.decide.sequential import SequentialPlan
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.formats.schema import validate
+from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.measure.paired_session import PairedSettings, SideResult
 from attnkit_perf.report.data import RunInfo

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from attnkit_perf.decide import noise
-from attnkit_perf.decide.baseline import load_baseline
+from attnkit_perf.decide.noise import noise_sigmas
+from attnkit_perf.formats.baseline import load_baseline
+from attnkit_perf.formats.noise import read_noise
 from attnkit_tools.gate.baselines import BaselineError, Slot, join_recordings, main, make_slots, split_cores
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,7 +89,7 @@ def test_a_dry_run_on_the_cpu_writes_valid_files_covering_what_it_measured(tmp_p
     baseline = load_baseline(folder / "baseline.json", folder.name)
     names = {b["extra_info"]["name"] for b in baseline["benchmarks"]}
     assert names == {"fwd[naive-fp32-B1-H2-N128-D32]"}, names
-    sds = noise.load_noise(folder / "noise-paired.json", folder.name, "paired")
+    sds = noise_sigmas(read_noise(folder / "noise-paired.json", folder.name, "paired"))
     # The host metric's wall-time entry only where the A/A runs timed it: unchanged code's host
     # work count decides it without wall time.
     assert names <= set(sds) <= names | {f"{n}@host" for n in names}, sorted(sds)

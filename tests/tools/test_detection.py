@@ -9,7 +9,7 @@ import pytest
 from perf_synthetic import paired_blocks
 
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.run.session import describe
 from attnkit_tools.gate import detection

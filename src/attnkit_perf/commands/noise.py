@@ -2,9 +2,9 @@
 
     python -m attnkit_perf.commands.noise VERDICT.json [VERDICT.json ...] --out FILE
 
-What the file holds and how the gate uses it: :mod:`attnkit_perf.decide.noise`;
-``.ci/aa-noise.sh`` runs the whole procedure. Exit status 2, naming the file, when a verdict is
-unreadable.
+What the file holds: :mod:`attnkit_perf.formats.noise`; how the gate uses it:
+:mod:`attnkit_perf.decide.noise`; ``.ci/aa-noise.sh`` runs the whole procedure. Exit status 2,
+naming the file, when a verdict is unreadable.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.formats import FormatError, validate
-from attnkit_perf.decide.noise import SD_CONFIDENCE, build, sd_upper_bound
-from attnkit_perf.decide.verdict import VerdictDocument
+from attnkit_perf.decide.noise import SD_CONFIDENCE, sd_upper_bound
+from attnkit_perf.formats.noise import build
+from attnkit_perf.formats.schema import FormatError, validate
+from attnkit_perf.formats.verdict import VerdictDocument
 
 
 def main(argv: list[str] | None = None) -> int:

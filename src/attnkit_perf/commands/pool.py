@@ -14,9 +14,10 @@ import json
 import sys
 from pathlib import Path
 
-from attnkit_perf.decide.baseline import save_baseline
-from attnkit_perf.decide.formats import FormatError, read_json
-from attnkit_perf.decide.pooled import SPREAD_FILE, merge, pool_note, spread_sigmas
+from attnkit_perf.decide.pooled import merge, pool_note, spread_sigmas
+from attnkit_perf.formats.baseline import save_baseline
+from attnkit_perf.formats.schema import FormatError, read_json
+from attnkit_perf.formats.spread import SPREAD_FILE
 
 
 def main(argv: list[str] | None = None) -> int:

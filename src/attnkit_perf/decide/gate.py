@@ -68,25 +68,6 @@ from attnkit_perf.decide.stats import (
 #: worker processes in paired mode) and of the pairs' interval behind "slower" (two-sided).
 SAME_CONFIDENCE = 0.99
 
-OUTCOMES = (
-    "error",
-    "dropped",
-    "slower",
-    "more-memory",
-    "kept-memory",
-    "inconclusive",
-    "unfinished",
-    "not-reached",
-    "faster",
-    "new",
-    "missing",
-    "same",
-)
-FAILING = ("error", "dropped", "slower", "more-memory", "kept-memory")
-#: Rows paired mode did not decide within its time budget: cut short, or never started.
-OUT_OF_TIME = ("unfinished", "not-reached")
-#: Outcomes of a benchmark measured on both sides: a run with none of them compared nothing.
-COMPARED = ("slower", "more-memory", "kept-memory", "inconclusive", "unfinished", "faster", "same")
 MIB = 1024 * 1024
 
 
@@ -140,15 +121,6 @@ class Thresholds:
     #: Stored-mode default: GPU-bound kernels of this grid differed by up to 6% between two fresh
     #: H100s measured the same day (docs/PERF_GATE.md), machines of one model more than runs of one.
     STORED_SLOWER = 0.10
-
-
-def failing_outcomes(
-    fail_on_inconclusive: bool = False, allow_dropped: bool = False, fail_out_of_time: bool = False
-) -> tuple[str, ...]:
-    """The outcomes that fail a run under these options."""
-    kinds = FAILING + (("inconclusive",) if fail_on_inconclusive else ())
-    kinds += OUT_OF_TIME if fail_out_of_time else ()
-    return tuple(k for k in kinds if not (allow_dropped and k == "dropped"))
 
 
 def per_benchmark_alpha(t: Thresholds, benchmarks: int) -> float:

@@ -31,8 +31,8 @@ gate's simulations (``tests/gate/test_host.py``) three looks of 4 processes make
 slower in every measurement at a process sd of 2-3%, where one look made it so in 78% and 33%.
 
 ``t`` is :func:`attnkit_perf.decide.gate.benchmark_threshold` of the benchmark's host noise (the
-A/A noise file's entry :func:`host_noise_name`) with ``Thresholds.host_slower`` as the practical
-floor: no fixed host-bound floor.
+A/A noise file's entry :func:`attnkit_perf.formats.noise.host_noise_name`) with
+``Thresholds.host_slower`` as the practical floor: no fixed host-bound floor.
 
 **Kept memory.** A deterministic reading (allocator bytes still held after a fixed number of
 calls whose outputs were dropped): **kept-memory** when the head keeps more than
@@ -53,11 +53,6 @@ from attnkit_perf.decide.gate import Decision, Thresholds
 HOST_SAME_CONFIDENCE = 0.95
 #: Outcomes a joined row keeps over the host metric's slower or inconclusive.
 _WORSE_THAN_SLOWER = ("error", "dropped")
-
-
-def host_noise_name(name: str) -> str:
-    """The name under which the A/A noise file holds benchmark ``name``'s host metric."""
-    return f"{name}@host"
 
 
 def _problem(base: Sequence[float], head: Sequence[float]) -> str | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attnkit_perf.decide.verdict import VerdictDocument
+from attnkit_perf.formats.verdict import VerdictDocument
 
 #: What every part must share: (side, provenance key).
 SAME_RUN = (

@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from attnkit_perf.decide.gate import OUT_OF_TIME, Decision
+from attnkit_perf.decide.gate import Decision
+from attnkit_perf.formats.verdict import undecided
 
 #: ``--attnkit-out-of-time`` values.
 CHOICES = ("pass", "fail")
@@ -48,12 +49,6 @@ def not_reached(why: str) -> Decision:
     """The row of a benchmark the run did not start: its budget was spent (``why``)."""
     reason = f"not started within the time budget ({why})"
     return Decision("not-reached", reason=reason, extra={"out_of_time": why})
-
-
-def undecided(rows: Iterable) -> list[str]:
-    """The names of the rows (anything with ``name`` and ``outcome``) left undecided by the
-    time budget, in the order the run met them."""
-    return [row.name for row in rows if row.outcome in OUT_OF_TIME]
 
 
 def undecided_heading(count: int, budget_s: float | None) -> str:

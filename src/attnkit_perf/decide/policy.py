@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.host import host_noise_name
+from attnkit_perf.formats.noise import host_noise_name
 
 
 @dataclass

@@ -16,7 +16,7 @@ Pooling writes two files:
   (:func:`attnkit_perf.decide.drift.drift_kind`); ``machine_info["attnkit"]["pooled"]`` names
   the pool (``id``, ``recordings``);
 * the **spread** (``noise-stored.json`` beside it, format ``attnkit-perf-stored-spread/1``,
-  ``schemas/noise-stored.schema.json``): per benchmark, each recording's median after that
+  :mod:`attnkit_perf.formats.spread`): per benchmark, each recording's median after that
   correction as a log offset from their mean, and the standard deviation of those offsets; the
   pool's id, every recording's provenance and calibration, and the timing protocol.
 
@@ -48,14 +48,12 @@ import math
 import statistics
 from pathlib import Path
 
-from attnkit_perf.decide.baseline import recorded_gpu_key, recorded_timing_protocol
 from attnkit_perf.decide.drift import drift_for, drift_kind, latency_bound, run_calibration
-from attnkit_perf.decide.formats import FormatError, read_json, validate
 from attnkit_perf.decide.noise import SD_CONFIDENCE, sd_upper_bound
+from attnkit_perf.formats.baseline import recorded_gpu_key, recorded_timing_protocol
+from attnkit_perf.formats.schema import FormatError, validate
+from attnkit_perf.formats.spread import FORMAT, POOL_COMMAND, pool_of
 
-FORMAT = "attnkit-perf-stored-spread/1"
-SPREAD_FILE = "noise-stored.json"
-POOL_COMMAND = "python -m attnkit_perf.commands.pool RECORDING.json RECORDING.json ... --out BASELINE"
 #: Software that must match between pooled recordings (the driver may differ between machines:
 #: that is part of what the spread measures).
 SAME_SOFTWARE = ("torch", "cuda", "triton", "cudnn")
@@ -306,30 +304,23 @@ def _pool_id(benchmarks: list[dict]) -> str:
     return digest.hexdigest()[:16]
 
 
-def load_spread(path: Path | str, key: str, baseline: dict | None, timing_protocol: str | None):
-    """``({benchmark: sigma bound}, notes)`` from a spread file, validated. Refused (raises
-    :class:`FormatError`) for another GPU model or timing protocol; set aside with a WARNING
-    note when it belongs to another pool than ``baseline``."""
-    data = read_json(path, "stored spread")
-    validate("noise-stored", data, f"stored spread {path}")
-    if data["gpu_key"] != key:
-        raise FormatError(f"stored spread {path} is for {data['gpu_key']!r}; this run is {key!r}")
-    if timing_protocol is not None and data["timing"] != timing_protocol:
-        raise FormatError(
-            f"stored spread {path} was measured with the {data['timing']!r} timing protocol, this run "
-            f"times with {timing_protocol!r}: record and pool again ({POOL_COMMAND})"
-        )
-    pool = (_provenance(baseline or {}).get("pooled") or {}).get("id")
-    if pool != data["pool"]:
+def spread_bounds(
+    document: dict, path: Path | str, baseline: dict | None
+) -> tuple[dict[str, float], list[str]]:
+    """``({benchmark: sigma bound}, notes)`` from a spread document
+    (:func:`attnkit_perf.formats.spread.read_spread`) at ``path``; set aside with a WARNING note
+    when it belongs to another pool than ``baseline``."""
+    pool = pool_of(baseline or {})
+    if pool != document["pool"]:
         return {}, [
-            f"WARNING: stored spread {path} belongs to pool {data['pool']}, the baseline is "
+            f"WARNING: stored spread {path} belongs to pool {document['pool']}, the baseline is "
             f"{'pool ' + pool if pool else 'a single recording'}: not used, every benchmark held to "
             f"the practical threshold (pool the recordings again: {POOL_COMMAND})"
         ]
-    sigmas = spread_sigmas(data)
+    sigmas = spread_sigmas(document)
     notes = [
-        f"stored spread from {path}: {len(data['recordings'])} recordings pooled, "
-        f"{len(sigmas)} benchmarks with a spread; {pool_note(data)}"
+        f"stored spread from {path}: {len(document['recordings'])} recordings pooled, "
+        f"{len(sigmas)} benchmarks with a spread; {pool_note(document)}"
     ]
     names = {
         (b.get("extra_info") or {}).get("name") or b["fullname"]
@@ -342,16 +333,3 @@ def load_spread(path: Path | str, key: str, baseline: dict | None, timing_protoc
             "baseline (recorded once: held to the practical threshold): " + ", ".join(lacking)
         )
     return sigmas, notes
-
-
-def missing_note(path: Path | str) -> str:
-    return (
-        f"WARNING: no spread between recordings for this baseline ({path}): one machine's offset is "
-        "taken for the code's speed, every benchmark held to the practical threshold. Record on "
-        f"several machines of this model and pool them: {POOL_COMMAND}"
-    )
-
-
-def is_spread(path: Path | str) -> bool:
-    """Whether ``path`` holds a spread file (rather than an A/A noise file of stored mode)."""
-    return read_json(path, "stored noise").get("format") == FORMAT

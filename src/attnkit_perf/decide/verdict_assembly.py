@@ -1,4 +1,4 @@
-"""How a run's decisions become its verdict (:mod:`attnkit_perf.decide.verdict`): the row of a
+"""How a run's decisions become its verdict (:mod:`attnkit_perf.formats.verdict`): the row of a
 benchmark decided in paired mode, of one that raised, the rows of stored mode, and the document
 with both sides, the thresholds and the notes. The session hands in plain values: descriptions
 of the benchmarks, decisions, and what paired mode measured (read by field name, so that this
@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from attnkit_perf.decide.gate import Decision
 from attnkit_perf.decide.hostbound import host_bound_throughout, paired_share
 from attnkit_perf.decide.policy import RunPolicy
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 
 
 def _ms(seconds: float | None) -> float | None:

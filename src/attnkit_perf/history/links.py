@@ -61,7 +61,7 @@ def commit_anchor(sha: str) -> str:
 def history_link(verdict, site_url: str) -> str | None:
     """The history page of the GPU model a verdict was measured on, at its base commit's runs.
 
-    ``verdict``: an :class:`attnkit_perf.decide.verdict.VerdictDocument` or its dict. The base is
+    ``verdict``: an :class:`attnkit_perf.formats.verdict.VerdictDocument` or its dict. The base is
     the stored baseline's recorded commit (stored mode) or the merge base (paired mode). None
     when the base names no GPU key or no commit."""
     base = verdict["base"] if isinstance(verdict, dict) else verdict.base

@@ -7,7 +7,7 @@ every round's time, the case description in ``extra_info`` and the provenance in
 record run writes none.
 
 One run becomes one file, ``<gpu_key>/<commit date>-<sha12>-<recorded>.json`` in format
-``attnkit-perf-history/1`` (``decide/schemas/history-run.schema.json``): appends from two jobs
+``attnkit-perf-history/1`` (``formats/schemas/history-run.schema.json``): appends from two jobs
 never touch the same file, so the store's branch merges without conflicts.
 """
 
@@ -19,7 +19,7 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from attnkit_perf.decide.formats import FormatError, read_json, validate
+from attnkit_perf.formats.schema import FormatError, read_json, validate
 
 FORMAT = "attnkit-perf-history/1"
 SCHEMA = "history-run"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnkit_perf.decide.formats import FormatError, read_json, validate
+from attnkit_perf.formats.schema import FormatError, read_json, validate
 from attnkit_perf.history.record import SCHEMA, HistoryError
 
 #: Provenance that changes kernel speed without a commit; a step that coincides with a change

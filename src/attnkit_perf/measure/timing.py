@@ -34,7 +34,7 @@ _FLUSH_BYTES_MIN = 256 * 1024 * 1024
 
 #: The name of this module's protocol, stored with every baseline (``machine_info["attnkit"]
 #: ["timing"]``): timings taken under another one are not compared
-#: (:func:`attnkit_perf.decide.baseline.load_baseline`). The L2 is evicted by reading
+#: (:func:`attnkit_perf.formats.baseline.load_baseline`). The L2 is evicted by reading
 #: (:class:`L2Flusher`); baselines that name no protocol were timed with a zeroing flush.
 TIMING_PROTOCOL = "flush-by-read"
 

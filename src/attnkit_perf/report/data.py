@@ -1,4 +1,4 @@
-"""What the report reads besides the verdict (:class:`attnkit_perf.decide.verdict.VerdictDocument`):
+"""What the report reads besides the verdict (:class:`attnkit_perf.formats.verdict.VerdictDocument`):
 a pytest-benchmark JSON run, loaded into plain measurements that the Markdown and the plots
 share. Rows are joined on the benchmark's case (backend, pass, shape), not on pytest's ids.
 """
@@ -9,8 +9,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnkit_perf.decide.formats import read_json, validate
-from attnkit_perf.decide.verdict import VerdictDocument
+from attnkit_perf.formats.schema import read_json, validate
+from attnkit_perf.formats.verdict import VerdictDocument
 
 CaseKey = tuple[str, str, tuple[tuple[str, object], ...]]
 

@@ -3,7 +3,7 @@ memory."""
 
 from __future__ import annotations
 
-from attnkit_perf.decide.verdict import VerdictDocument
+from attnkit_perf.formats.verdict import VerdictDocument
 from attnkit_perf.report.formatting import VERDICT_LABELS, format_bytes, format_ratio, table
 
 

@@ -26,10 +26,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from attnkit_perf.decide.formats import FormatError
-from attnkit_perf.decide.gate import OUTCOMES
 from attnkit_perf.decide.out_of_time import undecided_heading
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.formats.schema import FormatError
+from attnkit_perf.formats.verdict import OUTCOMES, BenchmarkVerdict, VerdictDocument
 from attnkit_perf.history.links import history_link
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.report.data import (

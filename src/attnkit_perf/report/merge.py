@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnkit_perf.decide.formats import FormatError
 from attnkit_perf.decide.merge import merge_verdicts
-from attnkit_perf.decide.verdict import VerdictDocument
+from attnkit_perf.formats.schema import FormatError
+from attnkit_perf.formats.verdict import VerdictDocument
 from attnkit_perf.report.terminal import summary_line
 
 

@@ -5,7 +5,7 @@ budget cut names the rows it did not decide on that line too."""
 from __future__ import annotations
 
 from attnkit_perf.decide.out_of_time import undecided_line
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 
 
 def _ms(value: float | None) -> str:

@@ -12,10 +12,11 @@ import torch
 
 from attnkit_perf.decide import gate, pooled
 from attnkit_perf.decide import out_of_time as out_of_time_
-from attnkit_perf.decide.baseline import RECORD_COMMAND, baseline_path, load_baseline, missing_message
-from attnkit_perf.decide.formats import FormatError, read_json
-from attnkit_perf.decide.host import host_noise_name
-from attnkit_perf.decide.noise import coverage_notes, load_noise, noise_file, noise_protocol
+from attnkit_perf.decide.noise import noise_sigmas
+from attnkit_perf.formats import spread
+from attnkit_perf.formats.baseline import RECORD_COMMAND, baseline_path, load_baseline, missing_message
+from attnkit_perf.formats.noise import coverage_notes, host_noise_name, noise_file, noise_protocol, read_noise
+from attnkit_perf.formats.schema import FormatError
 from attnkit_perf.measure.timing import TIMING_PROTOCOL
 
 
@@ -155,17 +156,18 @@ def noise(
     path = opt["noise"] or noise_file(root, key, mode)
     if mode == "stored" and str(path) != "none":
         if not opt["noise"] and not Path(path).is_file():
-            return {}, [pooled.missing_note(path)], None
+            return {}, [spread.missing_note(path)], None
         try:
-            if pooled.is_spread(path):
-                return (*pooled.load_spread(path, key, baseline, TIMING_PROTOCOL), None)
+            if spread.is_spread(path):
+                document = spread.read_spread(path, key, TIMING_PROTOCOL)
+                return (*pooled.spread_bounds(document, path, baseline), None)
         except FormatError as err:
             raise _usage(str(err)) from err
     if str(path) == "none" or (not opt["noise"] and not Path(path).is_file()):
         return {}, [f"no A/A noise file ({path}): every benchmark held to the practical threshold"], None
     try:
-        sds = load_noise(path, key, mode, timing_protocol=TIMING_PROTOCOL)
-        protocol = noise_protocol(read_json(path, "A/A noise"))
+        document = read_noise(path, key, mode, timing_protocol=TIMING_PROTOCOL)
+        sds, protocol = noise_sigmas(document), noise_protocol(document)
     except FormatError as err:
         raise _usage(str(err)) from err
     return sds, [f"A/A noise from {path}: {len(sds)} benchmarks"], (path, protocol)

@@ -26,15 +26,11 @@ import pytest
 
 from attnkit.device import gpu_key, named_test_device, test_device
 from attnkit.errors import UnsupportedProblemError
-from attnkit_perf.decide import gate
-from attnkit_perf.decide.baseline import baseline_path, save_baseline
-from attnkit_perf.decide.formats import FormatError
 from attnkit_perf.decide.out_of_time import after_looks, not_reached
 from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.sequential import LookBudget, SequentialPlan
 from attnkit_perf.decide.stored import StoredRule
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.decide.verdict_assembly import (
     error_row,
     paired_base,
@@ -43,6 +39,9 @@ from attnkit_perf.decide.verdict_assembly import (
     stored_rows,
     verdict_document,
 )
+from attnkit_perf.formats.baseline import baseline_path, save_baseline
+from attnkit_perf.formats.schema import FormatError
+from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument, failing_outcomes
 from attnkit_perf.measure.cases import BenchCase
 from attnkit_perf.measure.machine import provenance, version_differences
 from attnkit_perf.measure.measurer import CaseMeasurer, MeasureSettings
@@ -311,7 +310,7 @@ class PerfSession:
 
     def _failing_outcomes(self) -> tuple[str, ...]:
         t = self.thresholds
-        return gate.failing_outcomes(t.fail_on_inconclusive, t.allow_dropped, t.fail_out_of_time)
+        return failing_outcomes(t.fail_on_inconclusive, t.allow_dropped, t.fail_out_of_time)
 
     def record_error(self, nodeid: str, name: str, excinfo) -> BenchmarkVerdict:
         """The "error" row of a benchmark whose test raised ``excinfo`` (failing)."""

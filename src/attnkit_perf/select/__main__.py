@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from attnkit_perf.decide.formats import validate
+from attnkit_perf.formats.schema import validate
 from attnkit_perf.select.changes import ChangesError, changed_files, text_at
 from attnkit_perf.select.rules import affected
 

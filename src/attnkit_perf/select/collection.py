@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from attnkit_perf.decide.formats import FormatError, read_json, validate
+from attnkit_perf.formats.schema import FormatError, read_json, validate
 from attnkit_perf.select.changes import ChangesError, changed_files, text_at
 from attnkit_perf.select.rules import Affected, DependencyMap, affected
 
@@ -46,7 +46,7 @@ def decide(root: Path, base: str, gpu: str | None) -> Affected | str:
 def read_selection(path: Path | str, gpu: str | None) -> Affected:
     """The decision in the selection file at ``path``, for a run on GPU model ``gpu``; a file
     that is missing, not of the selection format, or made for another GPU model is a
-    :class:`~attnkit_perf.decide.formats.FormatError` saying so."""
+    :class:`~attnkit_perf.formats.schema.FormatError` saying so."""
     data = read_json(path, "selection")
     validate("selection", data, f"selection file {path}")
     try:

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from attnkit_perf.decide.formats import read_json, validate
+from attnkit_perf.formats.schema import read_json, validate
 
 FORMAT = "attnkit-true-effect/1"
 

@@ -11,7 +11,7 @@ root: the baseline keeps the names that ``pytest tests/perf --benchmark-compare`
 It writes, under ``--out`` (default ``baselines``), ``<gpu_key>/baseline.json`` and
 ``noise-stored.json`` (``--recordings`` stored-mode recordings pooled:
 :mod:`attnkit_perf.decide.pooled`) and ``noise-paired.json`` (``--aa-runs`` paired runs of this
-tree against a copy of itself: :mod:`attnkit_perf.decide.noise`).
+tree against a copy of itself: :mod:`attnkit_perf.formats.noise`).
 
 **How the GPUs share it.** Every recording and every A/A run is split over the GPUs with the
 gate's own sharding (``--attnkit-shard=I/N``, :mod:`attnkit_perf.run.shards`: balanced by expected
@@ -48,12 +48,13 @@ from pathlib import Path
 from attnkit_perf.bench import cpu_suite_cases, gpu_suite_cases, visible_gpus
 from attnkit_perf.commands import noise as noise_command
 from attnkit_perf.commands import pool as pool_command
-from attnkit_perf.decide import noise, pooled
-from attnkit_perf.decide.baseline import load_baseline
-from attnkit_perf.decide.formats import FormatError, read_json, validate
-from attnkit_perf.decide.host import host_noise_name
 from attnkit_perf.decide.merge import merge_verdicts
-from attnkit_perf.decide.verdict import VerdictDocument
+from attnkit_perf.decide.noise import noise_sigmas
+from attnkit_perf.formats.baseline import load_baseline
+from attnkit_perf.formats.noise import host_noise_name, read_noise
+from attnkit_perf.formats.schema import FormatError, read_json, validate
+from attnkit_perf.formats.spread import SPREAD_FILE
+from attnkit_perf.formats.verdict import VerdictDocument
 
 
 class BaselineError(RuntimeError):
@@ -162,8 +163,8 @@ def check_outputs(folder: Path, key: str, selected: set[str], hosted: set[str]) 
     """Load the written files as the gate does (schemas, GPU model, protocol) and return what the
     ``selected`` rows lack: empty when the baseline and the paired noise cover them all."""
     baseline = load_baseline(folder / "baseline.json", key)
-    validate("noise-stored", read_json(folder / pooled.SPREAD_FILE, "stored spread"), "the stored spread")
-    sds = noise.load_noise(folder / "noise-paired.json", key, "paired")
+    validate("noise-stored", read_json(folder / SPREAD_FILE, "stored spread"), "the stored spread")
+    sds = noise_sigmas(read_noise(folder / "noise-paired.json", key, "paired"))
     recorded = {b["extra_info"]["name"] for b in baseline["benchmarks"]}
     lacking = [f"baseline lacks {n}" for n in sorted(selected - recorded)]
     lacking += [f"noise-paired lacks {n}" for n in sorted(selected - set(sds))]
@@ -300,10 +301,10 @@ def _refresh(args) -> int:
             print(f"  {name}")
     target = Path(args.out) / key
     target.mkdir(parents=True, exist_ok=True)
-    for name in ("baseline.json", pooled.SPREAD_FILE, "noise-paired.json"):
+    for name in ("baseline.json", SPREAD_FILE, "noise-paired.json"):
         shutil.copyfile(staged / name, target / name)
     print(
-        f"wrote {target}/: baseline.json, {pooled.SPREAD_FILE}, noise-paired.json "
+        f"wrote {target}/: baseline.json, {SPREAD_FILE}, noise-paired.json "
         f"({len(measured[0])} rows) in {time.perf_counter() - began:.0f} s"
     )
     return 0

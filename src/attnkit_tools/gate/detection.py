@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnkit_perf.decide.formats import FormatError
-from attnkit_perf.decide.verdict import BenchmarkVerdict, VerdictDocument
+from attnkit_perf.formats.schema import FormatError
+from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_tools.gate.ab_dobench import read_effects
 
 #: Bands of true effect (head/base), lower bounds; each band runs to the next one's.

@@ -3,7 +3,7 @@
 Format ``attnkit-perf-verdict/2``, validated by ``schemas/verdict.schema.json`` on write and on
 read. A document holds the mode (``paired`` or ``stored``), both sides' provenance, the
 thresholds, and one row per benchmark (:class:`BenchmarkVerdict`). ``passed`` is false iff a
-row fails (:data:`attnkit_perf.decide.gate.FAILING`: error, dropped unless allowed, slower,
+row fails (:data:`FAILING`: error, dropped unless allowed, slower,
 more-memory, kept-memory; inconclusive too when the run was told to fail on those, and the rows
 its time budget left undecided under ``--attnkit-out-of-time=fail``), no benchmark was compared
 at all (a gate that guarded nothing has not passed), or the document is not ``complete``: paired
@@ -16,14 +16,50 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from attnkit_perf.decide.formats import read_json, validate
-from attnkit_perf.decide.gate import COMPARED, FAILING, OUTCOMES, Decision, failing_outcomes
-from attnkit_perf.decide.out_of_time import undecided
+from attnkit_perf.formats.schema import read_json, validate
 
 FORMAT = "attnkit-perf-verdict/2"
+
+#: Every outcome a row can have (the schema's enum), in the order reports list them; the rules
+#: that give each are :mod:`attnkit_perf.decide`'s.
+OUTCOMES = (
+    "error",
+    "dropped",
+    "slower",
+    "more-memory",
+    "kept-memory",
+    "inconclusive",
+    "unfinished",
+    "not-reached",
+    "faster",
+    "new",
+    "missing",
+    "same",
+)
+FAILING = ("error", "dropped", "slower", "more-memory", "kept-memory")
+#: Rows paired mode did not decide within its time budget: cut short, or never started.
+OUT_OF_TIME = ("unfinished", "not-reached")
+#: Outcomes of a benchmark measured on both sides: a run with none of them compared nothing.
+COMPARED = ("slower", "more-memory", "kept-memory", "inconclusive", "unfinished", "faster", "same")
+
+
+def failing_outcomes(
+    fail_on_inconclusive: bool = False, allow_dropped: bool = False, fail_out_of_time: bool = False
+) -> tuple[str, ...]:
+    """The outcomes that fail a run under these options."""
+    kinds = FAILING + (("inconclusive",) if fail_on_inconclusive else ())
+    kinds += OUT_OF_TIME if fail_out_of_time else ()
+    return tuple(k for k in kinds if not (allow_dropped and k == "dropped"))
+
+
+def undecided(rows: Iterable) -> list[str]:
+    """The names of the rows (anything with ``name`` and ``outcome``) left undecided by the
+    time budget (:data:`OUT_OF_TIME`), in the order the run met them."""
+    return [row.name for row in rows if row.outcome in OUT_OF_TIME]
 
 
 @dataclass
@@ -59,7 +95,9 @@ class BenchmarkVerdict:
     evidence: dict = field(default_factory=dict)
 
     @classmethod
-    def from_decision(cls, describe: dict, decision: Decision, **measured) -> BenchmarkVerdict:
+    def from_decision(cls, describe: dict, decision, **measured) -> BenchmarkVerdict:
+        """The row of a rule's ``decision`` (an :class:`attnkit_perf.decide.gate.Decision`, read by
+        its fields: the file format does not depend on the rules) for the case ``describe``."""
         extra = dict(decision.extra)
         measured.setdefault("host", extra.pop("host", None))
         measured.setdefault("kept", extra.pop("kept", None))

@@ -19,7 +19,7 @@ class FormatError(Exception):
 
 @functools.cache
 def _validator(kind: str) -> jsonschema.protocols.Validator:
-    text = resources.files("attnkit_perf.decide").joinpath(f"schemas/{kind}.schema.json").read_text()
+    text = resources.files("attnkit_perf.formats").joinpath(f"schemas/{kind}.schema.json").read_text()
     schema = json.loads(text)
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)

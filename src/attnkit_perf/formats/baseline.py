@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from attnkit_perf.decide.formats import FormatError, read_json, validate
+from attnkit_perf.formats.schema import FormatError, read_json, validate
 
 BASELINE_FILE = "baseline.json"
 RECORD_COMMAND = (
