@@ -124,11 +124,11 @@ for step in "${steps[@]}"; do
                 (run cd "$tree" && limited env ATTNKIT_BASE="$base" bash .ci/gpu-gate.sh "$dir/gate")
                 gate=$?
                 read -r -a words < "$dir/cases"
-                run cd "$tree" && limited env PYTHONPATH="$tree/src" "$python" -m attnkit_tools.gate.ab_dobench \
+                run cd "$tree" && limited env PYTHONPATH="$tree/src${PYTHONPATH:+:$PYTHONPATH}" "$python" -m attnkit_tools.gate.ab_dobench \
                     --base "$scratch/$name-base/src" --head "$tree/src" --match "${words[@]}" \
                     --rounds "${AB_ROUNDS:-3}" --out "$dir/ab.json" > "$dir/ab.txt"
                 if [ -f "$dir/ab.json" ] && [ -f "$dir/gate/verdict.json" ]; then
-                    run env PYTHONPATH="$tree/src" "$python" -m attnkit_tools.gate.detection --effects "$dir/ab.json" \
+                    run env PYTHONPATH="$tree/src${PYTHONPATH:+:$PYTHONPATH}" "$python" -m attnkit_tools.gate.detection --effects "$dir/ab.json" \
                         --verdict "$dir/gate/verdict.json" --out "$dir/detection.md" > /dev/null
                 fi
                 exit "$gate" ;;
