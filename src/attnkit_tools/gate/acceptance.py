@@ -5,11 +5,13 @@ wrote (the gate's ``correctness.xml`` and ``verdict.json``, the step's ``status`
 A step is one of:
 
 * ``aa`` / ``aa-all``: the whole gate on unchanged code against a copy of itself. Every failed
-  correctness test and every perf row that is not ``same`` or ``faster`` is a false alarm, but
-  for the rows the time budget left undecided (``unfinished``, ``not-reached``), which are listed
-  apart with their count; the step passes when the gate passed with no false alarm.
-* ``stored``: stored mode on unchanged code. Every row that is not ``same`` or ``faster`` is a
-  false alarm (``new`` and ``missing`` included: the baseline must cover the grid).
+  correctness test and every perf row whose outcome fails a pull request is a false alarm. The
+  undecided rows are listed apart, each with its reason and their count: ``inconclusive`` (measured
+  to its budget and still unclear, which the gate's rule never fails) and the rows the time budget
+  left undecided (``unfinished``, ``not-reached``). They raise no alarm and are no evidence of
+  quiet either. The step passes when the gate passed with no false alarm.
+* ``stored``: stored mode on unchanged code, read the same way (``new`` and ``missing`` are
+  false alarms: the baseline must cover the grid).
 * ``change-NAME``: the gate on a planted change. It passes when the gate failed on a row the
   change's cases name (``# cases:`` of its patch), as ``slower`` or ``more-memory``.
 
@@ -28,9 +30,10 @@ from pathlib import Path
 QUIET = ("same", "faster")
 #: Perf outcomes that fail a row: what a planted change must cause on its affected row.
 FAILING = ("slower", "more-memory", "kept-memory")
-#: Rows the time budget left undecided (the PR tier's default lets them pass, named): no alarm,
-#: and no evidence of quiet either; listed apart, with their count.
-UNDECIDED = ("unfinished", "not-reached")
+#: Rows the gate could not decide: unclear after their measuring budget, or left undecided by the
+#: time budget (the PR tier's default lets them pass, named). No alarm, and no evidence of quiet
+#: either: listed apart, each with its reason, with their count.
+UNDECIDED = ("inconclusive", "unfinished", "not-reached")
 
 
 def correctness_failures(junit: Path) -> tuple[dict, list[str]]:
@@ -102,8 +105,10 @@ def summarize(folder: Path) -> tuple[bool, list[str]]:
         lines.append(f"- false alarms: {len(alarms)}")
         lines += [f"  - {alarm}" for alarm in alarms]
         if undecided:
-            lines.append(f"- not decided in the time budget: {len(undecided)} of {len(rows)} rows")
-            lines += [f"  - {r['outcome']} {r['name']}" for r in undecided]
+            lines.append(
+                f"- undecided (no alarm, no evidence of quiet): {len(undecided)} of {len(rows)} rows"
+            )
+            lines += [f"  - {r['outcome']} {r['name']}: {r.get('reason')}" for r in undecided]
     lines += [f"- **verdict: {'PASS' if passed else 'FAIL'}**", ""]
     return passed, lines
 
