@@ -55,9 +55,15 @@ def compare_fingerprints(base: Mapping | None, head: Mapping | None) -> Identity
         )
     base_bins, head_bins = base.get("binaries", {}), head.get("binaries", {})
     for name in sorted(set(base_bins) | set(head_bins)):
-        if base_bins.get(name) != head_bins.get(name):
+        was, now = set(base_bins.get(name, ())), set(head_bins.get(name, ()))
+        if was != now:
+            # The digests are every binary of that name the side's process holds, so a
+            # specialisation compiled for another row on one side only also shows here.
             return Identity(
-                "differs", f"kernel {name} is another binary on the head (its machine code changed)"
+                "differs",
+                f"kernel {name}: other binaries on the head (the processes hold {len(was)} on the "
+                f"base, {len(now)} on the head; {len(was - now)} only on the base, {len(now - was)} "
+                "only on the head)",
             )
     kernels = sum(1 for kind, _, _ in head_launches if kind == "kernel")
     return Identity(
