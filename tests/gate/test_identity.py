@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import copy
+import gc
+import hashlib
+from types import SimpleNamespace
 
 import torch
+from triton.runtime.jit import JITFunction
 
 from attnkit_perf.decide.identity import compare_fingerprints, identity_decision
-from attnkit_perf.measure.fingerprint import compiled_binaries, gpu_work, launch_fingerprint
+from attnkit_perf.measure.fingerprint import compiled_binaries, gpu_work, launch_fingerprint, launched_shapes
 
 TRACE = [
     {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "ts": 1},
@@ -74,7 +78,57 @@ def test_no_fingerprint_is_taken_off_a_gpu():
 
 
 def test_binaries_are_named_only_for_the_kernels_asked_about():
-    assert compiled_binaries({"no_such_kernel_anywhere"}) == {}
+    assert compiled_binaries({"no_such_kernel_anywhere": {(32, 0)}}) == {}
+
+
+class _FakeJIT(JITFunction):
+    """A JITFunction's caches without a function: what compiled_binaries reads."""
+
+    def __init__(self, *compiled):
+        self.device_caches = {0: ({i: c for i, c in enumerate(compiled)},)}
+
+
+def _compiled(name, code, regs, shared):
+    return SimpleNamespace(name=name, kernel=code, n_regs=regs, metadata=SimpleNamespace(shared=shared))
+
+
+def _digest(code):
+    return hashlib.sha256(code).hexdigest()[:16]
+
+
+def test_only_the_binaries_the_call_launched_are_named_not_other_rows_specialisations():
+    launched = launched_shapes(gpu_work(TRACE))  # _plain_fwd_kernel: 168 registers, 65536 B shared
+    assert launched == {"_plain_fwd_kernel": {(168, 65536)}}
+    name = "_plain_fwd_kernel"
+    this_row = _compiled(name, b"this row's code", 168, 65536)
+    other_row = _compiled(name, b"another row's code", 96, 32768)
+    base_process, head_process = _FakeJIT(this_row), _FakeJIT(this_row, other_row)  # noqa: F841
+    named = compiled_binaries(launched)
+    # Both processes' JITFunctions are alive here: the other row's binary is held, not named.
+    assert named[name] == [_digest(b"this row's code")]
+
+
+def test_a_launch_that_matches_no_binary_names_every_binary_of_its_kernel():
+    name = "_plain_fwd_kernel_unmatched"
+    held = _FakeJIT(_compiled(name, b"code a", 168, 65536), _compiled(name, b"code b", 96, 0))  # noqa: F841
+    named = compiled_binaries({name: {(168, 65536), (40, 1024)}})
+    assert named[name] == sorted([_digest(b"code a"), _digest(b"code b")])
+
+
+def test_a_changed_binary_with_the_same_launch_shape_still_differs():
+    name = "_plain_fwd_kernel_changed"
+    launched = {name: {(168, 65536)}}
+    base = _FakeJIT(_compiled(name, b"base code", 168, 65536))
+    base_binaries = compiled_binaries(launched)
+    del base
+    gc.collect()
+    head = _FakeJIT(_compiled(name, b"head code", 168, 65536))  # noqa: F841
+    head_binaries = compiled_binaries(launched)
+    identity = compare_fingerprints(
+        {"launches": gpu_work(TRACE), "binaries": base_binaries},
+        {"launches": gpu_work(TRACE), "binaries": head_binaries},
+    )
+    assert identity.outcome == "differs" and name in identity.reason, identity.reason
 
 
 # --- in paired mode's procedure -------------------------------------------------------------------

@@ -14,8 +14,9 @@ attnkit's own, cuDNN's or an inductor graph's, however it was launched: Triton's
 attnkit's bound fast launch, its compiled fast path or a CUDA graph replay. A kernel of a library
 (cuDNN, cuBLAS, ATen) is named by its symbol; the library's code is the environment's, the same
 on both sides. A Triton or Gluon kernel's symbol is its function's name, shared by every
-specialisation, so its binary is named too: the digest of every binary of that name compiled in
-the process (``CompiledKernel.kernel``, the cubin), taken from each ``JITFunction``'s caches.
+specialisation, so its binary is named too: the digest of each binary of that name compiled in
+the process (``CompiledKernel.kernel``, the cubin, from each ``JITFunction``'s caches) whose
+registers and shared memory are those of the call's launches of that name.
 
 Scalar arguments are not part of the fingerprint: a change that passes other values to the same
 binary with the same launch shape (a loop bound, say) is not seen here. Such a change alters the
@@ -61,8 +62,18 @@ def launch_fingerprint(call: Callable[[], object], device) -> dict | None:
     launches = gpu_work(trace.get("traceEvents", []))
     if not launches:
         return None
-    names = {name for kind, name, _ in launches if kind == "kernel"}
-    return {"launches": launches, "binaries": compiled_binaries(names)}
+    return {"launches": launches, "binaries": compiled_binaries(launched_shapes(launches))}
+
+
+def launched_shapes(launches: list[list]) -> dict[str, set[tuple]]:
+    """Per kernel name, the (registers per thread, shared memory) of each of its launches."""
+    shapes: dict[str, set[tuple]] = {}
+    for kind, name, shape in launches:
+        if kind == "kernel":
+            shapes.setdefault(name, set()).add(
+                (shape.get("registers per thread"), shape.get("shared memory"))
+            )
+    return shapes
 
 
 def gpu_work(events: list[dict]) -> list[list]:
@@ -82,14 +93,21 @@ def gpu_work(events: list[dict]) -> list[list]:
     return [item for _, item in work]
 
 
-def compiled_binaries(names: set[str]) -> dict[str, list[str]]:
-    """Per kernel name of ``names``, the sorted digests of every binary of that name that a
-    ``JITFunction`` of this process has compiled (Triton's and Gluon's; none for a library's)."""
+def compiled_binaries(launched: dict[str, set[tuple]]) -> dict[str, list[str]]:
+    """Per kernel name of ``launched``, the sorted digests of the binaries of that name that a
+    ``JITFunction`` of this process has compiled (Triton's and Gluon's; none for a library's).
+
+    A process holds a binary for every specialisation it compiled, for other rows too; of those,
+    the binaries whose registers and shared memory are what the trace recorded for the name's
+    launches (``launched``: :func:`launched_shapes`) are the ones this call ran, and only they
+    are named. Where a launch matches none (a field the driver reports otherwise, handles not
+    loaded), every binary of the name is: the comparison may then differ for another row's sake,
+    which times the row, but never hides a binary of the call."""
     try:
         from triton.runtime.jit import JITFunction
     except ImportError:
         return {}
-    found: dict[str, set[str]] = {}
+    found: dict[str, list[tuple[str, tuple]]] = {}
     for obj in gc.get_objects():
         # type(), not isinstance(): isinstance reads __class__, which some lazy modules' objects
         # answer with a deprecation warning.
@@ -99,6 +117,19 @@ def compiled_binaries(names: set[str]) -> dict[str, list[str]]:
             for compiled in caches[0].values():
                 name = getattr(compiled, "name", None)
                 binary = getattr(compiled, "kernel", None)
-                if name in names and isinstance(binary, (bytes, bytearray)):
-                    found.setdefault(name, set()).add(hashlib.sha256(binary).hexdigest()[:16])
-    return {name: sorted(digests) for name, digests in sorted(found.items())}
+                if name in launched and isinstance(binary, (bytes, bytearray)):
+                    shape = (getattr(compiled, "n_regs", None), _shared_bytes(compiled))
+                    found.setdefault(name, []).append((hashlib.sha256(binary).hexdigest()[:16], shape))
+    named = {}
+    for name, binaries in sorted(found.items()):
+        shapes = {shape for _, shape in binaries}
+        if launched[name] <= shapes:  # every launch of the name has its binary here
+            named[name] = sorted({digest for digest, shape in binaries if shape in launched[name]})
+        else:
+            named[name] = sorted({digest for digest, _ in binaries})
+    return named
+
+
+def _shared_bytes(compiled) -> int | None:
+    metadata = getattr(compiled, "metadata", None)
+    return getattr(metadata, "shared", None)
