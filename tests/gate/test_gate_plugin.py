@@ -818,7 +818,7 @@ def test_paired_mode_rewrites_the_verdict_after_each_benchmark(tmp_path):
 def test_a_paired_benchmark_is_host_bound_only_when_both_sides_are(base_share, head_share, host_bound):
     """Neither side alone may put a benchmark under the loose host-bound threshold: a change that
     adds host work would hide behind it."""
-    from attnkit_perf.decide.hostbound import host_bound_pair
+    from attnkit_perf.decide.host import host_bound_pair
 
     assert host_bound_pair(base_share, head_share) is host_bound, f"base {base_share}, head {head_share}"
 
@@ -834,7 +834,7 @@ def test_a_paired_benchmark_is_host_bound_only_when_both_sides_are(base_share, h
 def test_a_confirmed_benchmark_is_host_bound_only_when_every_measurement_says_so(first, second, host_bound):
     """The confirmation of a suspect is judged by the strictest classification seen: a slowdown
     measured under the GPU rule must not pass because fresh processes read host-bound."""
-    from attnkit_perf.decide.hostbound import host_bound_throughout
+    from attnkit_perf.decide.host import host_bound_throughout
     from attnkit_perf.measure.paired_session import SideResult
 
     def measurement(shares):

@@ -26,13 +26,13 @@ from attnkit_perf.measure.host import (
     KEPT_CALLS,
     HostBatch,
     KeptMemoryError,
+    extend_host,
     host_per_call,
     kept_batches,
     kept_bytes,
     release_garbage,
     time_batch,
 )
-from attnkit_perf.measure.host_rounds import extend_host
 from attnkit_perf.measure.paired_session import PairedSettings, SideResult
 from attnkit_perf.run.session import PerfSession
 

@@ -1,4 +1,4 @@
-"""The host work count (measure/hostcount.py) and its decision (decide/hostcount.py): the same
+"""The host work count (measure/host.py) and its decision (decide/host.py): the same
 count on every call, in every fresh process; a planted change adding Python per call makes it
 grow; paired and stored mode decide host rows on it, and hand the rows it cannot speak for to
 wall time."""
@@ -17,12 +17,12 @@ import torch
 
 from attnkit_perf.decide import gate
 from attnkit_perf.decide.gate import Decision
-from attnkit_perf.decide.hostcount import compare_counts, count_decision, side_count, with_stored_count
+from attnkit_perf.decide.host import compare_counts, count_decision, side_count, with_stored_count
 from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.formats.schema import validate
 from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.cases import BenchCase, build_runner
-from attnkit_perf.measure.hostcount import count_call, count_environment, host_count
+from attnkit_perf.measure.host import count_call, count_environment, host_count
 from attnkit_perf.measure.paired_session import SideResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +130,7 @@ def test_the_garbage_collector_does_not_move_the_count():
 _PROBE = """
 import json, torch
 from attnkit_perf.measure.cases import BenchCase, build_runner
-from attnkit_perf.measure.hostcount import host_count
+from attnkit_perf.measure.host import host_count
 out = {}
 for backend in ("naive", "sdpa", "tiled"):
     case = BenchCase(backend, "fwd", 1, 2, 2, 128, 32, True, "fp32", mode="loop")

@@ -13,7 +13,7 @@ from perf_synthetic import H100_KEY, bench_entry, case_for, noisy_samples
 from scipy import stats
 
 from attnkit_perf.decide import gate
-from attnkit_perf.decide.hostbound import STORED_HOST_BOUND, stored_exempt
+from attnkit_perf.decide.host import STORED_HOST_BOUND, stored_exempt
 from attnkit_perf.decide.noise import SD_CONFIDENCE, noise_sigmas, sd_upper_bound
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import MAX_REMEASURES, StoredRule, settle

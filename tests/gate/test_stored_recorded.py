@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from attnkit_perf.decide import gate, pooled
-from attnkit_perf.decide.hostbound import STORED_HOST_BOUND
+from attnkit_perf.decide.host import STORED_HOST_BOUND
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.decide.stored import StoredRule
 from attnkit_perf.formats.verdict import FAILING

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from attnkit_perf.decide.hostbound import HOST_BOUND_SHARE
+from attnkit_perf.decide.host import HOST_BOUND_SHARE
 from attnkit_perf.measure.timing import L2Flusher, host_share, measure_samples
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the L2 flush acts on a CUDA device")

@@ -36,8 +36,8 @@ share of the run's false-alarm budget (:func:`per_benchmark_alpha`):
 
 Memory is deterministic: **more-memory** when the peak grows by more than
 ``max(memory_abs_bytes, memory_rel * base_peak)``; **kept-memory** when the memory a call
-keeps after it returns grows (:mod:`attnkit_perf.decide.host`, which also decides the host time
-per call of the host-bound benchmarks).
+keeps after it returns grows (:func:`attnkit_perf.decide.host.with_kept`, beside the host
+metric's other rules).
 
 Two outcomes say that a benchmark was not compared although it should have been, and fail:
 **error** (its measurement raised) and **dropped** (the base ran it, the head declined it or
@@ -108,12 +108,12 @@ class Thresholds:
     #: the smallest per-call host change worth failing; its A/A noise may raise it.
     host_slower: float = 0.05
     #: The host work count's growth past which wall time decides whether it costs time
-    #: (:mod:`attnkit_perf.decide.hostcount`). Counts do not move without a code change, so this is
+    #: (:func:`attnkit_perf.decide.host.compare_counts`). Counts do not move without a code change, so this is
     #: no noise margin: it spares the wall-time rounds for changes too small to reach
     #: ``host_slower`` unless each added instruction cost 5x a call's average one; one C call more
     #: exceeds it in any call of fewer than 100 C calls (every host-bound row on the GPU grid).
     host_count_slower: float = 0.01
-    #: Memory a call keeps after it returns (:mod:`attnkit_perf.decide.host`) may grow by at most
+    #: Memory a call keeps after it returns (:func:`attnkit_perf.decide.host.with_kept`) may grow by at most
     #: ``max(kept_abs_bytes, memory_rel x the base's kept bytes)``: one output of the host-bound
     #: shapes is 128 KiB, the allocator's smallest block 512 B.
     kept_abs_bytes: int = KEPT_ABS_BYTES

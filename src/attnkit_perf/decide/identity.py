@@ -6,7 +6,7 @@ binaries are the same GPU time, and the row needs no timing.
 * **identical**: the same launches in the same order (kind, name, grid, block, shared memory,
   registers; a copy's or fill's bytes), and each Triton or Gluon kernel among them with the same
   binaries on both sides. A host-timed row is still decided on its host work
-  (:mod:`attnkit_perf.decide.hostcount`) and memory on its own rule: identity speaks for the GPU
+  (:mod:`attnkit_perf.decide.host`) and memory on its own rule: identity speaks for the GPU
   time alone.
 * **differs**: the first difference is named (a kernel added or gone, another grid, another
   binary), and the row is timed as before.

@@ -19,9 +19,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from attnkit_perf.decide.gate import Decision, Thresholds, _with_memory, confirm_slowdown
-from attnkit_perf.decide.host import decide_host, host_summary, join_host, with_kept
-from attnkit_perf.decide.hostbound import host_bound_throughout, paired_limit
-from attnkit_perf.decide.hostcount import CountComparison, compare_counts, count_decision
+from attnkit_perf.decide.host import (
+    CountComparison,
+    compare_counts,
+    count_decision,
+    decide_host,
+    host_bound_throughout,
+    host_summary,
+    join_host,
+    paired_limit,
+    with_kept,
+)
 from attnkit_perf.decide.identity import Identity, compare_fingerprints, identity_decision
 from attnkit_perf.decide.sequential import SequentialPlan, decide_sequential
 
@@ -97,7 +105,7 @@ class PairedRule:
 
     def host_needs_wall(self, results: Mapping) -> bool:
         """Whether the host metric's wall time must be measured: the count does not decide it
-        (it grew, or it cannot speak for the row: :mod:`attnkit_perf.decide.hostcount`)."""
+        (it grew, or it cannot speak for the row: :mod:`attnkit_perf.decide.host`)."""
         count = self.count_comparison(results)
         return count is None or not count.decides
 

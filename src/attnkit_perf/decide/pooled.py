@@ -34,7 +34,7 @@ benchmarks of 2 recordings: 17 degrees of freedom, x1.3). A benchmark's own boun
 with :data:`MIN_OWN_RECORDINGS` recordings or more, and the larger of the two is kept, so a
 benchmark that machines move more than its kind still gets its own wider threshold.
 Benchmarks host-bound in every recording form a kind of their own (``host``), never pooled with
-the others: their time is not compared across machines (:func:`attnkit_perf.decide.hostbound.
+the others: their time is not compared across machines (:func:`attnkit_perf.decide.host.
 stored_exempt`), and where this run measures one GPU-bound its time kind's pool holds it. A
 spread file of another pool (the baseline re-recorded since) is set aside with a loud note, like
 a missing one.

@@ -2,8 +2,8 @@
 :func:`attnkit_perf.decide.gate.decide_stored` after the calibration drift
 (:mod:`attnkit_perf.decide.drift`: the GPU's, the host's, or none for a latency-bound
 benchmark), confirmed by re-measurement, and exempted where host-bound
-on both machines (:mod:`attnkit_perf.decide.hostbound`), where the host work count decides
-instead (:func:`attnkit_perf.decide.hostcount.with_stored_count`).
+on both machines (:func:`attnkit_perf.decide.host.stored_exempt`), where the host work count decides
+instead (:func:`attnkit_perf.decide.host.with_stored_count`).
 
 **Confirmation.** A benchmark that looks slower or inconclusive while it is measured (against
 its own calibration) is re-measured at the end of the run, minutes later. A "slower" stands
@@ -22,9 +22,7 @@ from dataclasses import dataclass
 
 from attnkit_perf.decide.drift import drift_for, drift_kind, latency_drift, run_calibration
 from attnkit_perf.decide.gate import Decision, Thresholds, decide_stored
-from attnkit_perf.decide.host import with_kept
-from attnkit_perf.decide.hostbound import stored_exempt, stored_host_bound
-from attnkit_perf.decide.hostcount import with_stored_count
+from attnkit_perf.decide.host import stored_exempt, stored_host_bound, with_kept, with_stored_count
 from attnkit_perf.decide.paired_rule import dropped
 
 #: Re-measurements a suspect may take before it is reported unconfirmed.

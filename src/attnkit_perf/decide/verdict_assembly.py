@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from attnkit_perf.decide.gate import Decision
-from attnkit_perf.decide.hostbound import host_bound_throughout, paired_share
+from attnkit_perf.decide.host import host_bound_throughout, paired_share
 from attnkit_perf.decide.policy import RunPolicy
 from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 

@@ -20,8 +20,8 @@
                     :func:`attnkit_perf.measure.host.host_per_call` (recorded, and compared in
                     paired mode only: hosts differ far more between machines than GPUs)
 ``host_count``      the host work of one call, counted where the host metric is measured:
-                    :func:`attnkit_perf.measure.hostcount.host_count` (compared in stored mode
-                    within one environment: :mod:`attnkit_perf.decide.hostcount`)
+                    :func:`attnkit_perf.measure.host.host_count` (compared in stored mode
+                    within one environment: :mod:`attnkit_perf.decide.host`)
 ``min_bytes``       ``BenchCase.min_bytes``: what the pass must allocate at the least
 ``host_share``      share of the measured time in which the GPU waited for the host (GPU only;
                     :func:`attnkit_perf.measure.timing.host_share`)
@@ -42,11 +42,10 @@ from dataclasses import dataclass
 
 import torch
 
-from attnkit_perf.decide.hostbound import HOST_BOUND_SHARE
+from attnkit_perf.decide.host import HOST_BOUND_SHARE
 from attnkit_perf.measure.calibration import measure_calibration
 from attnkit_perf.measure.cases import BenchCase, build_runner
-from attnkit_perf.measure.host import build_measured, host_per_call, kept_bytes
-from attnkit_perf.measure.hostcount import host_count
+from attnkit_perf.measure.host import build_measured, host_count, host_per_call, kept_bytes
 from attnkit_perf.measure.timing import (
     L2Flusher,
     host_share,

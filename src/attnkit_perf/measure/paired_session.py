@@ -16,9 +16,9 @@ worker, used by both sides), after one untimed round that brings clocks and cach
 where a running workload keeps them; its value is the median of its rounds. For a host-timed
 case every worker then measures the host metric (:meth:`PairedSession._host_rounds`, timed in
 the workers by :mod:`attnkit_perf.measure.host`): one value per process, the decision's unit;
-:mod:`attnkit_perf.measure.host_rounds` adds fresh processes while it cannot tell. Before
-that, every worker counts the host work of one call (:mod:`attnkit_perf.measure.hostcount`);
-where the count decides (:mod:`attnkit_perf.decide.hostcount`: the same work on both sides),
+:func:`attnkit_perf.measure.host.extend_host` adds fresh processes while it cannot tell. Before
+that, every worker counts the host work of one call (:func:`attnkit_perf.measure.host.host_count`);
+where the count decides (:mod:`attnkit_perf.decide.host`: the same work on both sides),
 no wall time is measured at all.
 
 :meth:`PairedSession.measure` measures in steps of ``step_pairs`` until ``decide`` says the
@@ -94,7 +94,7 @@ class PairedSettings:
     host_rounds: int = 2
     host_batches: int = 15
     #: Most sets of :data:`PROCESSES_PER_SIDE` processes whose host metric one measurement pools
-    #: (:func:`attnkit_perf.measure.host_rounds.extend_host`); the decision's ``looks``.
+    #: (:func:`attnkit_perf.measure.host.extend_host`); the decision's ``looks``.
     host_looks: int = 3
     #: GPU time, decided sequentially (:mod:`attnkit_perf.decide.sequential`): pairs of blocks per
     #: look (a look is one set of fresh processes; 2 pairs per process pairing at 4 per side).
@@ -120,7 +120,7 @@ class SideResult:
     host_cpu_per_call: list[float] = field(default_factory=list)
     host_dropped: int = 0
     #: Host work count, one answer per worker process (index = worker):
-    #: :func:`attnkit_perf.measure.hostcount.host_count`.
+    #: :func:`attnkit_perf.measure.host.host_count`.
     host_counts: list[dict] = field(default_factory=list)
     #: Sets of processes whose blocks these are (:meth:`pool_look`).
     looks: int = 1
@@ -142,7 +142,7 @@ class SideResult:
 
     def pool_host(self, fresh: SideResult) -> None:
         """Pool the host metric of ``fresh`` processes into this side's
-        (:func:`attnkit_perf.measure.host_rounds.extend_host`)."""
+        (:func:`attnkit_perf.measure.host.extend_host`)."""
         self.host_per_call += fresh.host_per_call
         self.host_cpu_per_call += fresh.host_cpu_per_call
         self.host_dropped += fresh.host_dropped
@@ -415,7 +415,7 @@ class PairedSession:
     def _host_counts(self, results: dict[str, SideResult], firsts_only: bool = False) -> None:
         """The host work count on every worker of both sides (``firsts_only``: on each side's
         first, the only ones prepared), into ``results`` (each worker counts its call more than
-        once: :data:`attnkit_perf.measure.hostcount.REPEATS`). The workers count at once: a
+        once: :data:`attnkit_perf.measure.host.REPEATS`). The workers count at once: a
         count does not depend on what else runs, only on the code."""
         every = [
             (side, worker)

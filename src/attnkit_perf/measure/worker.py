@@ -27,7 +27,7 @@ request                                        answer
                                                host_per_call`): ``{"ok", "per_call_s",
                                                "cpu_per_call_s", "batches", "dropped"}``
 ``{"op": "count", "repeats"}``                 the host work of one call, counted ``repeats`` times
-                                               (:func:`attnkit_perf.measure.hostcount.host_count`):
+                                               (:func:`attnkit_perf.measure.host.host_count`):
                                                ``{"ok", "instructions", "c_calls", "fastpath",
                                                "repeatable", "counts", "environment"}``
 ``{"op": "fingerprint"}``                      the GPU work of one call (:func:`attnkit_perf.measure.
@@ -62,8 +62,7 @@ def _serve(out) -> None:
     )
     from attnkit_perf.measure.cases import AUTO_BACKEND, BenchCase
     from attnkit_perf.measure.fingerprint import launch_fingerprint
-    from attnkit_perf.measure.host import build_measured, host_per_call, kept_bytes
-    from attnkit_perf.measure.hostcount import REPEATS, host_count
+    from attnkit_perf.measure.host import REPEATS, build_measured, host_count, host_per_call, kept_bytes
     from attnkit_perf.measure.machine import provenance
     from attnkit_perf.measure.timing import (
         L2Flusher,

@@ -2,7 +2,7 @@
 fresh processes, until the sequential rule settles it or the run's look budget or time budget
 says stop (:func:`measure_looks`; :mod:`attnkit_perf.decide.sequential`,
 :mod:`attnkit_perf.run.time_budget`), the host metric on more
-processes while it cannot tell (:func:`attnkit_perf.measure.host_rounds.extend_host`; no wall
+processes while it cannot tell (:func:`attnkit_perf.measure.host.extend_host`; no wall
 time at all where the host work count decided it), and a host slowdown confirmed on fresh
 processes of both sides. The session turns the outcome into the
 test's verdict row."""
@@ -15,7 +15,7 @@ import time
 from attnkit_perf.decide.gate import Decision
 from attnkit_perf.decide.paired_rule import PairedRule
 from attnkit_perf.decide.sequential import LookBudget
-from attnkit_perf.measure.host_rounds import extend_host
+from attnkit_perf.measure.host import extend_host
 from attnkit_perf.measure.paired_session import PairedSession, PairedSettings, SideResult
 from attnkit_perf.run.time_budget import RowClock
 

@@ -26,7 +26,7 @@ readers load it, as a run would), the baseline and the paired noise cover every 
 grid, and nothing is
 written into ``--out`` until every part has succeeded. A host-timed row's wall-time entry
 ``NAME@host`` is written where the A/A runs timed its host metric: on unchanged code the host
-work count decides that metric with no wall time (:mod:`attnkit_perf.decide.hostcount`), so
+work count decides that metric with no wall time (:mod:`attnkit_perf.decide.host`), so
 a row without the entry keeps the default host threshold when a count grows. ``--cpu N`` runs
 the same path with N slots on the CPU smoke grid (``--attnkit-allow-cpu``), for trying the
 command without a GPU.
