@@ -2,7 +2,7 @@
 
 from attnkit import builtins as _builtins  # noqa: F401  (registers attnkit's own backends)
 from attnkit import ops as _ops  # noqa: F401  (registers the attnkit:: torch.library ops)
-from attnkit.api import AUTO_ORDER, attention
+from attnkit.api import attention
 from attnkit.boundaries import DispatchBoundary
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
@@ -22,7 +22,6 @@ from attnkit.registry import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AUTO_ORDER",
     "AttentionProblem",
     "Backend",
     "BackendEntryPointError",

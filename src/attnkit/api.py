@@ -7,7 +7,7 @@ from functools import partial
 import torch
 
 from attnkit import fastpath
-from attnkit.auto import DEFAULT_ORDER, auto_order, deterministic_order
+from attnkit.auto import auto_order, deterministic_order
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem, check_inputs
 from attnkit.prepared import PreparedRun
@@ -20,11 +20,6 @@ _is_compiling = torch.compiler.is_compiling
 _Tensor = torch.Tensor
 #: The compiled memo in front of the Python one (:mod:`attnkit.fastpath`), or None.
 _compiled_memo = fastpath.memo
-
-#: Order in which ``backend="auto"`` tries paths where its GPU model's measured table
-#: (:mod:`attnkit.auto`) has no cell for the problem; a path is skipped when it is unavailable or
-#: rejects the inputs.
-AUTO_ORDER = DEFAULT_ORDER
 
 
 def attention(
@@ -133,7 +128,7 @@ _PLANNED: dict[tuple, tuple[AttentionProblem, object, PreparedRun]] = {}
 
 def _forget_plans() -> None:
     """Drop every memoised plan (both memos): a replaced or removed backend's runs must not
-    outlive it."""
+    outlive it, nor ``auto``'s plans the fallback order of before a backend declared a rank."""
     _PLANNED.clear()
     if _compiled_memo is not None:
         _compiled_memo.forget()
@@ -170,9 +165,10 @@ def choose_backend(backend: str, problem: AttentionProblem) -> str:
     ``backend`` itself when it is available on the problem's device and accepts the problem, else
     :class:`~attnkit.BackendUnavailableError` / :class:`~attnkit.UnsupportedProblemError`; for
     ``"auto"``, the first path of the inference order that ``attention`` tries
-    (:func:`attnkit.auto.auto_order`: the measured table of this GPU model, else
-    :data:`AUTO_ORDER`) whose checks pass, else UnsupportedProblemError with every path's
-    reason. For callers that dispatch once and run one path: :func:`attnkit.attention_with_kvcache`."""
+    (:func:`attnkit.auto.auto_order`: the measured table of this GPU model, then the declared
+    fallback order, :func:`attnkit.auto.fallback_order`) whose checks pass, else
+    UnsupportedProblemError with every path's reason. For callers that dispatch once and run one
+    path: :func:`attnkit.attention_with_kvcache`."""
     if backend != "auto":
         _check_named(backend, problem)
         return backend
@@ -296,7 +292,6 @@ def _run_first(candidates: tuple, q, k, v, problem):
 
 
 __all__ = [
-    "AUTO_ORDER",
     "BackendUnavailableError",
     "UnsupportedProblemError",
     "attention",

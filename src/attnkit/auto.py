@@ -4,17 +4,19 @@ Dispatch is data. ``auto_tables/<gpu_key>.json`` holds, per *cell* (16-bit dtype
 causal or not, sequence length, and whether the call is inference or a training step), each
 path's measured time and the fastest; it is written by ``python -m attnkit_tools.tune.auto_table``
 on that GPU and committed with its provenance. At plan time (once per call signature) a problem
-that falls in a measured class gets its cell's paths, fastest first, ahead of the portable
-:data:`DEFAULT_ORDER`; every other problem, and every device without a table, gets the default
-order alone. A path the table puts first still has to accept the problem (its support checks):
-one that declines is skipped exactly as in the default order.
+that falls in a measured class gets its cell's paths, fastest first, ahead of the fallback
+order (:func:`fallback_order`: the backends that declare an :attr:`~attnkit.Backend.auto_rank`,
+lowest first; attnkit's own declare theirs in :mod:`attnkit.builtins`); every other problem, and
+every device without a table, gets the fallback order alone. A path the table puts first still has
+to accept the problem (its support checks): one that declines is skipped exactly as in the
+fallback order.
 
 Which class a problem falls in (:func:`cell_key`):
 
 * 16-bit inputs (bf16 and fp16 share the bf16 measurements: the same kernels at the same
   speed), on a CUDA device whose model has a table;
 * as many queries as keys and no sliding window (the measured grid: decode shapes and windows
-  keep the default order, whose first path, Triton, reads only the visible keys);
+  keep the fallback order, whose first path, Triton, reads only the visible keys);
 * ``head_dim == value_dim`` equal to a measured head dim;
 * the sequence length rounds down to the nearest measured length (below the shortest, the
   shortest);
@@ -37,16 +39,12 @@ import torch
 
 from attnkit.device import gpu_key
 from attnkit.inputs import AttentionProblem
-from attnkit.registry import get_backend
+from attnkit.registry import get_backend, registered_backends
 
 TABLE_DIR = Path(__file__).parent / "auto_tables"
 
 #: Environment variable naming a JSON table to use instead of the packaged one.
 TABLE_ENV = "ATTNKIT_AUTO_TABLE"
-
-#: The order ``auto`` tries paths in where no measurement says otherwise: the portable paths,
-#: fastest first.
-DEFAULT_ORDER = ("triton", "sdpa", "tiled", "naive")
 
 #: Version of the table format this module reads (``format`` in the JSON).
 TABLE_FORMAT = 1
@@ -91,6 +89,8 @@ class AutoTable:
                 raise ValueError(f"{source}: cell {key}: pass must be one of {PASSES}")
             self._order[key] = tuple(sorted(times, key=times.__getitem__))
         self.seq_lens = tuple(sorted({key[2] for key in self._order}))
+        #: Every path some cell measured: what ``auto`` may take from this table.
+        self.paths = frozenset(name for order in self._order.values() for name in order)
 
     def order(self, problem: AttentionProblem, training: bool) -> tuple[str, ...]:
         """The measured paths of ``problem``'s cell, fastest first; () outside the table."""
@@ -116,12 +116,21 @@ def table_path(device: torch.device) -> Path | None:
     return path if path.exists() else None
 
 
+def fallback_order() -> tuple[str, ...]:
+    """The backends ``auto`` tries where no measured cell decides, in order: every registered
+    backend that declares an :attr:`~attnkit.Backend.auto_rank`, lowest rank first, equal ranks
+    in the order they registered. It loads no entry point (an installed package's backend
+    cannot declare a rank: :mod:`attnkit.registry`)."""
+    ranked = [backend for backend in registered_backends() if backend.auto_rank is not None]
+    return tuple(backend.name for backend in sorted(ranked, key=lambda backend: backend.auto_rank))
+
+
 def auto_order(problem: AttentionProblem, training: bool) -> tuple[str, ...]:
     """The backends ``auto`` tries for ``problem``, in order: its measured cell's paths fastest
-    first, then the rest of :data:`DEFAULT_ORDER`. Read once per call signature."""
+    first, then the rest of :func:`fallback_order`. Read once per call signature."""
     path = table_path(problem.device)
     measured = _load(str(path)).order(problem, training) if path is not None else ()
-    return (*measured, *(name for name in DEFAULT_ORDER if name not in measured))
+    return (*measured, *(name for name in fallback_order() if name not in measured))
 
 
 def deterministic_order(

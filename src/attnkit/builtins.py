@@ -48,6 +48,10 @@ def _unavailable(name: str, reason: str) -> dict:
     return {"run": run, "device_support": lambda device: reason, "description": f"unavailable: {reason}"}
 
 
+# auto_rank: where backend="auto" falls back when no measured table decides: the portable paths,
+# fastest first (triton, sdpa, tiled, naive), ranked ten apart so that a plugin can rank itself
+# between two of them.
+
 # naive and tiled are made of ATen ops in a fixed order per (batch, head), with no atomics and no
 # index_add (the gradients of the K and V a query-head group shares are sums over the group): on
 # the CPU and on CUDA the same shapes give the same bits on every call. Batch-invariant on the CPU only: there
@@ -61,6 +65,7 @@ _register(
     description="materialised score matrix; float64-capable oracle",
     deterministic=_ATEN_DEVICES,
     batch_invariant=("cpu",),
+    auto_rank=40,
 )
 _register(
     "tiled",
@@ -68,14 +73,15 @@ _register(
     description="FlashAttention-2 in pure PyTorch (online softmax, O(N) memory)",
     deterministic=_ATEN_DEVICES,
     batch_invariant=("cpu",),
+    auto_rank=30,
 )
 # SDPA's math path is the same kind of ATen graph as naive's (GQA through repeat_interleave,
 # whose backward is a sum). PyTorch's flash and memory-efficient backwards, and its own choice
 # (which never takes cuDNN there), are deterministic once torch.use_deterministic_algorithms(True)
-# is on without warn_only; cuDNN's backward never is.
-_SDPA_DETERMINISM = {
+# is on without warn_only; cuDNN's backward never is. auto falls back to PyTorch's own choice.
+_SDPA_DECLARATIONS = {
     "sdpa-math": {"deterministic": _ATEN_DEVICES},
-    "sdpa": {"deterministic_when_enforced": _ATEN_DEVICES},
+    "sdpa": {"deterministic_when_enforced": _ATEN_DEVICES, "auto_rank": 20},
     "sdpa-flash": {"deterministic_when_enforced": _ATEN_DEVICES},
     "sdpa-efficient": {"deterministic_when_enforced": _ATEN_DEVICES},
 }
@@ -88,7 +94,7 @@ for _name in SDPA_BACKENDS:
         device_support=partial(sdpa_device_support, _name),
         supports=partial(sdpa_problem_support, _name),
         prepare=partial(sdpa_prepare, _name),
-        **_SDPA_DETERMINISM.get(_name, {}),
+        **_SDPA_DECLARATIONS.get(_name, {}),
     )
 
 try:
@@ -102,7 +108,9 @@ try:
     )
 except ImportError as err:  # no usable triton in this install: the name says why, everywhere
     _register(
-        "triton", **_unavailable("triton", f"the Triton path cannot be imported ({err}); install triton")
+        "triton",
+        auto_rank=10,  # auto still lists it first, with why it is passed over
+        **_unavailable("triton", f"the Triton path cannot be imported ({err}); install triton"),
     )
 else:
     _register(
@@ -117,6 +125,7 @@ else:
         # on CUDA, and through the interpreter on the CPU, which runs the programs one by one.
         deterministic=("cpu", "cuda"),
         interpreted_on=("cpu",),
+        auto_rank=10,
         cache_forward=cache_forward,
     )
 

@@ -92,6 +92,13 @@ class Backend:
         interpreted_on: the device types on which the backend runs through an interpreter
             (attnkit's ``triton`` on the CPU; :meth:`is_interpreted`): ``backend="auto"`` passes
             it over there, and the suite gives it smaller problems.
+        auto_rank: where ``backend="auto"`` tries the backend when no measured table decides
+            (:func:`attnkit.auto.fallback_order`): the backends that declare a rank, lowest
+            first (equal ranks in the order they registered), after the paths the GPU model's
+            table measured for the problem; None (the default): ``auto`` never falls back to it.
+            attnkit's own: ``triton`` 10, ``sdpa`` 20, ``tiled`` 30, ``naive`` 40. Not for an
+            installed package's entry point (``auto`` never loads them): a program that wants
+            such a backend in ``auto`` registers it with a rank itself.
         cache_forward: advanced: ``cache_forward(q, k_cache, v_cache, cache, block_table)``
             (:data:`CacheForward`), attention over a KV cache read in place
             (:func:`attnkit.attention_with_kvcache`; ``cache`` its validated
@@ -120,6 +127,7 @@ class Backend:
     deterministic_when_enforced: Declaration = False
     batch_invariant: Declaration = False
     interpreted_on: Declaration = False
+    auto_rank: int | None = None
     cache_forward: CacheForward | None = None
     #: Made from the fields above (see the class's docstring).
     call: RunFn = dataclasses.field(init=False, repr=False, compare=False)
@@ -138,6 +146,8 @@ class Backend:
             raise TypeError(f"{owner}: description must be a str, got {type(self.description).__name__}")
         if not isinstance(self.forward_only, bool):
             raise TypeError(f"{owner}: forward_only must be a bool, got {self.forward_only!r}")
+        if self.auto_rank is not None and (type(self.auto_rank) is not int):
+            raise TypeError(f"{owner}: auto_rank must be an int or None, got {self.auto_rank!r}")
         # One stored form whatever was given (True, False, a collection of device types).
         made = {label: declared_on(owner, label, getattr(self, label)) for label in _PER_DEVICE}
         made["dispatch_boundaries"] = check_boundaries(owner, self.dispatch_boundaries)
@@ -200,17 +210,43 @@ def register_backend(
     return _add_backend(Backend(name, fn, **declarations), replace=replace)
 
 
+#: True while the installed packages' entry points load (:func:`_load_entry_points`).
+_loading_entry_points = False
+
+
+def _load_entry_points() -> None:
+    """Load the ``attnkit.backends`` entry points (once per process), marking that what
+    registers meanwhile comes from an installed package."""
+    global _loading_entry_points
+    _loading_entry_points = True
+    try:
+        load_entry_points(Backend, _add_backend)
+    finally:
+        _loading_entry_points = False
+
+
 def _add_backend(backend: Backend, *, replace: bool = False) -> Backend:
     """Register ``backend``, a :class:`Backend` already made: where every registration ends,
     :func:`register_backend`'s and an entry point's (:func:`attnkit.plugins.load_entry_points`)."""
+    if _loading_entry_points and backend.auto_rank is not None:
+        # auto never loads the entry points: a rank would count or not by whether something
+        # else had listed the backends first. Installing a package never changes what auto runs.
+        raise ValueError(
+            f"backend {backend.name!r}: an installed package's backend cannot declare auto_rank "
+            f"(got {backend.auto_rank!r}): backend='auto' never loads the entry points; a program "
+            "ranks it with attnkit.register_backend(..., auto_rank=...)"
+        )
     if backend.name in _REGISTRY and not replace:
         raise ValueError(
             f"backend name {backend.name!r} is already registered ({_REGISTRY[backend.name].description}); "
             "pass replace=True to replace it"
         )
-    if backend.name in _REGISTRY:
-        _forget_plans()  # a replaced backend's memoised runs must not outlive it
+    # A replaced backend's memoised runs must not outlive it; a new auto rank changes the order
+    # auto's memoised plans fell back through.
+    changes_plans = backend.name in _REGISTRY or backend.auto_rank is not None
     _REGISTRY[backend.name] = backend
+    if changes_plans:
+        _forget_plans()
     return backend
 
 
@@ -280,13 +316,15 @@ class _ForwardOnly:
         return self.run(q, k, v, problem)
 
 
-#: Called with no argument whenever a backend is replaced or removed: :mod:`attnkit.api` adds the
-#: function that drops its memoised plans, which hold the runs of the backends they chose.
+#: Called with no argument whenever a backend is replaced or removed, or one declaring an
+#: ``auto_rank`` is added: :mod:`attnkit.api` adds the function that drops its memoised plans,
+#: which hold the runs of the backends they chose (``auto``'s, from its fallback order).
 _CHANGE_LISTENERS: list[Callable[[], None]] = []
 
 
 def on_backends_changed(listener: Callable[[], None]) -> None:
-    """Call ``listener()`` after every replacement or removal of a registered backend."""
+    """Call ``listener()`` after every replacement or removal of a registered backend, and every
+    registration of one that declares an ``auto_rank``."""
     _CHANGE_LISTENERS.append(listener)
 
 
@@ -295,10 +333,16 @@ def _forget_plans() -> None:
         listener()
 
 
+def registered_backends() -> list[Backend]:
+    """The backends registered so far, in registration order, without loading the installed
+    packages' entry points (what ``backend="auto"`` chooses among)."""
+    return list(_REGISTRY.values())
+
+
 def backend_names() -> list[str]:
     """Every registered backend's name, those of installed plugins (the ``attnkit.backends``
     entry points, loaded on first use) included."""
-    load_entry_points(Backend, _add_backend)
+    _load_entry_points()
     return list(_REGISTRY)
 
 
@@ -306,7 +350,7 @@ def get_backend(name: str) -> Backend:
     """The backend registered as ``name``; a :class:`~attnkit.BackendEntryPointError` when the
     entry point of that key is broken, a ValueError listing the valid names for any other."""
     if isinstance(name, str) and name not in _REGISTRY:
-        load_entry_points(Backend, _add_backend)
+        _load_entry_points()
     if not isinstance(name, str) or name not in _REGISTRY:
         raise unknown_backend_error(name)
     return _REGISTRY[name]

@@ -26,6 +26,7 @@ import attnkit
 import attnkit.api
 from attnkit import fastpath
 from attnkit.registry import get_backend
+from attnkit.sdpa import SDPA_BACKENDS
 from attnkit.testing.profiles import load_profiles
 from attnkit.testing.selection import test_device
 
@@ -40,9 +41,10 @@ DEVICE = test_device()
 INTERPRETED = {name for name in attnkit.backend_names() if get_backend(name).is_interpreted(DEVICE)}
 
 
-#: attnkit's SDPA paths, and the dtype their tests use: CUDA's fused kernels take fp16 / bf16
-#: only; the CPU's flash kernel takes fp32.
-SDPA_PATHS = [name for name in attnkit.backend_names() if name.startswith("sdpa")]
+#: attnkit's SDPA paths (those attnkit.builtins registers from attnkit.sdpa's table, whatever a
+#: plugin's name starts with), and the dtype their tests use: CUDA's fused kernels take fp16 /
+#: bf16 only; the CPU's flash kernel takes fp32.
+SDPA_PATHS = list(SDPA_BACKENDS)
 SDPA_DTYPE = torch.float32 if DEVICE.type == "cpu" else torch.bfloat16
 
 
@@ -55,7 +57,9 @@ HALF_DTYPES = [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.nig
 #: ATen kernels (cuBLAS, CUDA's softmax). Those kernels are not attnkit's, so their tests are the
 #: nightly tier on a GPU; the oracle and the naive yardstick still run on the GPU inside every
 #: CUDA path's test. What CUDA's ATen can change for them is a property declared per device
-#: (cuBLAS picks its kernel by batch size): those tests stay in the PR tier.
+#: (cuBLAS picks its kernel by batch size): those tests stay in the PR tier. Named here, not
+#: declared on the backends: it is this repository's choice of test tier, read by nothing else
+#: (the installed suite, the dispatchers and the gate run these backends like any other).
 ATEN_REFERENCE_PATHS = frozenset({"naive", "tiled", "sdpa-math"})
 DEVICE_DECLARED_PROPERTIES = frozenset(
     {

@@ -1,5 +1,6 @@
 """``backend="auto"`` reads its GPU model's measured table: the fastest path of a problem's cell
-first (per inference or training call), the default order everywhere else."""
+first (per inference or training call), the fallback order the backends declare (their
+``auto_rank``) after it and everywhere else."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ import attnkit.api
 import attnkit.auto
 import attnkit.registry
 from attnkit.auto import (
-    DEFAULT_ORDER,
     TABLE_ENV,
     TABLE_FORMAT,
     AutoTable,
     auto_order,
     cell_key,
     deterministic_order,
+    fallback_order,
     table_path,
 )
 from attnkit.inputs import check_inputs
@@ -58,7 +59,7 @@ def table(*cells):
         ({"n": 512}, False, (64, True, 1024, "fwd")),  # shorter than measured: the shortest
         ({"causal": False, "dtype": torch.float16}, False, (64, False, 1024, "fwd")),
         ({"dtype": torch.float32}, False, None),  # not measured
-        ({"m": 4096}, False, None),  # N != M: decode and prefill shapes keep the default order
+        ({"m": 4096}, False, None),  # N != M: decode and prefill shapes keep the fallback order
         ({"window": (128, 0)}, False, None),
         ({"dv": 32}, False, None),
     ],
@@ -90,10 +91,68 @@ def test_a_malformed_table_is_refused_with_its_path(data, message):
     assert "bad.json" in str(err.value), str(err.value)
 
 
-def test_without_a_table_auto_keeps_the_default_order(monkeypatch):
+#: The order attnkit's own backends declare (``auto_rank`` in attnkit/builtins.py): the test's
+#: expectation (what README.md and docs/API.md promise), not a source anything reads.
+BUILT_IN_FALLBACK = ("triton", "sdpa", "tiled", "naive")
+
+
+def test_without_a_table_auto_keeps_the_fallback_order_the_built_ins_declare(monkeypatch):
     monkeypatch.delenv(TABLE_ENV, raising=False)
     assert table_path(torch.device("cpu")) is None
-    assert auto_order(problem(), training=True) == DEFAULT_ORDER
+    assert fallback_order() == BUILT_IN_FALLBACK
+    assert auto_order(problem(), training=True) == BUILT_IN_FALLBACK
+
+
+def test_a_table_keeps_the_fallback_order_after_its_measured_paths():
+    t = AutoTable(table(cell(64, True, 1024, "fwd", sdpa=2.0, **{"sdpa-flash": 1.0})), "t.json")
+    assert t.paths == {"sdpa", "sdpa-flash"}
+    measured = t.order(problem(n=1024), training=False)
+    assert (*measured, *(n for n in fallback_order() if n not in measured)) == (
+        "sdpa-flash",
+        "sdpa",
+        "triton",
+        "tiled",
+        "naive",
+    )
+
+
+def test_a_registered_backend_joins_the_fallback_order_at_its_rank(monkeypatch):
+    """Lowest rank first, equal ranks in registration order; a backend without a rank is never
+    a fallback. Registering a ranked backend drops the memoised plans: the next ``auto`` call
+    tries it at once."""
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
+    q, k, v = (torch.randn(1, 1, 8, 16) for _ in range(3))
+    before = attnkit.attention(q, k, v, causal=True)  # memoises auto's plan for this signature
+    ran = []
+
+    def first(q, k, v, problem):
+        ran.append("first")
+        return naive_attention(q, k, v, problem)
+
+    ranks = [("ranked-first", -1), ("ranked-with-sdpa", 20), ("ranked-last", 1000), ("not-ranked", None)]
+    try:
+        for name, rank in ranks:
+            attnkit.register_backend(name, run=first if rank == -1 else naive_attention, auto_rank=rank)
+        assert fallback_order() == (
+            "ranked-first",
+            *BUILT_IN_FALLBACK[:2],
+            "ranked-with-sdpa",
+            *BUILT_IN_FALLBACK[2:],
+            "ranked-last",
+        )
+        torch.testing.assert_close(attnkit.attention(q, k, v, causal=True), before)
+        assert ran == ["first"], "the memoised plan outlived the new fallback"
+    finally:
+        for name, _ in ranks:
+            attnkit.unregister_backend(name)
+    assert fallback_order() == BUILT_IN_FALLBACK
+
+
+@pytest.mark.parametrize("rank", ["1", 1.0, True], ids=["a-str", "a-float", "a-bool"])
+def test_an_auto_rank_that_is_not_an_int_is_refused_naming_the_field(rank):
+    with pytest.raises(TypeError, match=rf"Backend\('bad'\): auto_rank must be an int or None, got {rank!r}"):
+        attnkit.register_backend("bad", run=naive_attention, auto_rank=rank)
+    assert "bad" not in attnkit.backend_names(), "nothing was registered"
 
 
 @pytest.fixture
@@ -138,7 +197,7 @@ def test_auto_runs_the_tables_fastest_path_for_inference_and_for_training(spies)
     assert spies[-1] == "spy-infer", "under no_grad no backward is recorded: the inference pick"
 
 
-def test_a_problem_outside_the_table_runs_the_default_order(spies):
+def test_a_problem_outside_the_table_runs_the_fallback_order(spies):
     q, k, v = (torch.randn(1, 1, 8, 16, dtype=torch.float32) for _ in range(3))
     out = attnkit.attention(q, k, v, causal=True)
     assert spies == [], f"float32 is not measured, yet {spies} ran"

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import attnkit
+import attnkit.auto
 from attnkit import plugins, registry
 from attnkit.builtins import builtin_names
 from attnkit.reference import reference_attention
@@ -163,6 +164,26 @@ def test_without_triton_its_name_says_why_and_auto_loads_no_plugin(install):
 
 
 _BROKEN_IMPORT = "raise ImportError('the kernel library is missing')\n"
+
+
+def test_an_entry_points_backend_that_declares_an_auto_rank_is_broken_saying_why(install):
+    """``auto`` never loads the entry points, so a rank there would count only once something
+    else listed the backends: installing a package never changes what ``auto`` runs."""
+    install(
+        "from attnkit import Backend\n"
+        "from attnkit.reference import naive_attention\n"
+        "ranked = Backend('ranked', run=naive_attention, auto_rank=5)\n"
+        "plain = Backend('plain', run=naive_attention)\n",
+        {"ranked": "toy_mod:ranked", "plain": "toy_mod:plain"},
+    )
+    with pytest.warns(attnkit.BackendEntryPointWarning) as warned:
+        names = attnkit.backend_names()
+    assert "plain" in names and "ranked" not in names, names
+    messages = [str(w.message) for w in _planted(warned)]
+    assert len(messages) == 1 and "cannot declare auto_rank (got 5)" in messages[0], messages
+    assert "ranked" not in attnkit.auto.fallback_order()
+    with pytest.raises(attnkit.BackendEntryPointError, match="cannot declare auto_rank"):
+        attnkit.attention(*_inputs(), backend="ranked")
 
 
 def test_a_broken_import_is_one_warning_line_and_the_error_whenever_its_backend_is_asked_for(install):

@@ -4,22 +4,26 @@ renamed files."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
 import attnkit
+from attnkit.auto import AutoTable, fallback_order
 from attnkit.builtins import builtin_names
+from attnkit.reference import naive_attention
 from attnkit.registry import get_backend
+from attnkit_perf.formats.schema import validate
 from attnkit_perf.measure.cases import gpu_suite_cases
 from attnkit_perf.select.changes import changed_files
-from attnkit_perf.select.rules import DependencyMap, affected
+from attnkit_perf.select.rules import Affected, DependencyMap, affected
 
 ROOT = Path(__file__).resolve().parents[2]
 H200, H100 = "nvidia-h200", "nvidia-h100-80gb-hbm3"
 SDPA = {"sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"}
-#: ``backend="auto"``'s rows: it may dispatch to any backend, so a change to one reaches them.
+#: ``backend="auto"``'s rows: a change to a backend it may dispatch to reaches them.
 AUTO = "auto"
 BACKWARD = ("bwd", "fwd+bwd")
 
@@ -127,6 +131,8 @@ def test_a_gluon_backward_file_runs_the_triton_rows_timing_a_backward(path):
 def test_every_path_the_map_declares_exists(deps):
     """No stale entry: each declared glob matches a tracked file, each module and root a module
     of the tree."""
+    import importlib
+
     from attnkit_perf.select.rules import _glob
 
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True, check=True)
@@ -146,6 +152,14 @@ def test_every_path_the_map_declares_exists(deps):
         roots += [readers] if isinstance(readers, str) else readers
     for root in roots:
         assert deps.graph.resolve(*root.split(":")), f"dependencies.json: {root} names nothing"
+    for name, spec in table["backends"].items():
+        targets = spec.get("dispatches_to")
+        if targets is None:
+            continue
+        assert any(_glob(targets["tables"]).match(f) for f in files), f"{name}: {targets['tables']}"
+        for function in (targets["fallback"], targets["read_with"]):
+            module, _, attribute = function.partition(":")
+            assert callable(getattr(importlib.import_module(module), attribute, None)), function
 
 
 def test_sdpa_runs_every_sdpa_backend():
@@ -163,6 +177,35 @@ def test_auto_and_its_tables_run_the_auto_rows_only(deps):
         assert rows_run([path], H100) == rows_of({AUTO})
     assert affected(ROOT, "base", [f"src/attnkit/auto_tables/{H100}.json"], H200).backends == {}
     assert rows_run([f"src/attnkit/auto_tables/{H100}.json"], H200) == set()
+
+
+def test_auto_runs_for_a_change_to_a_backend_it_may_run_and_for_no_other(deps):
+    """``auto`` runs its GPU model's measured paths, then the backends that declare an auto rank:
+    a change to one of them reaches auto's rows; a change to flex (neither ranked nor measured)
+    runs flex's alone. The decision survives the selection file."""
+    measured = AutoTable(json.loads((ROOT / f"src/attnkit/auto_tables/{H200}.json").read_text()), "t").paths
+    targets = deps.dispatch_targets(H200)[AUTO]
+    assert set(targets) == set(fallback_order()) | measured and "flex" not in targets
+    assert deps.dispatch_targets("a-gpu-never-measured")[AUTO] == tuple(sorted(fallback_order()))
+    for path, expected in [
+        ("src/attnkit/flex.py", {"flex": "all"}),
+        ("src/attnkit/tiled.py", {"tiled": "all", AUTO: "all"}),
+        ("src/attnkit/sdpa/semantics.py", {**dict.fromkeys(SDPA, "all"), AUTO: "all"}),
+    ]:
+        decision = affected(ROOT, "base", [path], H200)
+        assert decision.backends == expected, path
+        data = json.loads(json.dumps(decision.to_dict()))
+        validate("selection", data, "the selection made")
+        assert Affected.from_dict(data, H200).backends == expected, path
+
+
+def test_a_backend_registered_with_an_auto_rank_is_one_auto_may_run(deps):
+    attnkit.register_backend("ranked-plugin", run=naive_attention, auto_rank=50)
+    try:
+        assert "ranked-plugin" in deps.dispatch_targets(H200)[AUTO]
+    finally:
+        attnkit.unregister_backend("ranked-plugin")
+    assert "ranked-plugin" not in deps.dispatch_targets(H200)[AUTO]
 
 
 @pytest.mark.parametrize(

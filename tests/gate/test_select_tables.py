@@ -117,6 +117,23 @@ def test_an_invalid_auto_table_runs_the_auto_rows_and_says_why(tree):
     assert "the library refuses it" in effect.why and "pass must be one of" in effect.why
 
 
+def test_a_path_an_auto_table_measured_is_one_auto_may_run_on_that_gpu_model(tmp_path):
+    """A table that measured flex makes a change to flex reach auto's rows on its GPU model, not
+    on another; a table the library refuses makes any backend's change reach them."""
+    shutil.copytree(ROOT / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    flex = ["src/attnkit/flex.py"]
+    assert affected(tmp_path, "base", flex, H200).backends == {"flex": "all"}
+    table = _table(AUTO_TABLE)
+    table["cells"][0]["ms"]["flex"] = 0.001
+    (tmp_path / AUTO_TABLE).write_text(json.dumps(table))
+    assert affected(tmp_path, "base", flex, H200).backends == {"flex": "all", "auto": "all"}
+    assert affected(tmp_path, "base", flex, H100).backends == {"flex": "all"}
+    table["cells"][0]["pass"] = "bwd"
+    (tmp_path / AUTO_TABLE).write_text(json.dumps(table))
+    assert DependencyMap(tmp_path).dispatch_targets(H200) == {"auto": None}
+    assert affected(tmp_path, "base", flex, H200).backends == {"flex": "all", "auto": "all"}
+
+
 class _Recording(dict):
     """A section whose entries note each key the library reads."""
 

@@ -234,7 +234,7 @@ def test_an_unfinished_row_keeps_its_evidence_and_counts_its_looks():
 def _affected(*effects: Effect, entry_rules: dict | None = None) -> Affected:
     known = ("triton", "sdpa", "tiled", "naive", "auto")
     return Affected(
-        "main", [e.path for e in effects], list(effects), None, ("auto",), known, entry_rules or {}
+        "main", [e.path for e in effects], list(effects), None, {"auto": None}, known, entry_rules or {}
     )
 
 

@@ -87,6 +87,30 @@ class DependencyMap:
     def backend_names(self) -> list[str]:
         return list(self.table["backends"])
 
+    def dispatch_targets(self, gpu: str | None) -> dict[str, tuple[str, ...] | None]:
+        """dispatcher -> the backends it may run on GPU model ``gpu`` (None: any model), for
+        each backend entry that ``dispatches_to`` (``auto``): the names its ``fallback`` function
+        returns (the library's registry, as this process imports it: the backends that declare
+        an auto rank) and the paths its ``tables`` (the checkout's, of ``gpu`` or of every model)
+        measured, read by its ``read_with`` function. None: any backend, where a table cannot
+        be read (a run would refuse it; every row of the dispatcher's runs anyway, as the
+        table's own effect)."""
+        found = {}
+        for name, spec in self.table["backends"].items():
+            targets = spec.get("dispatches_to")
+            if targets is None:
+                continue
+            names = set(_function(targets["fallback"])())
+            read = _function(targets["read_with"])
+            for path in sorted(self.root.glob(targets["tables"].replace("{gpu}", gpu or "*"))):
+                try:
+                    names |= read(json.loads(path.read_text(encoding="utf8")), str(path))
+                except Exception:  # the library refuses it: any path may be meant
+                    names = None
+                    break
+            found[name] = None if names is None else tuple(sorted(names))
+        return found
+
     def _paths(self, key: str) -> list[re.Pattern]:
         return [_glob(p) for p in self.table[key]["paths"]]
 
@@ -172,8 +196,7 @@ class DependencyMap:
             table = json.loads(file.read_text(encoding="utf8"))
         except (OSError, UnicodeDecodeError, ValueError) as err:
             return {"*": f"not readable JSON ({err})"}
-        module, _, name = reader.partition(":")
-        return getattr(importlib.import_module(module), name)(table, path)
+        return _function(reader)(table, path)
 
     def _entries_effect(
         self, effect: Effect, entry: dict, before: str | None, refused: dict | None
@@ -247,6 +270,12 @@ class DependencyMap:
         return {p for p, m in self.modules_by_path.items() if m in reached}
 
 
+def _function(qualified: str):
+    """The function ``module:name`` names in ``dependencies.json``."""
+    module, _, name = qualified.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def _changed_entries(before: str, after: Path, sections, unread=()) -> tuple | None:
     """``section/name`` of each entry of ``sections`` (slash-separated key paths, e.g.
     ``gluon/backward``; a section absent on one side counts as empty) that differs between the
@@ -315,7 +344,9 @@ class Affected:
     changed: list[str]
     effects: list[Effect]
     gpu: str | None = None
-    auto_backends: tuple = ("auto",)
+    #: dispatcher (``auto``) -> the backends it may run on this GPU model, None: any
+    #: (:meth:`DependencyMap.dispatch_targets`); a change reaching one of them reaches its rows
+    dispatchers: dict = field(default_factory=lambda: {"auto": None})
     #: the backends the map knows; any other (a plugin's) is never deselected: its code is not mapped
     known: tuple | None = None
     #: section -> which rows read its entries (:attr:`DependencyMap.entry_rules`)
@@ -348,22 +379,32 @@ class Affected:
                 continue
             for name, passes in effect.backends.items():
                 merged[name] = "all" if "all" in (passes, merged.get(name)) else "backward"
-        if merged:
-            for name in self.auto_backends:  # auto dispatches to any of them
-                merged[name] = "all" if "all" in merged.values() else "backward"
+        reached = {
+            name: [p for b, p in merged.items() if b == name or self._dispatches(name, b)]
+            for name in self.dispatchers
+        }
+        for name, passes in reached.items():
+            if passes:
+                merged[name] = "all" if "all" in passes else "backward"
         return merged
+
+    def _dispatches(self, dispatcher: str, backend: str) -> bool:
+        """Whether ``dispatcher`` (``auto``) may run ``backend`` here."""
+        targets = self.dispatchers[dispatcher]
+        return backend != dispatcher and (targets is None or backend in targets)
 
     def entries(self, backend: str) -> set[str] | None:
         """The table entries (``section/name``) the diff changed for ``backend`` where every
         effect on it is such a table's, else None (any row of it may be affected). ``auto``'s
-        rows read what the backends it dispatches to read: every effect counts for them."""
+        rows read what the backends it dispatches to read: their effects count for them."""
         found: set[str] = set()
         named = False
-        dispatches = backend in self.auto_backends
         for effect in self.effects:
             if effect.kind != "backends" or not self.applies(effect):
                 continue
-            if backend not in effect.backends and not dispatches:
+            if backend not in effect.backends and not (
+                backend in self.dispatchers and any(self._dispatches(backend, b) for b in effect.backends)
+            ):
                 continue
             if effect.entries is None:
                 return None
@@ -402,7 +443,9 @@ class Affected:
             "everything": bool(self.everything),
             "backends": self.backends,
             "changed": [asdict(e) for e in self.effects],
-            "auto_backends": list(self.auto_backends),
+            "dispatchers": {
+                name: None if targets is None else list(targets) for name, targets in self.dispatchers.items()
+            },
             "known": None if self.known is None else list(self.known),
             "entry_rules": self.entry_rules,
         }
@@ -420,12 +463,13 @@ class Affected:
             for e in data["changed"]
         ]
         known = data.get("known")
+        dispatchers = {n: None if t is None else tuple(t) for n, t in data["dispatchers"].items()}
         return cls(
             data["base"],
             [e.path for e in effects],
             effects,
             written or gpu,
-            tuple(data.get("auto_backends", ("auto",))),
+            dispatchers,
             None if known is None else tuple(known),
             dict(data.get("entry_rules", {})),
         )
@@ -458,6 +502,8 @@ def affected(
     """The :class:`Affected` of ``changed`` paths (relative to ``root``) on ``gpu``;
     ``before(path)``: a path's text at the base, or None."""
     deps = DependencyMap(root)
-    auto = tuple(n for n, s in deps.table["backends"].items() if s.get("dispatches_to_every_backend"))
     effects = [deps.effect(p, before(p)) for p in changed]
-    return Affected(base, list(changed), effects, gpu, auto, tuple(deps.backend_names), deps.entry_rules)
+    dispatchers = deps.dispatch_targets(gpu)
+    return Affected(
+        base, list(changed), effects, gpu, dispatchers, tuple(deps.backend_names), deps.entry_rules
+    )

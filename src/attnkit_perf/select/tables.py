@@ -61,3 +61,11 @@ def auto_table(table: Mapping, source: str) -> dict[str, str]:
 
     why = _refusal(lambda: AutoTable(table, source))
     return {"*": why} if why else {}
+
+
+def auto_table_paths(table: Mapping, source: str) -> set[str]:
+    """The paths an auto table measured, which ``auto`` may then run on its GPU model (as
+    :class:`attnkit.auto.AutoTable` reads them; a table it refuses raises)."""
+    from attnkit.auto import AutoTable
+
+    return set(AutoTable(table, source).paths)
