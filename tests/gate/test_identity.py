@@ -142,37 +142,51 @@ def _rule():
 
 
 class OneLookSession:
-    """A paired session that answers one look: the first workers' fingerprints, and blocks only
-    when the rule did not find the same GPU work on both sides (as PairedSession does)."""
+    """A paired session whose looks read the given fingerprints, and blocks when the loop asks
+    for pairs (only where the rule did not find the same GPU work on both sides)."""
 
     def __init__(self, base_fingerprint, head_fingerprint, peaks=(1000, 1000)):
         self.fingerprints = {"base": base_fingerprint, "head": head_fingerprint}
         self.peaks = dict(zip(("base", "head"), peaks, strict=True))
-        self.last_prepare_s, self.restarts, self.timed = 0.0, 0, False
+        self.restarts, self.timed = 0, False
 
-    def measure(self, case, settings, settled, host=False, host_wall=None, same_work=None):
-        from attnkit_perf.measure.paired_session import SideResult
+    def prepare(self, case, fingerprint=False):
+        from attnkit_perf.measure.paired_session import PreparedCase, SideResult
 
         results = {
-            side: SideResult(fingerprint=self.fingerprints[side], peak_bytes=self.peaks[side])
+            side: SideResult(
+                fingerprint=self.fingerprints[side] if fingerprint else None, peak_bytes=self.peaks[side]
+            )
             for side in ("base", "head")
         }
-        if same_work is None or not same_work(results):
-            self.timed = True
-            for side in results:
-                results[side].blocks, results[side].workers = [1.0, 1.3] * 4, list(range(8))
-        return results
+        return PreparedCase(case, results, reps=1)
+
+    def prepare_others(self, prepared):
+        prepared.everyone = True
+
+    def measure_pairs(self, prepared, pairs, rounds):
+        self.timed = True
+        for result in prepared.results.values():
+            result.blocks, result.workers = [1.0, 1.3] * (pairs // 2), list(range(pairs))
+
+    def release(self):
+        pass
 
     def restart(self):
         self.restarts += 1
 
 
-def test_a_row_with_the_same_gpu_work_is_same_without_a_block_timed_or_a_fresh_process():
+def _measure(paired):
     from attnkit_perf.measure.paired_session import PairedSettings
     from attnkit_perf.run.paired_benchmark import measure_looks
 
-    paired = OneLookSession(fingerprint(), copy.deepcopy(fingerprint()))
     results, _ = measure_looks(paired, _rule(), {}, PairedSettings(), host=False)
+    return results
+
+
+def test_a_row_with_the_same_gpu_work_is_same_without_a_block_timed_or_a_fresh_process():
+    paired = OneLookSession(fingerprint(), copy.deepcopy(fingerprint()))
+    results = _measure(paired)
     decision = _rule().decide(results)
     assert decision.outcome == "same" and "not timed" in decision.reason
     assert not paired.timed and paired.restarts == 0 and results["head"].blocks == []
@@ -180,23 +194,21 @@ def test_a_row_with_the_same_gpu_work_is_same_without_a_block_timed_or_a_fresh_p
 
 def test_the_same_gpu_work_with_more_memory_still_fails_on_memory():
     paired = OneLookSession(fingerprint(), fingerprint(), peaks=(1000, 50 * 2**20))
-    results = paired.measure({}, None, None, same_work=_rule().same_work)
+    results = _measure(paired)
     decision = _rule().decide(results)
+    assert not paired.timed, "the same GPU work is not timed, whatever its memory"
     assert decision.outcome == "more-memory" and decision.extra["time_outcome"] == "same"
 
 
 def test_other_gpu_work_is_timed_as_before():
-    from attnkit_perf.measure.paired_session import PairedSettings
-    from attnkit_perf.run.paired_benchmark import measure_looks
-
     other = fingerprint(binaries={"_plain_fwd_kernel": ["bbbb"]})
     paired = OneLookSession(fingerprint(), other)
-    results, _ = measure_looks(paired, _rule(), {}, PairedSettings(), host=False)
+    results = _measure(paired)
     assert paired.timed and results["head"].blocks
     assert "not timed" not in _rule().decide(results).reason
 
 
 def test_a_timed_row_says_which_launch_differed():
     other = fingerprint(binaries={"_plain_fwd_kernel": ["bbbb"]})
-    results = OneLookSession(fingerprint(), other).measure({}, None, None, same_work=_rule().same_work)
+    results = _measure(OneLookSession(fingerprint(), other))
     assert "_plain_fwd_kernel" in _rule().decide(results).extra["identity"]

@@ -17,7 +17,7 @@ from attnkit_perf.decide.sequential import SequentialPlan
 from attnkit_perf.formats.schema import validate
 from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_perf.measure.cases import BenchCase
-from attnkit_perf.measure.paired_session import PairedSettings, SideResult
+from attnkit_perf.measure.paired_session import PairedSettings, PreparedCase, SideResult
 from attnkit_perf.report.data import RunInfo
 from attnkit_perf.report.markdown import render_markdown
 from attnkit_perf.report.terminal import summary_line
@@ -119,17 +119,26 @@ def test_without_a_budget_every_row_starts_and_the_costs_are_still_learned():
 
 class FakePaired:
     """A paired session whose every measurement is inconclusive and costs ``look_s`` virtual
-    seconds: the time budget alone stops its looks."""
+    seconds, half preparing and half measuring pairs: the time budget alone stops its looks."""
 
     def __init__(self, clock: VirtualClock, look_s: float) -> None:
-        self.clock, self.look_s, self.last_prepare_s, self.restarts = clock, look_s, 0.0, 0
+        self.clock, self.look_s, self.restarts = clock, look_s, 0
 
-    def measure(self, case, settings, settled, host=False, host_wall=None, same_work=None):
-        self.clock.now += self.look_s
-        self.last_prepare_s = self.look_s / 2
-        blocks = [1.0, 1.1] * (settings.pairs_per_look // 2)
-        workers = list(range(len(blocks)))
-        return {side: SideResult(blocks=list(blocks), workers=list(workers)) for side in ("base", "head")}
+    def prepare(self, case, fingerprint=False):
+        self.clock.now += self.look_s / 2
+        return PreparedCase(case, {side: SideResult() for side in ("base", "head")}, reps=1)
+
+    def prepare_others(self, prepared):
+        prepared.everyone = True
+
+    def measure_pairs(self, prepared, pairs, rounds):
+        self.clock.now += self.look_s / 2
+        blocks = [1.0, 1.1] * (pairs // 2)
+        for result in prepared.results.values():
+            result.blocks, result.workers = list(blocks), list(range(len(blocks)))
+
+    def release(self):
+        pass
 
     def restart(self):
         self.restarts += 1
@@ -145,8 +154,7 @@ def test_a_row_still_undecided_when_the_time_runs_out_is_cut_and_says_why(monkey
     rule = SimpleNamespace(
         plan=SequentialPlan(),
         decide=lambda *results: Decision("inconclusive"),
-        host_needs_wall=None,
-        same_work=None,
+        same_work=lambda results: False,
     )
     settings = PairedSettings(budget_s=1e9)
     results, seconds = paired_benchmark.measure_looks(

@@ -3,7 +3,7 @@
 Each side runs in :data:`PROCESSES_PER_SIDE` worker processes of its own
 (:mod:`attnkit_perf.measure.worker`); both sides share one Triton cache (:func:`triton_cache`),
 so a kernel compiles once per run, and once per machine while the cache is kept. For one
-benchmark (:meth:`PairedSession._prepare`), each side's first worker builds the case and calls
+benchmark (:meth:`PairedSession.prepare`), each side's first worker builds the case and calls
 it, compiling what the cache lacks (both at once where two cores allow); they then warm up and
 plan alone on the measuring core, the head's first (it plans the rounds both sides use and
 measures the host share), then the base's; then the other workers build, loading the kernels
@@ -14,17 +14,20 @@ one process. A
 block is ``rounds`` rounds of the same flushed repetitions (the plan of the head's first
 worker, used by both sides), after one untimed round that brings clocks and caches back to
 where a running workload keeps them; its value is the median of its rounds. For a host-timed
-case every worker then measures the host metric (:meth:`PairedSession._host_rounds`, timed in
-the workers by :mod:`attnkit_perf.measure.host`): one value per process, the decision's unit;
-:func:`attnkit_perf.measure.host.extend_host` adds fresh processes while it cannot tell. Before
-that, every worker counts the host work of one call (:func:`attnkit_perf.measure.host.host_count`);
-where the count decides (:mod:`attnkit_perf.decide.host`: the same work on both sides),
-no wall time is measured at all.
+case every worker then measures the host metric (:meth:`PairedSession.time_host`, timed in
+the workers by :mod:`attnkit_perf.measure.host`): one value per process, the decision's unit.
+Before that, every worker counts the host work of one call (:meth:`PairedSession.count_host`,
+:mod:`attnkit_perf.measure.host`).
 
-:meth:`PairedSession.measure` measures in steps of ``step_pairs`` until ``decide`` says the
-outcome is settled, or ``max_pairs`` / ``budget_s`` is reached. Only the head's code is under
-test: a base that rejects, fails, dies or hangs (no answer within ``answer_timeout_s``) on a
-case leaves it new; dead or hung workers are replaced before the next benchmark.
+The session runs one step at a time, each on the workers of both sides and none deciding
+anything: :meth:`PairedSession.prepare` (each side's first worker, its fingerprint where asked),
+:meth:`~PairedSession.prepare_others`, :meth:`~PairedSession.measure_pairs`,
+:meth:`~PairedSession.count_host`, :meth:`~PairedSession.time_host`,
+:meth:`~PairedSession.release`, :meth:`~PairedSession.restart`. Which steps a benchmark takes,
+and when it stops, is paired mode's loop (:mod:`attnkit_perf.run.paired_benchmark`). Only the
+head's code is under test: a base that rejects, fails, dies or hangs (no answer within
+``answer_timeout_s``) on a case leaves it new (:meth:`PairedSession.failed`); dead or hung
+workers are replaced before the next benchmark.
 """
 
 from __future__ import annotations
@@ -33,8 +36,6 @@ import os
 import shutil
 import statistics
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,6 +149,21 @@ class SideResult:
         self.host_dropped += fresh.host_dropped
 
 
+@dataclass
+class PreparedCase:
+    """One benchmark prepared on the current workers (:meth:`PairedSession.prepare`): what the
+    session measured of it so far (``results``, by side) and what its next steps need."""
+
+    case: dict
+    results: dict[str, SideResult]
+    #: Repetitions per round, planned by the head's first worker and used by both sides.
+    reps: int | None
+    #: False where a side lacks the case's backend: nothing was built, nothing to release.
+    built: bool = True
+    #: Whether the workers past each side's first are prepared too (:meth:`PairedSession.prepare_others`).
+    everyone: bool = False
+
+
 class PairedSession:
     """Worker processes of both sides, started once per pytest process and reused."""
 
@@ -201,9 +217,6 @@ class PairedSession:
         #: first :meth:`restart`): a restart then costs no process start in the row's time.
         self._standby: dict[str, list[WorkerProcess]] | None = None
         self.identity: dict[str, dict] = {}
-        #: Seconds the last :meth:`measure` spent preparing the case on every worker (building,
-        #: compiling or loading kernels, warming up) before its first pair: the gate's own cost.
-        self.last_prepare_s = 0.0
         #: Whether both sides' first workers may build a case at once: two cores for two compiles.
         cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else {0}
         self._parallel_build = len(cores) >= 2
@@ -314,13 +327,16 @@ class PairedSession:
             self._standby = None
         shutil.rmtree(self._scratch, ignore_errors=True)
 
-    def _prepare(
-        self, case: dict, same_work: Callable[[dict[str, SideResult]], bool] | None = None
-    ) -> tuple[dict[str, SideResult], int | None, bool]:
-        """Every worker built, warmed up and planned for ``case``: ``(results, reps, identical)``.
-        ``same_work``: asked once both first workers are ready, with their fingerprints in
-        ``results``; where it says the two sides run the same GPU work (``identical``), the other
-        workers are left unprepared (:meth:`_prepare_others` prepares them when needed)."""
+    def prepare(self, case: dict, fingerprint: bool = False) -> PreparedCase:
+        """Each side's first worker built, warmed up and planned for ``case``; ``fingerprint``:
+        then both first workers take the GPU work of one call (into ``results``), unless a side
+        cannot run the case. The workers past the first are left unprepared
+        (:meth:`prepare_others`). A side without the case's backend is unsupported and nothing
+        is built (``built`` False)."""
+        absent = {side: self.absent[side].get(case["backend"]) for side in self.sides}
+        if any(absent.values()):  # nothing to build on a side that does not have the backend
+            results = {side: SideResult(unsupported=why) for side, why in absent.items()}
+            return PreparedCase(case, results, reps=None, built=False)
         results = {side: SideResult() for side in self.sides}
         firsts = [("head", 0), ("base", 0)]
         build = {"op": "prepare", "case": case}
@@ -339,30 +355,29 @@ class PairedSession:
             if answers[key]["ok"]:
                 answers[key].update(self._ask_all([key], {"op": "plan"})[key])
         self._read_answers(case, answers, results)
-        identical = False
-        if same_work is not None and not any(r.unsupported for r in results.values()):
+        if fingerprint and not any(r.unsupported for r in results.values()):
             for (side, _), answer in self._ask_all(firsts, {"op": "fingerprint"}).items():
                 if not answer["ok"]:
                     raise WorkerError(f"{side} could not take a fingerprint: {answer['error']}", side)
                 results[side].fingerprint = answer["fingerprint"]
-            identical = same_work(results)
-        if not identical:
-            self._prepare_others(case, results)
-        return results, answers[("head", 0)].get("reps"), identical
+        return PreparedCase(case, results, answers[("head", 0)].get("reps"))
 
-    def _prepare_others(self, case: dict, results: dict[str, SideResult]) -> None:
-        """The workers past each side's first built and planned for ``case`` (their answers read
-        into ``results``)."""
-        if any(r.unsupported for r in results.values()):
+    def prepare_others(self, prepared: PreparedCase) -> None:
+        """The workers past each side's first built and planned for the prepared case (their
+        answers read into its ``results``); nothing where they are already, or a side cannot
+        run the case."""
+        results = prepared.results
+        if prepared.everyone or any(r.unsupported for r in results.values()):
             return
         # They build (loading the kernels from the cache) and warm up at once: only their pairs
         # and host metric are used, and peak memory is per process either way.
         others = [(side, i) for side in ("head", "base") for i in range(1, len(self.workers[side]))]
-        answers = self._ask_all(others, {"op": "prepare", "case": case})
+        answers = self._ask_all(others, {"op": "prepare", "case": prepared.case})
         planned = [key for key in others if answers[key]["ok"]]
         for key, answer in self._ask_all(planned, {"op": "plan"}).items():
             answers[key].update(answer)
-        self._read_answers(case, answers, results)
+        self._read_answers(prepared.case, answers, results)
+        prepared.everyone = True
 
     def _read_answers(self, case: dict, answers: dict, results: dict[str, SideResult]) -> None:
         for (side, i), answer in answers.items():
@@ -437,81 +452,65 @@ class PairedSession:
             raise WorkerError(f"{worker.label} failed to measure: {answer['error']}", side)
         return statistics.median(answer["samples"])
 
-    def measure(
-        self,
-        case: dict,
-        settings: PairedSettings,
-        settled: Callable[[dict[str, SideResult]], bool],
-        host: bool = False,
-        host_wall: Callable[[dict[str, SideResult]], bool] | None = None,
-        same_work: Callable[[dict[str, SideResult]], bool] | None = None,
-    ) -> dict[str, SideResult]:
-        """Measure ``case`` on both sides until ``settled(results)`` or the effort runs out;
-        ``host``: then the host work count on every worker, and the host metric's wall time
-        unless ``host_wall(results)`` says the count decided it (None: always).
-        ``same_work``: asked with both sides' fingerprints once their first workers are ready;
-        where it says the GPU work is the same, no pairs are measured and only the first workers
-        are used, unless the host metric's wall time is needed (then every worker is prepared).
+    def measure_pairs(self, prepared: PreparedCase, pairs: int, rounds: int) -> None:
+        """``pairs`` more pairs of blocks of ``rounds`` rounds each, into the prepared case's
+        ``results`` (every worker prepared first): pair ``i`` on worker ``i %``
+        :data:`PROCESSES_PER_SIDE` of each side, A-B for even ``i``, B-A for odd."""
+        self.prepare_others(prepared)
+        results = prepared.results
+        first = len(results["head"].blocks)
+        for pair in range(first, first + pairs):
+            order = ("base", "head") if pair % 2 == 0 else ("head", "base")
+            for side in order:
+                results[side].blocks.append(self._block(side, pair, prepared.reps, rounds))
+                results[side].workers.append(pair % PROCESSES_PER_SIDE)
 
-        A side that rejects the case is returned with ``unsupported`` set and no blocks; so is
-        the base when one of its workers fails (only the head's code is under test). A worker
-        that died is replaced, with all the others, before the next benchmark; a failure of the
-        head's is raised.
-        """
-        return self._guarded(lambda: self._measure(case, settings, settled, host, host_wall, same_work))
+    def count_host(self, prepared: PreparedCase) -> None:
+        """The host work count on every prepared worker of both sides (each side's first alone
+        where the others were not needed), into the prepared case's ``results``."""
+        self._host_counts(prepared.results, firsts_only=not prepared.everyone)
+
+    def time_host(self, prepared: PreparedCase, settings: PairedSettings) -> None:
+        """The host metric's wall time on every worker of both sides (each prepared first: the
+        value is per process), into the prepared case's ``results``."""
+        self.prepare_others(prepared)
+        self._host_rounds(prepared.results, settings)
+
+    def release(self) -> None:
+        """Every live worker drops the case and frees its memory (a dead one's error is already
+        on its way)."""
+        for workers in self.workers.values():
+            for worker in workers:
+                if worker.proc.poll() is None:
+                    worker.ask({"op": "release"})
+
+    def failed(self, err: WorkerError) -> dict[str, SideResult]:
+        """What a measurement that raised ``err`` leaves: the workers replaced where one died;
+        a failure of the head's raised again; a base's failure the case unsupported there (only
+        the head's code is under test)."""
+        if any(w.proc.poll() is not None for workers in self.workers.values() for w in workers):
+            self.restart()
+        if err.side != "base":
+            raise err
+        results = {side: SideResult() for side in self.sides}
+        results["base"].unsupported = f"a base worker failed ({str(err).strip().splitlines()[-1]})"
+        return results
 
     def measure_host(self, case: dict, settings: PairedSettings) -> dict[str, SideResult]:
         """The host metric alone on every worker (fresh ones, after :meth:`restart`): the case
-        prepared, no pairs of blocks; failures as in :meth:`measure`."""
-        return self._guarded(lambda: self._measure(case, settings, None, host=True))
-
-    def _guarded(self, measure: Callable[[], dict[str, SideResult]]) -> dict[str, SideResult]:
+        prepared on every worker, its host work counted and its wall time measured, no pairs of
+        blocks; failures as :meth:`failed` says."""
         try:
-            return measure()
+            prepared = self.prepare(case)
+            if not prepared.built:
+                return prepared.results
+            self.prepare_others(prepared)
+            try:
+                if not any(r.unsupported for r in prepared.results.values()):
+                    self.count_host(prepared)
+                    self.time_host(prepared, settings)
+                return prepared.results
+            finally:
+                self.release()
         except WorkerError as err:
-            if any(w.proc.poll() is not None for workers in self.workers.values() for w in workers):
-                self.restart()
-            if err.side != "base":
-                raise
-            results = {side: SideResult() for side in self.sides}
-            results["base"].unsupported = f"a base worker failed ({str(err).strip().splitlines()[-1]})"
-            return results
-
-    def _measure(
-        self, case, settings, settled, host, host_wall=None, same_work=None
-    ) -> dict[str, SideResult]:
-        absent = {side: self.absent[side].get(case["backend"]) for side in self.sides}
-        if any(absent.values()):  # nothing to build on a side that does not have the backend
-            self.last_prepare_s = 0.0
-            return {side: SideResult(unsupported=why) for side, why in absent.items()}
-        start = time.perf_counter()
-        results, reps, identical = self._prepare(case, same_work)
-        self.last_prepare_s = time.perf_counter() - start
-        try:
-            if any(r.unsupported for r in results.values()):
-                return results
-            start = time.perf_counter()
-            while settled is not None and not identical:  # None: the host metric alone
-                first = len(results["head"].blocks)
-                for pair in range(first, first + settings.step_pairs):
-                    order = ("base", "head") if pair % 2 == 0 else ("head", "base")
-                    for side in order:
-                        results[side].blocks.append(self._block(side, pair, reps, settings.rounds_per_block))
-                        results[side].workers.append(pair % PROCESSES_PER_SIDE)
-                done = len(results["head"].blocks)
-                if done >= settings.min_pairs and settled(results):
-                    break
-                if done >= settings.max_pairs or time.perf_counter() - start > settings.budget_s:
-                    break
-            if host:
-                self._host_counts(results, firsts_only=identical)
-                if host_wall is None or host_wall(results):
-                    if identical:  # the count cannot decide: its wall time needs every worker
-                        self._prepare_others(case, results)
-                    self._host_rounds(results, settings)
-            return results
-        finally:
-            for workers in self.workers.values():
-                for worker in workers:
-                    if worker.proc.poll() is None:  # a dead one's error is already on its way
-                        worker.ask({"op": "release"})
+            return self.failed(err)
