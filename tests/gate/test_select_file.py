@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from attnkit_perf.formats.schema import validate
 from attnkit_perf.measure.cases import gpu_suite_cases
 from attnkit_perf.select import collection
 from attnkit_perf.select.__main__ import main as select_main
@@ -140,6 +141,9 @@ def test_the_file_holds_the_decision_as_made():
     table["families"]["16bit-d64-full"]["fwd"]["num_warps"] = 8
     before = json.dumps(table)
     made = affected(ROOT, "main", [path, "src/attnkit/kvcache.py"], None, before=lambda p: before)
+    # As the command checks it before writing: the table's changed entries are an array.
+    validate("selection", made.to_dict(), "the selection made")
+    assert [e["entries"] for e in made.to_dict()["changed"] if e["entries"]] == [["families/16bit-d64-full"]]
     data = json.loads(json.dumps(made.to_dict()))
     for gpu in (H200, "nvidia-h100-80gb-hbm3"):
         read = Affected.from_dict(data, gpu)

@@ -42,9 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     root = Path(args.root)
     decision = affected(root, args.base, changed, args.gpu, lambda path: text_at(root, args.base, path))
-    # Checked as it will be read back (tuples become arrays): what --attnkit-selection accepts.
-    data = json.loads(json.dumps(decision.to_dict()))
-    validate("selection", data, "the selection made")
+    data = decision.to_dict()
+    validate("selection", data, "the selection made")  # what --attnkit-selection will accept
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(data, indent=1) + "\n", encoding="utf8")

@@ -442,7 +442,7 @@ class Affected:
             "gpu": self.gpu,
             "everything": bool(self.everything),
             "backends": self.backends,
-            "changed": [asdict(e) for e in self.effects],
+            "changed": [_effect_dict(e) for e in self.effects],
             "dispatchers": {
                 name: None if targets is None else list(targets) for name, targets in self.dispatchers.items()
             },
@@ -507,3 +507,11 @@ def affected(
     return Affected(
         base, list(changed), effects, gpu, dispatchers, tuple(deps.backend_names), deps.entry_rules
     )
+
+
+def _effect_dict(effect: Effect) -> dict:
+    """An effect as the selection file holds it: JSON's types (its entries an array)."""
+    data = asdict(effect)
+    if data.get("entries") is not None:
+        data["entries"] = list(data["entries"])
+    return data
