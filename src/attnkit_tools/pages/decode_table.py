@@ -33,7 +33,7 @@ import attnkit
 from attnkit.inputs import check_inputs
 from attnkit.triton.decode import DecodeConfig, decode_config, decode_forward
 from attnkit_perf.bench import captured, median_time_s, provenance
-from attnkit_tools.pages.provenance import produced_by, provenance_table, require_cuda, restated
+from attnkit_tools.pages.provenance import produced_by, provenance_table, require_cuda, saved_command
 from attnkit_tools.tune.ranking import time_over_best
 
 HQ, HKV, D, DTYPE = 32, 8, 128, torch.bfloat16
@@ -308,11 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         with open(args.from_json) as f:
             result = json.load(f)
-        # A result saved without its command was measured by the canonical one.
-        if "command" in result:
-            command = restated(result["command"], "pages.decode_table")
-        else:
-            command = produced_by("pages.decode_table", ["--out", "decode.json", "--md", args.md])
+        command = saved_command(result, "pages.decode_table", ["--out", "decode.json", "--md", args.md])
         with open(args.md, "w") as f:
             f.write(page(result, command))
         return 0

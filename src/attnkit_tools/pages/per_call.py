@@ -52,7 +52,7 @@ import attnkit
 from attnkit_perf.bench import provenance
 from attnkit_perf.decide.stats import median_interval
 from attnkit_tools.pages.per_call_report import PAIRED, console_table, markdown, targets
-from attnkit_tools.pages.provenance import produced_by, restated
+from attnkit_tools.pages.provenance import produced_by, saved_command
 
 SIZES = {  # name: (B, Hq, Hkv, N, M, D), causal, bf16
     # Host cost alone on any device: on the CPU even N=128 takes the kernels hundreds of
@@ -304,11 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         with open(args.from_json) as f:
             report = json.load(f)
-        # A report saved without its command was measured by the canonical one.
-        if "command" in report:
-            command = restated(report["command"], "pages.per_call")
-        else:
-            command = produced_by("pages.per_call", ["--out", "per_call.json", "--md", args.md])
+        command = saved_command(report, "pages.per_call", ["--out", "per_call.json", "--md", args.md])
     else:
         report = run(args)
         command = produced_by("pages.per_call", sys.argv[1:] if argv is None else argv)

@@ -51,6 +51,15 @@ def restated(recorded: str, tool: str) -> str:
     return produced_by(tool, words[3:])
 
 
+def saved_command(saved: dict, tool: str, canonical: Sequence[str]) -> str:
+    """The command a page rendered again from the measurement ``saved`` names: its recorded
+    command as ``tool`` runs it now (:func:`restated`); a measurement saved without one was made
+    by the canonical command, ``tool`` with the arguments ``canonical``."""
+    if "command" in saved:
+        return restated(saved["command"], tool)
+    return produced_by(tool, canonical)
+
+
 def provenance_table(info: dict) -> list[str]:
     """The provenance as a two-column Markdown table, one key a row, in ``info``'s order
     (scratch paths made public: :func:`public_path`)."""
