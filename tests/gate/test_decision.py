@@ -424,15 +424,19 @@ def test_sample_problem_accepts_real_samples():
 # --- simulated runs: false alarms and detection ---------------------------------------------
 
 
+#: The most pairs one simulated paired measurement takes (six looks of 8 pairs).
+MOST_PAIRS = 48
+
+
 def _measure_paired(
     rng, ratio: float, process_sd: float, threshold: float = T.slower, clustered: bool = True
 ) -> gate.Decision:
-    """One paired measurement as the session runs it on one set of worker processes:
-    ``min_pairs``, then ``step_pairs`` more while inconclusive, up to ``max_pairs``. With
-    ``clustered`` false the decision is not told which process measured each pair."""
-    effort = PairedSettings()
-    base, head = paired_blocks(rng, effort.max_pairs, ratio, process_sd=process_sd)
-    for pairs in range(effort.min_pairs, effort.max_pairs + 1, effort.step_pairs):
+    """One paired measurement in steps of one look's pairs (``pairs_per_look``), one more step
+    while inconclusive, up to :data:`MOST_PAIRS`. With ``clustered`` false the decision is not
+    told which process measured each pair."""
+    step = PairedSettings().pairs_per_look
+    base, head = paired_blocks(rng, MOST_PAIRS, ratio, process_sd=process_sd)
+    for pairs in range(step, MOST_PAIRS + 1, step):
         clusters = processes(pairs) if clustered else None
         d = gate.decide_paired(base[:pairs], head[:pairs], T, ALPHA, threshold, clusters=clusters)
         if d.settled:

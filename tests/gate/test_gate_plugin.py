@@ -664,7 +664,7 @@ def test_paired_mode_sees_the_head_faster_than_a_slowed_base(tmp_path):
     assert result.returncode == 0 and verdict["passed"] is True, output[-3000:]
     label = verdict["base"]["label"]
     assert verdict["mode"] == "paired" and f"checkout {base.resolve()}" in label, label
-    assert row["evidence"]["pairs"] >= PairedSettings().min_pairs, row["evidence"]
+    assert row["evidence"]["pairs"] >= PairedSettings().pairs_per_look, row["evidence"]
     # The host metric: the base's sleep is more work per call (an import and the sleep, two C
     # calls), which the count sees; a count that dropped decides the host metric alone, with no
     # wall-time rounds.

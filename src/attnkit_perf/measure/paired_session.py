@@ -77,18 +77,17 @@ def triton_cache() -> Path:
 class PairedSettings:
     """Effort per benchmark, in pairs of blocks measured before each decision.
 
-    "Same" needs only the interval's upper end below the threshold, which 8 pairs of a quiet
-    benchmark settle; "slower" needs the Wilcoxon test at the per-benchmark alpha of a
+    "Same" needs only the interval's upper end below the threshold, which one look's 8 pairs of
+    a quiet benchmark settle; "slower" needs the Wilcoxon test at the per-benchmark alpha of a
     ~100-benchmark run, which 16 pairs are the fewest to reach (2^-16 < 0.01 / 100), so a
-    suspect always gets the second step. Simulated A/A runs and 3% slowdowns give the same
+    suspect always gets a second look. Simulated A/A runs and 3% slowdowns give the same
     outcomes as 16 pairs from the start (the gate's decision tests) at half the time for the
     benchmarks that settle at once.
     """
 
     rounds_per_block: int = 3
-    min_pairs: int = 8
-    step_pairs: int = 8
-    max_pairs: int = 48
+    #: Seconds of measuring after which no further look starts, once two have run
+    #: (:func:`attnkit_perf.run.paired_benchmark.measure_looks`).
     budget_s: float = 8.0
     #: Host metric (:mod:`attnkit_perf.measure.host`): rounds over every worker, each a
     #: measurement of ``host_batches`` batches per process, sides alternating first.
