@@ -444,15 +444,19 @@ def _retuned(family: str | None, section: str = "families") -> str:
     ids=["d128-causal", "d64-full", "provenance-only"],
 )
 def test_a_retuned_family_runs_the_triton_rows_that_read_it(family, head_dims):
-    """The base's table compared entry by entry: a call reads its own family (get_config), so
-    only the rows whose family (either causal mode: a decode's is the kernel's call) changed run,
-    auto's among them (it may dispatch to Triton); a table whose families are unchanged runs
-    none."""
+    """The base's table compared entry by entry: a call reads its own family (get_config: dtype
+    class, padded head dim, causal mode), so only the rows of the changed family run, auto's
+    among them (it may dispatch to Triton); a table whose families are unchanged runs none."""
     path = f"src/attnkit/triton/configs/{H200}.json"
     decision = affected(ROOT, "base", [path], H200, before=lambda p: _retuned(family) if p == path else None)
     ran = {c for c in gpu_suite_cases() if decision.row_skip(c.backend, c.pass_name, c) is None}
     assert {c.head_dim for c in ran} == head_dims
-    expected = {c for c in gpu_suite_cases() if c.backend in ("triton", AUTO) and c.head_dim in head_dims}
+    causal = family is not None and family.endswith("causal")
+    expected = {
+        c
+        for c in gpu_suite_cases()
+        if c.backend in ("triton", AUTO) and c.head_dim in head_dims and c.causal == causal
+    }
     assert ran == expected
     assert head_dims != {64} or not any(c.backend == AUTO for c in ran), "auto's rows are D=128"
 
@@ -589,3 +593,99 @@ def test_a_change_to_backend_code_narrows_to_that_backends_tests(planted_source,
     result = run()
     assert _passed(result) == kept, result.stdout.str()
     result.assert_outcomes(passed=len(kept), deselected=8 - len(kept))
+
+
+#: A tile-table entry test module (as tests/correctness/test_tile_table.py parametrizes it).
+ENTRY_TESTS = {
+    **KVCACHE_TESTS,
+    "tests/correctness/test_entries.py": (
+        "import pytest\n\nfrom attnkit.triton.config import get_config\n\n\n"
+        '@pytest.mark.parametrize("tile_table_entry", [\n'
+        f'    "{H200}:families/16bit-d64-full", "{H200}:families/16bit-d128-full",\n'
+        f'    "{H100}:families/16bit-d64-full",\n'
+        "])\n"
+        "def test_entry(tile_table_entry):\n    assert get_config\n"
+    ),
+}
+
+
+def _edit_table(repo: Path, section: str, name: str, kernel: str | None = "fwd", value=None) -> None:
+    """Change one entry of the H200 table in ``repo``: a kernel's block_n in ``families``, or a
+    Gluon cell (``kernel`` None: the cell replaced by ``value``)."""
+    import json
+
+    path = repo / f"src/attnkit/triton/configs/{H200}.json"
+    table = json.loads(path.read_text())
+    entries = table
+    for key in section.split("/"):
+        entries = entries[key]
+    if kernel is None:
+        entries[name] = value
+    else:
+        entries[name][kernel]["block_n"] = (
+            value if value is not None else 64 + 128 - entries[name][kernel]["block_n"]
+        )
+    path.write_text(json.dumps(table, indent=1))
+
+
+@pytest.fixture
+def planted_entries(pytester, monkeypatch):
+    import shutil
+
+    shutil.copytree(ROOT / "src", pytester.path / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    _commit_base(pytester.path, ENTRY_TESTS)
+    monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
+    # The run's GPU model is the changed table's (the selection applies a GPU-keyed table there).
+    monkeypatch.setattr("attnkit_perf.run.session.gpu_key", lambda device=None: H200)
+
+    def run():
+        args = ("-p", "attnkit_perf.plugin", "--attnkit-changes-since", "main", "-v", *ENTRY_TESTS)
+        return pytester.runpytest_inprocess(*args)
+
+    return pytester.path, run
+
+
+def test_a_changed_tile_entry_runs_that_entrys_tests_alone(planted_entries):
+    """A call reads its own family's entry, and the entry's tests run its config on shapes of its
+    family: a diff that changes only entries runs their tests, not the Triton suite."""
+    repo, run = planted_entries
+    _edit_table(repo, "families", "16bit-d64-full")
+    result = run()
+    assert _passed(result) == {f"test_entry[{H200}:families/16bit-d64-full]"}, result.stdout.str()
+    result.stdout.fnmatch_lines([
+        "*deselected: tests of table entries that did not change",
+        f"*deselected: tests of triton: only table entries changed ({H200}:families/16bit-d64-full)*",
+    ])  # fmt: skip
+
+
+def test_an_entry_the_library_refuses_runs_its_tests_which_fail_on_it(planted_entries):
+    """A refused entry counts as changed: its tests run, and the entry's config fails to parse there."""
+    repo, run = planted_entries
+    _edit_table(repo, "families", "16bit-d128-full", "dq", 7)
+    result = run()
+    assert _passed(result) == {f"test_entry[{H200}:families/16bit-d128-full]"}, result.stdout.str()
+
+
+@pytest.mark.parametrize("change", ["code", "gluon-cell"])
+def test_code_or_an_entry_without_tests_of_its_own_runs_the_whole_triton_suite(planted_entries, change):
+    """A Gluon cell is parsed with every cell of its part, and code reaches any call: no narrowing."""
+    repo, run = planted_entries
+    if change == "code":
+        _edit_table(repo, "families", "16bit-d64-full")
+        with open(repo / "src/attnkit/triton/decode.py", "a") as f:
+            f.write("\n# changed\n")
+    else:
+        _edit_table(repo, "gluon/forward", "d64-full", None, {"block_m": 64})
+    result = run()
+    kept = {
+        f"test_entry[{e}]"
+        for e in (
+            f"{H200}:families/16bit-d64-full",
+            f"{H200}:families/16bit-d128-full",
+            f"{H100}:families/16bit-d64-full",
+        )
+    }
+    kept |= {"test_cache[triton]", "test_each[triton]", "test_names_triton"}
+    if change == "code":
+        kept.add("test_each[sdpa-math]")  # decode.py is reached through the sdpa-math path too
+    assert _passed(result) == kept, result.stdout.str()

@@ -10,7 +10,10 @@ per reason.
   (``backend`` / ``attnkit_backend``) is kept when that backend is affected: a backend parameter
   narrows only a change to backend code. Any other test is kept when its module names or
   imports the code of an affected backend, or imports a changed file. Tests that reach no
-  backend (the backend-independent ones) run only when shared code changed.
+  backend (the backend-independent ones) run only when shared code changed. When all a diff
+  changed of a backend is table entries that have tests of their own (the Triton tile tables'
+  families, ``tests/correctness/test_tile_table.py``), only those tests run, for the changed
+  entries (:meth:`~attnkit_perf.select.rules.Affected.entry_tests`).
 
 The decision is made once per run: read from the selection file (:func:`read_selection`, written
 by ``python -m attnkit_perf.select --json-out``), or computed by :func:`decide` in pytest's
@@ -113,11 +116,32 @@ def _skip(item, decision: Affected, rows: dict, deps: DependencyMap, modules: di
     if backend is not None:
         if backend not in deps.backend_names:
             return None  # a plugin's backend: no map of its code, so it runs
-        if backend in decision.test_backends:
-            return None
-        return f"tests of backend {backend}: no changed file reaches its code"
-    if backends & set(decision.test_backends) or reached:
+        if backend not in decision.test_backends:
+            return f"tests of backend {backend}: no changed file reaches its code"
+        return _entry_skip(params, {backend}, decision)
+    if reached:
         return None
+    if backends & set(decision.test_backends):
+        return _entry_skip(params, backends & set(decision.test_backends), decision)
     if not backends:
         return "backend-independent tests: no shared code changed"
     return f"tests of {', '.join(sorted(backends))}: no changed file reaches their code"
+
+
+def _entry_skip(params: dict, backends: set, decision: Affected) -> str | None:
+    """Why a test the diff reaches through ``backends`` need not run when the diff changed
+    only their table entries that have tests of their own (:meth:`Affected.entry_tests`): those
+    tests run for the changed entries, and the backends' other tests do not. None: it runs."""
+    wanted: dict[str, set[str]] = {}
+    for name in sorted(backends):
+        narrowed = decision.entry_tests(name)
+        if narrowed is None:
+            return None  # a change of code, or of an entry without tests of its own
+        for param, entries in narrowed.items():
+            wanted.setdefault(param, set()).update(entries)
+    for param, entries in wanted.items():
+        if param in params:
+            return None if params[param] in entries else "tests of table entries that did not change"
+    changed = ", ".join(sorted(e for entries in wanted.values() for e in entries))
+    names = ", ".join(sorted(backends))
+    return f"tests of {names}: only table entries changed ({changed}), which their own tests check"

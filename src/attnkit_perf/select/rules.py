@@ -320,20 +320,20 @@ def reads_entry(rule: dict, name: str, case) -> bool:
     if name == "*":
         return True
     if rule["rows"] == "family":
-        return name.startswith(tile_family(case) + "-")
+        return name == tile_family(case)
     if rule["rows"] == "cell":  # attnkit.triton.gluon.config.cell_key, either causal mode
         return name.startswith(f"d{case.head_dim}-")
     raise ValueError(f"dependencies.json: entry rows {rule['rows']!r}: expected 'family' or 'cell'")
 
 
 def tile_family(case) -> str:
-    """The Triton shape family a perf case's config is read under, causal or not alike: the
-    decision whether a problem runs as causal (a one-query decode sees every key) is the
-    kernel's, so both count (:func:`attnkit.triton.config.family_key`)."""
-    from attnkit.triton.config import padded_dim
+    """The Triton shape family whose entry a perf case's calls read
+    (:func:`attnkit.triton.config.family_key` of the case's problem: dtype class, padded head
+    dim, causal or not)."""
+    from attnkit.triton.config import family_key
 
-    width = "fp32" if case.dtype == "fp32" else "16bit"
-    return f"{width}-d{padded_dim(case.head_dim)}"
+    p = case.problem
+    return family_key(p.dtype, p.head_dim, p.value_dim, p.causal)
 
 
 @dataclass
@@ -393,24 +393,48 @@ class Affected:
         targets = self.dispatchers[dispatcher]
         return backend != dispatcher and (targets is None or backend in targets)
 
+    def _effects_on(self, backend: str, tests: bool = False) -> list[Effect]:
+        """The backend effects that apply here and reach ``backend``: its own, and for a
+        dispatcher (``auto``) those of the backends it may run."""
+        return [
+            effect
+            for effect in self.effects
+            if effect.kind == "backends"
+            and self.applies(effect, tests)
+            and (
+                backend in effect.backends
+                or (
+                    backend in self.dispatchers and any(self._dispatches(backend, b) for b in effect.backends)
+                )
+            )
+        ]
+
     def entries(self, backend: str) -> set[str] | None:
         """The table entries (``section/name``) the diff changed for ``backend`` where every
         effect on it is such a table's, else None (any row of it may be affected). ``auto``'s
         rows read what the backends it dispatches to read: their effects count for them."""
-        found: set[str] = set()
-        named = False
-        for effect in self.effects:
-            if effect.kind != "backends" or not self.applies(effect):
-                continue
-            if backend not in effect.backends and not (
-                backend in self.dispatchers and any(self._dispatches(backend, b) for b in effect.backends)
-            ):
-                continue
-            if effect.entries is None:
-                return None
-            found |= set(effect.entries)
-            named = True
-        return found if named else None
+        effects = self._effects_on(backend)
+        if not effects or any(e.entries is None for e in effects):
+            return None
+        return {entry for e in effects for entry in e.entries}
+
+    def entry_tests(self, backend: str) -> dict[str, set[str]] | None:
+        """Where every effect on ``backend``'s correctness tests is a change of table entries
+        whose section has tests of its own, entry by entry (its rule's ``entry_tests``: the
+        pytest parameter naming an entry as ``gpu:section/name``): parameter -> the changed
+        entries, which those tests check in place of the backend's whole suite. Else None."""
+        effects = self._effects_on(backend, tests=True)
+        if not effects or any(e.entries is None for e in effects):
+            return None
+        found: dict[str, set[str]] = {}
+        for effect in effects:
+            for entry in effect.entries:
+                section, _, name = entry.rpartition("/")
+                param = self.entry_rules.get(section, {}).get("entry_tests")
+                if param is None or name == "*":
+                    return None
+                found.setdefault(param, set()).add(f"{effect.gpu}:{entry}")
+        return found or None
 
     def row_skip(self, backend: str, pass_name: str, case=None) -> str | None:
         """Why a perf row of ``backend`` timing ``pass_name`` (``case``: its
@@ -429,7 +453,7 @@ class Affected:
                 changed = ", ".join(sorted(entries)) or "none"
                 return (
                     f"backend {backend}: its tables changed {changed}, none read by a "
-                    f"{tile_family(case)} d{case.head_dim} {case.pass_name} row"
+                    f"{tile_family(case)} {case.pass_name} row"
                 )
         return None
 
