@@ -131,6 +131,53 @@ def test_a_changed_binary_with_the_same_launch_shape_still_differs():
     assert identity.outcome == "differs" and name in identity.reason, identity.reason
 
 
+_KERNEL = """
+import triton
+import triton.language as tl
+
+
+def double(x, y, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y + i, tl.load(x + i, mask=i < n) * FACTOR, mask=i < n)
+"""
+
+
+def _cubin(folder, factor: int, monkeypatch) -> bytes:
+    """The sm_90 cubin of :data:`_KERNEL` written in ``folder`` (compiled without a GPU, with a
+    Triton cache of its own: Triton's cache key holds the source, not its path)."""
+    import importlib.util
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    folder.mkdir()
+    path = folder / "kernel.py"
+    path.write_text(_KERNEL.replace("FACTOR", str(factor)))
+    spec = importlib.util.spec_from_file_location(f"kernel_{folder.name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(folder / "cache"))
+    signature = {"x": "*fp32", "y": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    source = ASTSource(fn=JITFunction(module.double), signature=signature, constexprs={"BLOCK": 128})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+
+
+def test_the_same_code_compiled_from_two_checkouts_has_one_digest_and_other_code_another(
+    tmp_path, monkeypatch
+):
+    """The base and the head are two folders: Triton's line table names the file's path, so the
+    cubins differ byte for byte; their machine code does not, and the digest is the code's."""
+    from attnkit_perf.measure.fingerprint import machine_code_digest
+
+    base, head = _cubin(tmp_path / "base", 2, monkeypatch), _cubin(tmp_path / "head", 2, monkeypatch)
+    changed = _cubin(tmp_path / "changed", 3, monkeypatch)
+    assert base != head and str(tmp_path / "base").encode() in base, "the path is in the line table"
+    assert machine_code_digest(base) == machine_code_digest(head)
+    assert machine_code_digest(changed) != machine_code_digest(base)
+    assert machine_code_digest(b"not an ELF") == _digest(b"not an ELF")
+
+
 # --- in paired mode's procedure -------------------------------------------------------------------
 
 

@@ -16,7 +16,10 @@ attnkit's bound fast launch, its compiled fast path or a CUDA graph replay. A ke
 on both sides. A Triton or Gluon kernel's symbol is its function's name, shared by every
 specialisation, so its binary is named too: the digest of each binary of that name compiled in
 the process (``CompiledKernel.kernel``, the cubin, from each ``JITFunction``'s caches) whose
-registers and shared memory are those of the call's launches of that name.
+registers and shared memory are those of the call's launches of that name. The digest covers the
+binary's machine code and its metadata, not its debug sections: Triton's line table names the
+source file's absolute path, which differs between the base's checkout and the head's, so the
+same code compiled from two folders would otherwise differ (:func:`machine_code_digest`).
 
 Scalar arguments are not part of the fingerprint: a change that passes other values to the same
 binary with the same launch shape (a loop bound, say) is not seen here. Such a change alters the
@@ -30,6 +33,7 @@ import gc
 import hashlib
 import json
 import os
+import struct
 import tempfile
 from collections.abc import Callable
 
@@ -119,7 +123,7 @@ def compiled_binaries(launched: dict[str, set[tuple]]) -> dict[str, list[str]]:
                 binary = getattr(compiled, "kernel", None)
                 if name in launched and isinstance(binary, (bytes, bytearray)):
                     shape = (getattr(compiled, "n_regs", None), _shared_bytes(compiled))
-                    found.setdefault(name, []).append((hashlib.sha256(binary).hexdigest()[:16], shape))
+                    found.setdefault(name, []).append((machine_code_digest(bytes(binary)), shape))
     named = {}
     for name, binaries in sorted(found.items()):
         shapes = {shape for _, shape in binaries}
@@ -128,6 +132,39 @@ def compiled_binaries(launched: dict[str, set[tuple]]) -> dict[str, list[str]]:
         else:
             named[name] = sorted({digest for digest, _ in binaries})
     return named
+
+
+#: ELF sections that describe the source, not the code: DWARF's, NVIDIA's line tables and the
+#: relocations that patch them.
+_DEBUG_SECTIONS = (".debug", ".nv_debug", ".rela.debug", ".rela.nv_debug", ".rel.debug", ".rel.nv_debug")
+
+
+def machine_code_digest(binary: bytes) -> str:
+    """A short digest of a compiled kernel: for a 64-bit little-endian ELF (a CUDA cubin, an AMD
+    code object) the name, type, flags and contents of every section but the debug ones
+    (:data:`_DEBUG_SECTIONS`), read from the section header table (ELF-64 object file format:
+    ``e_shoff`` at byte 0x28, ``e_shentsize``, ``e_shnum``, ``e_shstrndx`` at 0x3A); for
+    anything else, or an ELF that does not read as one, the whole binary."""
+    digest = hashlib.sha256()
+    try:
+        if binary[:6] != b"\x7fELF\x02\x01":  # magic, 64-bit, little-endian
+            raise ValueError("not a 64-bit little-endian ELF")
+        (table,) = struct.unpack_from("<Q", binary, 0x28)
+        entry_size, count, names_index = struct.unpack_from("<HHH", binary, 0x3A)
+        headers = [struct.unpack_from("<IIQQQQ", binary, table + i * entry_size) for i in range(count)]
+        names_at = headers[names_index][4]
+        for name_at, kind, flags, _, offset, size in headers:
+            end = binary.index(b"\0", names_at + name_at)
+            name = binary[names_at + name_at : end]
+            if name.decode("ascii", "replace").startswith(_DEBUG_SECTIONS):
+                continue
+            body = b"" if kind == 8 else binary[offset : offset + size]  # 8: SHT_NOBITS, no contents
+            if len(body) != (0 if kind == 8 else size):
+                raise ValueError("a section runs past the end of the binary")
+            digest.update(struct.pack("<IIQQ", len(name), kind, flags, len(body)) + name + body)
+    except (ValueError, struct.error, IndexError):
+        digest = hashlib.sha256(binary)
+    return digest.hexdigest()[:16]
 
 
 def _shared_bytes(compiled) -> int | None:
