@@ -7,9 +7,10 @@ medians of the same cases under two source trees, in alternating fresh processes
 ``BASE_SRC``/``HEAD_SRC`` are ``src`` folders (each holding ``attnkit``); cases are the perf
 grid's (:func:`attnkit_perf.bench.gpu_suite_cases`) whose name contains every
 ``--match`` word. A ``loop`` case (the per-call cost guards) is timed as what it guards
-instead, by the host's clock: the wall time per call of 200 calls back to back, median of 7
-loops (do_bench flushes the L2 before each call, which hides up to a flush's worth of host
-time: the cost those cases exist to see). Prints, per case, the median of the head/base
+instead, by the host's clock: the wall time per call of calls back to back, the median of 15
+loops of at least 20 ms after half a second of calls (:func:`_loop_ms`; do_bench flushes the
+L2 before each call, which hides up to a flush's worth of host time: the cost those cases exist
+to see). Prints, per case, the median of the head/base
 ratios over the rounds, and writes every time to ``--out``
 (``schemas/true-effect.schema.json``; :func:`read_effects` reads it back). This is the
 yardstick the gate's verification compares with (:mod:`attnkit_tools.gate.detection`).
@@ -53,22 +54,35 @@ def _side_main(names: list[str]) -> None:
     print(json.dumps(times))
 
 
-def _loop_ms(runner, calls: int = 200, loops: int = 7) -> float:
-    """Wall milliseconds per call of ``calls`` calls back to back (synchronised at both ends),
-    median of ``loops`` loops after a warm-up loop."""
+def _loop_ms(runner, sync=None, warmup_s: float = 0.5, loop_s: float = 0.02, loops: int = 15) -> float:
+    """Wall milliseconds per call of calls back to back (synchronised at both ends), the median
+    of ``loops`` loops of at least ``loop_s`` seconds each, after ``warmup_s`` seconds of calls.
+    A loop case's call takes 10-50 us, so a fixed 8 loops of 200 calls last about 30 ms in all,
+    too short for the clocks to leave an idle state or for one slow loop to be
+    outvoted: on an H200 one case's rounds then read from x0.46 to x1.77 head/base on a change
+    of 3 us a call. ``sync`` (default ``torch.cuda.synchronize``) waits for the device."""
     import time
 
-    import torch
+    if sync is None:
+        import torch
 
-    times = []
-    for _ in range(loops + 1):
-        torch.cuda.synchronize()
+        sync = torch.cuda.synchronize
+
+    def timed(calls: int) -> float:
+        sync()
         start = time.perf_counter()
         for _ in range(calls):
             runner()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / calls * 1e3)
-    return statistics.median(times[1:])
+        sync()
+        return time.perf_counter() - start
+
+    calls, spent = 1, 0.0
+    while spent < warmup_s:  # doubling: also finds how many calls fill a loop
+        spent += timed(calls)
+        calls *= 2
+    per_call = max(timed(calls) / calls, 1e-9)
+    calls = max(1, int(loop_s / per_call))
+    return statistics.median(timed(calls) / calls * 1e3 for _ in range(loops))
 
 
 def _run_side(src: Path, names: list[str]) -> dict:
