@@ -10,7 +10,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 base="$out/base" && mkdir -p "$base" && cp -r src "$base/src"
 for i in $(seq "$runs"); do
-    bash .ci/gpu-python.sh -m pytest tests/perf -q -p no:cacheprovider --attnkit-base="$base" \
+    bash .ci/gpu-python.sh -m pytest tests/perf -q -p no:cacheprovider --attnkit-base="$base" --attnkit-time-all \
         --attnkit-noise=none --attnkit-verdict-json="$out/verdict_$i.json" || true
 done
 key=$(bash .ci/gpu-python.sh -c "from attnkit.device import gpu_key; print(gpu_key())")

@@ -12,7 +12,7 @@
 #                scratch clone of this tree whose head commit adds a comment to src/attnkit/api.py
 #                (shared code: the default selection runs every test and row), ATTNKIT_BASE the
 #                tree's own commit. Every failure is a false alarm.
-#   aa-all       the same with ATTNKIT_SELECT=all (the nightly tier; every row timed; long)
+#   aa-all       the same with ATTNKIT_SELECT=all (the nightly tier: every test and row runs)
 #   stored       stored mode on unchanged code: pytest tests/perf --benchmark-compare against this
 #                GPU model's committed baseline. Every row not same or faster is a false alarm.
 #   change:NAME  tests/perf/gate_changes/NAME.patch committed in a scratch clone, the whole gate

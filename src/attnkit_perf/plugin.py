@@ -128,6 +128,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ),
     )
     group.addoption(
+        "--attnkit-time-all",
+        action="store_true",
+        help=(
+            "paired mode: time every row's GPU work and host metric, also where the two sides' "
+            "fingerprints or host work counts are the same (A/A noise runs, which need a ratio of every row)"
+        ),
+    )
+    group.addoption(
         "--attnkit-time-budget",
         default=None,
         metavar="SECONDS",
@@ -182,6 +190,7 @@ def _options(config: pytest.Config) -> dict:
         "allow_other_gpu": get("attnkit_allow_other_gpu"),
         "allow_cpu": get("attnkit_allow_cpu"),
         "no_confirm": get("attnkit_no_confirm"),
+        "time_all": get("attnkit_time_all"),
         "allow_dropped": get("attnkit_allow_dropped"),
         "time_budget": get("attnkit_time_budget"),
         "time_budget_ini": config.getini("attnkit_time_budget"),

@@ -195,7 +195,7 @@ class OneLookSession:
     def __init__(self, base_fingerprint, head_fingerprint, peaks=(1000, 1000)):
         self.fingerprints = {"base": base_fingerprint, "head": head_fingerprint}
         self.peaks = dict(zip(("base", "head"), peaks, strict=True))
-        self.restarts, self.timed = 0, False
+        self.restarts, self.timed, self.counted, self.walled = 0, False, False, False
 
     def prepare(self, case, fingerprint=False):
         from attnkit_perf.measure.paired_session import PreparedCase, SideResult
@@ -216,6 +216,14 @@ class OneLookSession:
         for result in prepared.results.values():
             result.blocks, result.workers = [1.0, 1.3] * (pairs // 2), list(range(pairs))
 
+    def count_host(self, prepared):
+        self.counted = True
+
+    def time_host(self, prepared, settings):
+        self.walled = True
+        for result in prepared.results.values():
+            result.host_per_call = [1e-5] * 4
+
     def release(self):
         pass
 
@@ -223,11 +231,11 @@ class OneLookSession:
         self.restarts += 1
 
 
-def _measure(paired):
+def _measure(paired, host=False, time_all=False):
     from attnkit_perf.measure.paired_session import PairedSettings
     from attnkit_perf.run.paired_benchmark import measure_looks
 
-    results, _ = measure_looks(paired, _rule(), {}, PairedSettings(), host=False)
+    results, _ = measure_looks(paired, _rule(), {}, PairedSettings(time_all=time_all), host=host)
     return results
 
 
@@ -259,3 +267,17 @@ def test_a_timed_row_says_which_launch_differed():
     other = fingerprint(binaries={"_plain_fwd_kernel": ["bbbb"]})
     results = _measure(OneLookSession(fingerprint(), other))
     assert "_plain_fwd_kernel" in _rule().decide(results).extra["identity"]
+
+
+def test_an_aa_noise_run_times_every_row_and_its_host_metric_even_with_the_same_work():
+    """A/A noise runs (--attnkit-time-all) need a ratio of every row: no fingerprint is taken
+    and no host work counted, so neither can decide a row untimed."""
+    paired = OneLookSession(fingerprint(), copy.deepcopy(fingerprint()))
+    results = _measure(paired, host=True, time_all=True)
+    assert paired.timed and results["head"].blocks and results["base"].fingerprint is None
+    assert not paired.counted and paired.walled and results["head"].host_per_call
+    decision = _rule().decide(results)
+    assert decision.ratio is not None and "not timed" not in decision.reason
+    usual = OneLookSession(fingerprint(), copy.deepcopy(fingerprint()))
+    _measure(usual, host=True)
+    assert not usual.timed and usual.counted, "without it the same work is decided untimed"

@@ -99,6 +99,10 @@ class PairedSettings:
     #: GPU time, decided sequentially (:mod:`attnkit_perf.decide.sequential`): pairs of blocks per
     #: look (a look is one set of fresh processes; 2 pairs per process pairing at 4 per side).
     pairs_per_look: int = 8
+    #: Time every row: no fingerprints and no host work counts, whose equality would decide a
+    #: row without timing it. A/A noise runs need this: the noise file holds each row's ratios
+    #: (``.ci/aa-noise.sh``, ``--attnkit-time-all``).
+    time_all: bool = False
 
 
 @dataclass
@@ -497,8 +501,8 @@ class PairedSession:
 
     def measure_host(self, case: dict, settings: PairedSettings) -> dict[str, SideResult]:
         """The host metric alone on every worker (fresh ones, after :meth:`restart`): the case
-        prepared on every worker, its host work counted and its wall time measured, no pairs of
-        blocks; failures as :meth:`failed` says."""
+        prepared on every worker, its host work counted (not with ``settings.time_all``) and its
+        wall time measured, no pairs of blocks; failures as :meth:`failed` says."""
         try:
             prepared = self.prepare(case)
             if not prepared.built:
@@ -506,7 +510,8 @@ class PairedSession:
             self.prepare_others(prepared)
             try:
                 if not any(r.unsupported for r in prepared.results.values()):
-                    self.count_host(prepared)
+                    if not settings.time_all:
+                        self.count_host(prepared)
                     self.time_host(prepared, settings)
                 return prepared.results
             finally:

@@ -41,14 +41,15 @@ def _look(
     sides' fingerprints are taken, and where both run the same GPU work no pair is timed and
     only each side's first worker is prepared (unless the host metric's wall time needs every
     worker); else ``settings.pairs_per_look`` pairs. ``host``: then the host work count, and the
-    wall time where the count does not decide. ``prepare_s``: the seconds spent preparing the
+    wall time where the count does not decide. ``settings.time_all`` takes neither fingerprints
+    nor counts: every pair and the wall time are measured. ``prepare_s``: the seconds spent preparing the
     workers (building, compiling or loading kernels, warming up) before the first pair. A side
     that cannot run the case is returned unsupported, with nothing measured; so is the base
     when one of its workers fails (:meth:`PairedSession.failed`)."""
     start = time.perf_counter()
     prepare_s = 0.0
     try:
-        prepared = paired.prepare(case, fingerprint=first)
+        prepared = paired.prepare(case, fingerprint=first and not settings.time_all)
         if not prepared.built:
             return prepared.results, prepare_s
         results = prepared.results
@@ -62,8 +63,9 @@ def _look(
             if not identical:
                 paired.measure_pairs(prepared, settings.pairs_per_look, settings.rounds_per_block)
             if host:
-                paired.count_host(prepared)
-                if rule.host_needs_wall(results):
+                if not settings.time_all:
+                    paired.count_host(prepared)
+                if rule.host_needs_wall(results):  # always, uncounted
                     paired.time_host(prepared, settings)
             return results, prepare_s
         finally:

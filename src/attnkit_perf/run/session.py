@@ -261,7 +261,12 @@ class PerfSession:
     def paired_settings(self) -> PairedSettings:
         """Paired mode's effort per benchmark, within ``--attnkit-budget-s`` when given."""
         budget = self.opt["budget_s"]
-        return PairedSettings(budget_s=budget) if budget else PairedSettings()
+        time_all = bool(self.opt.get("time_all"))
+        return (
+            PairedSettings(budget_s=budget, time_all=time_all)
+            if budget
+            else PairedSettings(time_all=time_all)
+        )
 
     def run_paired(self, node, case: BenchCase) -> None:
         """Measure ``case`` on both sides until :class:`PairedRule` settles it (and its host

@@ -258,6 +258,7 @@ def _refresh(args) -> int:
                 *common,
                 shard(i),
                 f"--attnkit-base={base}",
+                "--attnkit-time-all",  # every row's ratio: no row decided by identical work
                 "--attnkit-noise=none",
                 f"--attnkit-verdict-json={part}",
             ]
