@@ -51,7 +51,7 @@ def _row(rng, effect: float, budget: LookBudget) -> tuple[str, int]:
         head += more[1]
         labels += [look * PROCESSES_PER_SIDE + i % PROCESSES_PER_SIDE for i in range(PAIRS)]
         look += 1
-        d = decide_sequential(base, head, labels, look, PLAN, T, ALPHA, threshold)
+        d = decide_sequential(base, head, labels, look, PLAN, ALPHA, threshold)
         if d.settled or not budget.may_look(look):
             break
     budget.settle(look)
@@ -113,10 +113,10 @@ def test_one_set_of_processes_never_shows_slower():
     rng = np.random.default_rng(4)
     base, head = look_blocks(rng, 48, 1.5, process_sd=0.001, cv=0.01)
     labels = [i % PROCESSES_PER_SIDE for i in range(48)]
-    first = decide_sequential(base, head, labels, 1, PLAN, T, ALPHA, 0.02)
+    first = decide_sequential(base, head, labels, 1, PLAN, ALPHA, 0.02)
     assert first.outcome == "inconclusive", first.reason
     two_sets = [x + PROCESSES_PER_SIDE * (i >= 24) for i, x in enumerate(labels)]
-    second = decide_sequential(base, head, two_sets, 2, PLAN, T, ALPHA, 0.02)
+    second = decide_sequential(base, head, two_sets, 2, PLAN, ALPHA, 0.02)
     assert second.outcome == "slower", second.reason
     assert second.ratio == pytest.approx(1.5, rel=0.02), second.reason
 
@@ -127,9 +127,9 @@ def test_units_are_medians_per_process():
 
 
 def test_no_evidence_is_inconclusive():
-    d = decide_sequential([1.0] * 8, [1.0] * 8, [0, 1, 2, 3] * 2, 1, PLAN, T, ALPHA, 0.02)
+    d = decide_sequential([1.0] * 8, [1.0] * 8, [0, 1, 2, 3] * 2, 1, PLAN, ALPHA, 0.02)
     assert d.outcome == "inconclusive" and "identical" in d.reason, d.reason
-    d = decide_sequential([1.0, 1.1] * 4, [1.0, 1.2] * 4, [0, 1] * 3, 1, PLAN, T, ALPHA, 0.02)
+    d = decide_sequential([1.0, 1.1] * 4, [1.0, 1.2] * 4, [0, 1] * 3, 1, PLAN, ALPHA, 0.02)
     assert d.outcome == "inconclusive" and "process labels" in d.reason, d.reason
 
 

@@ -75,25 +75,16 @@ class PairedRule:
         base, head = results["base"], results["head"]
         identity = self.identity(results)
         if identity.identical:
-            return _with_memory(
-                identity_decision(identity), base.peak_bytes, head.peak_bytes, self.thresholds
+            time = identity_decision(identity)
+        else:
+            limit = paired_limit(self.threshold, self.thresholds, host_bound_throughout(results, *earlier))
+            looks = getattr(head, "looks", 1)
+            time = decide_sequential(
+                base.blocks, head.blocks, head.workers, looks, self.plan, self.alpha, limit
             )
-        limit = paired_limit(self.threshold, self.thresholds, host_bound_throughout(results, *earlier))
-        timed = decide_sequential(
-            base.blocks,
-            head.blocks,
-            head.workers,
-            getattr(head, "looks", 1),
-            self.plan,
-            self.thresholds,
-            self.alpha,
-            limit,
-            base.peak_bytes,
-            head.peak_bytes,
-        )
-        if identity.outcome == "differs":  # why the row was timed: the first difference
-            timed.extra["identity"] = identity.reason
-        return timed
+            if identity.outcome == "differs":  # why the row was timed: the first difference
+                time.extra["identity"] = identity.reason
+        return _with_memory(time, base.peak_bytes, head.peak_bytes, self.thresholds)
 
     def count_comparison(self, results: Mapping) -> CountComparison | None:
         """The two sides' host work counts compared (:func:`compare_counts`), or None where

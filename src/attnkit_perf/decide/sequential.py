@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from attnkit_perf.decide.gate import Decision, Thresholds, _with_memory
+from attnkit_perf.decide.gate import Decision
 from attnkit_perf.decide.stats import sample_problem
 
 #: Fewest pairs a unit needs (its median then is more than one block pair's value).
@@ -94,14 +94,12 @@ def decide_sequential(
     processes,
     look: int,
     plan: SequentialPlan,
-    t: Thresholds,
     alpha: float,
     threshold: float,
-    base_peak: int | None = None,
-    head_peak: int | None = None,
 ) -> Decision:
-    """The decision after ``look`` looks (1-based) on blocks measured as pairs (index ``i`` of
-    each side is pair ``i``), ``processes[i]`` the process pairing that measured pair ``i``."""
+    """The GPU time's decision after ``look`` looks (1-based) on blocks measured as pairs (index
+    ``i`` of each side is pair ``i``), ``processes[i]`` the process pairing that measured pair
+    ``i``. Memory is judged apart, by its own rule (:meth:`PairedRule.decide`)."""
     problem = sample_problem(base_blocks, "base") or sample_problem(head_blocks, "head")
     if problem is None and not len(base_blocks) == len(head_blocks) == len(processes):
         counts = (len(base_blocks), len(head_blocks), len(processes))
@@ -109,7 +107,7 @@ def decide_sequential(
     if problem is None and not 1 <= look <= plan.looks:
         problem = f"look {look} outside the plan's 1..{plan.looks}"
     if problem:
-        return _with_memory(Decision("inconclusive", reason=problem), base_peak, head_peak, t)
+        return Decision("inconclusive", reason=problem)
     logs = np.log(np.asarray(head_blocks, float)) - np.log(np.asarray(base_blocks, float))
     labels, units = process_units(logs, processes)
     counts = [int(np.sum(np.asarray(processes) == g)) for g in labels]
@@ -118,7 +116,7 @@ def decide_sequential(
     common = {"ratio": math.exp(mean), "threshold": threshold, "alpha": alpha}
     if len(units) < 2 or min(counts) < MIN_PAIRS_PER_UNIT or np.ptp(units) == 0:
         why = f"{len(units)} processes, {min(counts)} pairs on the fewest: too little to bound"
-        return _with_memory(Decision("inconclusive", reason=why, **common), base_peak, head_peak, t)
+        return Decision("inconclusive", reason=why, **common)
     level = alpha / (plan.looks - 1)
     low, high = _bound(units, level, upper=False), _bound(units, level, upper=True)
     same_high = _bound(units, plan.miss / plan.looks, upper=True)
@@ -148,7 +146,7 @@ def decide_sequential(
         pairs_ci=[math.exp(low), math.exp(high)],
         slower_reachable=look < plan.looks or d.outcome != "inconclusive",
     )
-    return _with_memory(d, base_peak, head_peak, t)
+    return d
 
 
 @dataclass
