@@ -2,9 +2,13 @@
 
 Pure functions over samples, so they are tested on synthetic data without a GPU. Two modes:
 
-**Paired** (:func:`decide_paired`, the PR gate): the base and the head were measured on the
-same GPU in the same job, in blocks interleaved A-B-B-A, each side in its own processes. The
-B/A ratio and its interval come from the pairs (:func:`attnkit_perf.decide.stats.paired_ratio`).
+**Paired** (the PR gate): the base and the head were measured on the same GPU in the same job,
+in blocks interleaved A-B-B-A, each side in its own processes. Paired mode decides its GPU time
+sequentially, over looks on fresh sets of processes (:mod:`attnkit_perf.decide.sequential`,
+through :class:`attnkit_perf.decide.paired_rule.PairedRule`); :func:`decide_paired` is the
+earlier fixed-sample rule (the B/A ratio and its interval from the pairs,
+:func:`attnkit_perf.decide.stats.paired_ratio`), which no run calls: its simulations in
+``tests/gate/test_decision.py`` are the baseline the sequential rule's are compared with.
 
 **Stored** (:func:`decide_stored`, the history of record): the head's samples against a
 baseline JSON recorded earlier, possibly on another card of the same model. The head's samples
