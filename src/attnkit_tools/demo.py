@@ -54,18 +54,23 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.replace("``", "").replace("::", ":"),  # the docstring, as plain text
         formatter_class=_HelpFormatter,
     )
-    parser.add_argument("--batch", type=int, default=1, help="batch size B")
-    parser.add_argument("--heads", type=int, default=4, help="query heads Hq")
-    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads Hkv; None: Hq")
-    parser.add_argument("--seq-len", type=int, default=512, help="query and key length N = M")
-    parser.add_argument("--head-dim", type=int, default=64, help="head dim D = Dv")
+    parser.add_argument("--batch", type=_positive, default=1, help="batch size B")
+    parser.add_argument("--heads", type=_positive, default=4, help="query heads Hq")
+    parser.add_argument("--kv-heads", type=_positive, default=None, help="key/value heads Hkv; None: Hq")
+    parser.add_argument("--seq-len", type=_positive, default=512, help="query and key length N = M")
+    parser.add_argument("--head-dim", type=_positive, default=64, help="head dim D = Dv")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="bf16", help="element type")
     parser.add_argument("--causal", action="store_true", help="bottom-right causal mask")
     parser.add_argument("--backends", nargs="*", default=None, help="paths to run; None: every available one")
     parser.add_argument("--device", default=None, help="device; None: CUDA when present, else the CPU")
-    parser.add_argument("--reps", type=int, default=5, help="fewest timed rounds")
+    parser.add_argument("--reps", type=_positive, default=5, help="fewest timed rounds")
     parser.add_argument("--no-check", action="store_true", help="skip the float64 comparison (large N)")
     args = parser.parse_args(argv)
+    if args.kv_heads is not None and args.heads % args.kv_heads:
+        parser.error(
+            f"argument --kv-heads: expected a divisor of --heads {args.heads} (grouped heads), "
+            f"got {args.kv_heads}"
+        )
 
     import torch
 
@@ -75,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         device = torch.device(args.device) if args.device else attnkit.registry.default_device()
-    except RuntimeError as err:
-        parser.error(f"argument --device: {err}")
+        torch.empty(1, device=device)  # a device this build or machine lacks raises here, not mid-run
+    except (RuntimeError, AssertionError) as err:
+        parser.error(f"argument --device: {args.device} cannot be used here: {_first_sentence(err)}")
     named = list(dict.fromkeys(args.backends or []))  # in the order given, each once
     for name in named:
         if problem := _cannot_run(name, device):
@@ -92,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{'backend':<16}{'fwd+bwd ms':>12}{'throughput':>16}{'peak MiB':>10}  accuracy vs float64 oracle"
     )
     for name in names:
-        if attnkit.registry.auto_skip_reason(name, device):  # interpreted: seconds per step
+        if name != "auto" and attnkit.registry.auto_skip_reason(name, device):  # interpreted: seconds a step
             print(
                 f"  warning: {name} runs through Triton's interpreter on the {device.type}: each step "
                 "takes seconds (minutes at large N); leave it out with --backends or lower --seq-len"
@@ -134,6 +140,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"not run although named with --backends: {', '.join(declined_by_name)} (see above)")
         return 1
     return 0
+
+
+def _first_sentence(err: Exception) -> str:
+    """The first sentence of an error: torch's unavailable-device errors run to a page."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text.split(". ")[0]
+
+
+def _positive(text: str) -> int:
+    """An argument that counts something the demo runs: an int of at least 1 (the oracle's
+    comparison needs a nonempty problem; attention itself takes zero sizes, docs/API.md)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
+    return value
 
 
 def _cannot_run(name: str, device: torch.device) -> str | None:

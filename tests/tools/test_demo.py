@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import attnkit
 from attnkit.reference import reference_attention
@@ -162,3 +163,38 @@ def test_a_backend_declining_the_problem_unasked_is_a_skip_and_status_0(capsys, 
     assert any(line.startswith("demo-toy") and line.endswith(LONG_REASON) for line in printed.splitlines()), (
         printed
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seq-len", "0"], "argument --seq-len: expected an int >= 1, got 0"),
+        (["--batch", "-2"], "argument --batch: expected an int >= 1, got -2"),
+        (["--head-dim", "x"], "argument --head-dim: expected an int >= 1, got 'x'"),
+        (["--heads", "4", "--kv-heads", "3"], "argument --kv-heads: expected a divisor of --heads 4"),
+    ],
+)
+def test_a_size_the_demo_cannot_run_is_a_usage_error_naming_its_argument(capsys, args, message):
+    with pytest.raises(SystemExit) as exited:
+        main([*_SMALL, *args])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == "", (out, err)
+    assert message in err.splitlines()[-1], err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")
+def test_a_device_this_machine_lacks_is_a_usage_error_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main([*_SMALL, "--device", "cuda"])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == "", (out, err)
+    assert err.splitlines()[-1].startswith(
+        "attnkit-demo: error: argument --device: cuda cannot be used here:"
+    ), err
+
+
+def test_auto_named_with_backends_runs_beside_the_others(capsys):
+    status = main([*_SMALL, "--backends", "auto", "naive"])
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    assert re.search(r"^auto .*FLOP/s", printed, re.MULTILINE), printed
