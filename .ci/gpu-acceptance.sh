@@ -73,7 +73,11 @@ git_id=(-c user.name=attnkit-acceptance -c user.email=acceptance@localhost)
 # uncommitted changes to tracked files when there are any.
 clone_tree() {  # $1: folder
     run git clone --quiet --no-hardlinks "$root" "$1"
-    if [ "$dry" = 1 ]; then base=HEAD; return; fi
+    if [ "$dry" = 1 ]; then  # the commit the run would compare with (its tree's uncommitted changes aside)
+        base=$(git -C "$root" rev-parse HEAD)
+        git -C "$root" diff --quiet HEAD || echo "(the run commits the uncommitted changes too; base is that commit)" >&2
+        return
+    fi
     if ! git -C "$root" diff --quiet HEAD; then
         git -C "$root" diff --binary HEAD | git -C "$1" apply --index || return 1
         git "${git_id[@]}" -C "$1" commit --quiet -m "the tree under test" || return 1
@@ -87,7 +91,12 @@ cold_env() {  # $1: cache folder; fresh caches for one step
 }
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/attnkit-acceptance.XXXXXX")
-[ "$dry" = 1 ] && echo "(dry run: nothing runs; scratch folder $scratch)"
+trap 'rm -rf "$scratch"' EXIT  # also when the run is stopped
+if [ "$dry" = 1 ]; then
+    # Nothing is written under OUT: an earlier run's results there stay as they are.
+    echo "(dry run: nothing runs; OUT/... below stands for $out/...)"
+    out=$scratch/OUT
+fi
 mkdir -p "$out"
 folders=()
 for step in "${steps[@]}"; do

@@ -20,11 +20,20 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_dry_run_prints_each_steps_commands_and_runs_nothing(tmp_path):
+    """The commands as a run would make them (the base is the commit itself, not HEAD, which
+    the step's own commit moves), and nothing written under OUT: an earlier run's results stay."""
+    earlier = tmp_path / "out" / "aa" / "gate" / "verdict.json"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("{}")
     done = _run("--dry-run", str(tmp_path / "out"), "aa", "aa-all", "stored", "change:fwd-workspace")
     assert done.returncode == 0, done.stderr
     text = done.stdout + done.stderr
-    assert "env ATTNKIT_SELECT=affected ATTNKIT_BASE=HEAD bash .ci/gpu-gate.sh" in text
-    assert "env ATTNKIT_SELECT=all ATTNKIT_BASE=HEAD bash .ci/gpu-gate.sh" in text
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout
+    assert f"env ATTNKIT_SELECT=affected ATTNKIT_BASE={head.strip()} bash .ci/gpu-gate.sh" in text
+    assert f"env ATTNKIT_SELECT=all ATTNKIT_BASE={head.strip()} bash .ci/gpu-gate.sh" in text
+    assert earlier.read_text() == "{}", "a dry run must not touch an earlier run's results"
     assert "pytest tests/perf -p no:cacheprovider --benchmark-compare" in text
     assert "patch -s -p1 -i " + str(ROOT / "tests/perf/gate_changes/fwd-workspace.patch") in text
     assert "-m attnkit_tools.gate.ab_dobench" in text and "--match triton fwd" in text
