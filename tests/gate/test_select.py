@@ -689,3 +689,16 @@ def test_code_or_an_entry_without_tests_of_its_own_runs_the_whole_triton_suite(p
     if change == "code":
         kept.add("test_each[sdpa-math]")  # decode.py is reached through the sdpa-math path too
     assert _passed(result) == kept, result.stdout.str()
+
+
+def test_a_gpu_key_with_no_data_here_is_named_not_silently_taken(capsys):
+    """A misspelt --gpu would make a GPU-keyed change select nothing: the command says that the
+    key holds no data here (a new GPU model may be meant), and names the models that do."""
+    from attnkit_perf.select.__main__ import main
+
+    assert DependencyMap(ROOT).gpu_keys() >= {H200, H100}
+    assert main(["--base", "HEAD", "--root", str(ROOT), "--gpu", "nvidai-h200"]) == 0
+    err = capsys.readouterr().err
+    assert "--gpu 'nvidai-h200' holds no table or baseline here" in err and H200 in err, err
+    assert main(["--base", "HEAD", "--root", str(ROOT), "--gpu", H200]) == 0
+    assert "holds no table" not in capsys.readouterr().err

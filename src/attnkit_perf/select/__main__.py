@@ -25,7 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnkit_perf.select", description=about)
     parser.add_argument("--base", required=True, metavar="REF", help="git ref to compare with")
     parser.add_argument("--root", default=".", help="the checkout (default: the current directory)")
-    parser.add_argument("--gpu", default=None, metavar="KEY", help="GPU model key (default: any model)")
+    parser.add_argument(
+        "--gpu",
+        default=None,
+        metavar="KEY",
+        help="GPU model key, as attnkit.device.gpu_key names it (e.g. nvidia-h200; default: any model)",
+    )
     parser.add_argument("--json", action="store_true", help="print the decision as JSON")
     parser.add_argument(
         "--json-out",
@@ -41,6 +46,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"attnkit select: {err}", file=sys.stderr)
         return 2
     root = Path(args.root)
+    if args.gpu is not None:
+        from attnkit_perf.select.rules import DependencyMap
+
+        known = DependencyMap(root).gpu_keys()
+        if args.gpu not in known:
+            # A model with no data here is allowed (a new runner), but a typo would select nothing
+            # of a GPU-keyed change without a word: say so.
+            print(
+                f"attnkit select: note: --gpu {args.gpu!r} holds no table or baseline here (GPU models "
+                f"with data: {', '.join(sorted(known)) or 'none'}); changes to other models' files "
+                "select nothing on it",
+                file=sys.stderr,
+            )
     decision = affected(root, args.base, changed, args.gpu, lambda path: text_at(root, args.base, path))
     data = decision.to_dict()
     validate("selection", data, "the selection made")  # what --attnkit-selection will accept

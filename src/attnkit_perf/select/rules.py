@@ -87,6 +87,21 @@ class DependencyMap:
     def backend_names(self) -> list[str]:
         return list(self.table["backends"])
 
+    def gpu_keys(self) -> set[str]:
+        """The GPU models the checkout holds data of: the ``{gpu}`` part of every file the
+        declared GPU-keyed paths match (tile tables, auto tables, baselines)."""
+        keys = set()
+        for entry in self.table["data"]:
+            for pattern in entry["paths"]:
+                if "{gpu}" not in pattern:
+                    continue
+                matcher = _glob(pattern)
+                for path in self.root.glob(pattern.replace("{gpu}", "*")):
+                    found = matcher.match(path.relative_to(self.root).as_posix())
+                    if found:
+                        keys.add(found["gpu"])
+        return keys
+
     def dispatch_targets(self, gpu: str | None) -> dict[str, tuple[str, ...] | None]:
         """dispatcher -> the backends it may run on GPU model ``gpu`` (None: any model), for
         each backend entry that ``dispatches_to`` (``auto``): the names its ``fallback`` function
