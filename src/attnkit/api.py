@@ -41,7 +41,7 @@ def attention(
         causal: mask keys after the query, aligned bottom-right: query i sees key j iff
             ``j <= i + M - N``. A row that sees no key outputs zeros and gets zero gradient.
         scale: multiplies the scores; default ``1 / sqrt(D)``. Any finite real, 0 included, whose
-            scores fit float32 (float64 for float64 inputs); see README "Input rules".
+            scores fit float32 (float64 for float64 inputs); see docs/API.md, "Input rules".
         window: sliding (local) attention, ``(left, right)`` with -1 for an unbounded side;
             None (default): no window. Query i sees key j only if
             ``i + (M - N) - left <= j <= i + (M - N) + right`` (and, with causal, also
