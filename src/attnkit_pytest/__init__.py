@@ -10,8 +10,9 @@ attnkit's installed tests leaves nothing in the folder it was started from but p
 cache folder (``.pytest_cache``): pytest-benchmark's storage (which neither uses) goes there
 unless ``--benchmark-storage`` is given, or under ``-p no:cacheprovider`` to a temporary folder
 removed after the run; so does Inductor's compile cache. A broken ``attnkit.backends`` entry
-point is a warning in the run's summary, and a usage error only when its backend is named. The
-plugin changes nothing in a run that uses none of this.
+point is a warning in the run's summary, and a usage error only when its backend is named; so is
+a named backend that cannot run on the test device (each of its tests would be a skip, and a run
+that tests nothing would pass). The plugin changes nothing in a run that uses none of this.
 
 ``pytest --pyargs attnkit_perf.suite`` (the installed perf gate) also needs the gate's plugin
 (``attnkit_perf.plugin``, which needs the ``perf`` extras): this plugin loads it when that
@@ -144,9 +145,21 @@ def _check_named_backends(config: pytest.Config) -> None:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        selected_backends(config)  # an unknown name is a usage error before collection
+        named = selected_backends(config)  # an unknown name is a usage error before collection
     for warning in caught:  # a broken plugin's warning, in the run's warnings summary
         config.issue_config_time_warning(warning.message, stacklevel=2)
+    from attnkit.device import test_device
+    from attnkit.registry import unavailable_reason
+
+    device = test_device()
+    for name in named:
+        # Named, but every test of it would be a skip: a run that tests nothing must not pass.
+        reason = unavailable_reason(name, device)
+        if reason is not None:
+            raise pytest.UsageError(
+                f"--attnkit-backend {name}: unavailable on {device}: {reason} (each of its tests would "
+                "be skipped; run where it is available, or choose the device with ATTNKIT_TEST_DEVICE)"
+            )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

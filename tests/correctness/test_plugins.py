@@ -399,6 +399,19 @@ def test_an_unknown_backend_option_is_a_usage_error(pytester):
     result.stderr.fnmatch_lines(["*--attnkit-backend: 'nope' is not registered; registered: naive, tiled*"])
 
 
+def test_a_named_backend_that_cannot_run_on_the_test_device_is_a_usage_error(pytester, registry_snapshot):
+    """Every test of it would be a skip, and a run of skips passes: naming it is an error that
+    says why, before anything is collected."""
+    attnkit.register_backend("nowhere", _kernel, device_support=lambda device: "needs a kind of card")
+    result = pytester.runpytest_inprocess(
+        "-p", "attnkit_pytest", "--pyargs", "attnkit.suite.test_contract", "--attnkit-backend", "nowhere"
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines(
+        ["*--attnkit-backend nowhere: unavailable on *: needs a kind of card (each of*"]
+    )
+
+
 def test_a_broken_plugin_is_a_warning_for_a_run_that_does_not_use_it(pytester, install):
     install(_BROKEN_IMPORT, {"broken": "toy_mod:backend"})
     result = pytester.runpytest_inprocess(
