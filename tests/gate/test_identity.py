@@ -136,42 +136,55 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
 def double(x, y, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(y + i, tl.load(x + i, mask=i < n) * FACTOR, mask=i < n)
 """
 
+#: Compiles the kernel module at argv[1] for sm_90 without a GPU, its cubin to argv[2].
+_COMPILE = """
+import importlib.util, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
-def _cubin(folder, factor: int, monkeypatch) -> bytes:
-    """The sm_90 cubin of :data:`_KERNEL` written in ``folder`` (compiled without a GPU, with a
-    Triton cache of its own: Triton's cache key holds the source, not its path)."""
-    import importlib.util
+spec = importlib.util.spec_from_file_location("kernel", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+signature = {"x": "*fp32", "y": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+source = ASTSource(fn=module.double, signature=signature, constexprs={"BLOCK": 128})
+with open(sys.argv[2], "wb") as out:
+    out.write(triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"])
+"""
 
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+
+def _cubin(folder, factor: int) -> bytes:
+    """The sm_90 cubin of :data:`_KERNEL` written in ``folder``, compiled without a GPU in a
+    process of its own: compiled (not interpreted, whatever ``TRITON_INTERPRET`` says here: the
+    interpreter patches Triton's language for the whole process), with a Triton cache of its own
+    (Triton's cache key holds the source, not its path)."""
+    import os
+    import subprocess
+    import sys
 
     folder.mkdir()
-    path = folder / "kernel.py"
-    path.write_text(_KERNEL.replace("FACTOR", str(factor)))
-    spec = importlib.util.spec_from_file_location(f"kernel_{folder.name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(folder / "cache"))
-    signature = {"x": "*fp32", "y": "*fp32", "n": "i32", "BLOCK": "constexpr"}
-    source = ASTSource(fn=JITFunction(module.double), signature=signature, constexprs={"BLOCK": 128})
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+    (folder / "kernel.py").write_text(_KERNEL.replace("FACTOR", str(factor)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(folder / "cache")
+    args = [sys.executable, "-c", _COMPILE, str(folder / "kernel.py"), str(folder / "kernel.cubin")]
+    done = subprocess.run(args, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return (folder / "kernel.cubin").read_bytes()
 
 
-def test_the_same_code_compiled_from_two_checkouts_has_one_digest_and_other_code_another(
-    tmp_path, monkeypatch
-):
+def test_the_same_code_compiled_from_two_checkouts_has_one_digest_and_other_code_another(tmp_path):
     """The base and the head are two folders: Triton's line table names the file's path, so the
     cubins differ byte for byte; their machine code does not, and the digest is the code's."""
     from attnkit_perf.measure.fingerprint import machine_code_digest
 
-    base, head = _cubin(tmp_path / "base", 2, monkeypatch), _cubin(tmp_path / "head", 2, monkeypatch)
-    changed = _cubin(tmp_path / "changed", 3, monkeypatch)
+    base, head = _cubin(tmp_path / "base", 2), _cubin(tmp_path / "head", 2)
+    changed = _cubin(tmp_path / "changed", 3)
     assert base != head and str(tmp_path / "base").encode() in base, "the path is in the line table"
     assert machine_code_digest(base) == machine_code_digest(head)
     assert machine_code_digest(changed) != machine_code_digest(base)
