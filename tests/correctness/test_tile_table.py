@@ -18,13 +18,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from functools import partial
 
 import pytest
 import torch
 from conftest import DEVICE
 
 import attnkit
-from attnkit.testing import assert_close_to_reference, compare_to_reference, make_tensor
+from attnkit.testing import assert_close_to_reference, compare_to_reference
+from attnkit.testing.strategies import AttentionCase
 
 _UNAVAILABLE = (
     "triton is not installed"
@@ -75,66 +77,48 @@ class Family:
         return cls(dtypes, int(dim.removeprefix("d")), mode == "causal")
 
 
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """One call of a family, sized from the entry's largest block so that every kernel's loops
-    end inside a block."""
-
-    q_heads: int
-    kv_heads: int
-    q_len: int
-    kv_len: int
-    head_dim: int
-    value_dim: int
-    dtype: torch.dtype
-    layout: str = "contiguous"
-    window: tuple[int, int] | None = None
-    #: True: every kernel through TMA descriptors; None: each launcher's choice (a call's)
-    tma: bool | None = None
-
-
-def _shapes(family: Family, config: AttentionConfig) -> dict[str, Shape]:
+def _cases(family: Family, config: AttentionConfig) -> dict[str, tuple[AttentionCase, bool | None]]:
+    """The calls of a family each entry is checked on, sized from the entry's largest block so
+    that every kernel's loops end inside a block: name -> (case, TMA descriptors: True in every
+    kernel, None each launcher's choice, as a call makes it)."""
     block = max(max(c.block_m, c.block_n) for c in (config.fwd, config.dkdv, config.dq))
     half, full = family.dtypes[0], family.dtypes[-1]
     # The family's head dim itself, and one that pads up to it (the masked head-dim loads).
     dim, narrow = family.dim, family.dim // 2 + 8
     window = (block + 9, -1) if family.causal else (block // 2 + 3, 17)
+    case = partial(AttentionCase.make, causal=family.causal, seed=7)
     return {
         # More queries than keys (causal: rows past the keys' end), GQA, the launchers' choice.
-        "gqa": Shape(4, 2, 2 * block + 19, 2 * block - 13, dim, dim, half),
+        "gqa": (case(q_heads=4, kv_heads=2, q_len=2 * block + 19, kv_len=2 * block - 13, head_dim=dim,
+                     dtype=half), None),
         # Fewer queries than keys, every kernel through TMA (zero fill instead of masks).
-        "tma": Shape(2, 2, block + 37, 2 * block + 5, dim, narrow, full, tma=True),
+        "tma": (case(q_heads=2, kv_heads=2, q_len=block + 37, kv_len=2 * block + 5, head_dim=dim,
+                     value_dim=narrow, dtype=full), True),
         # A window whose edges fall inside blocks, on (B, N, H, D) strides and a padded head dim.
-        "window": Shape(2, 1, 3 * block + 7, 3 * block + 7, narrow, dim, half, "bnhd", window),
-    }
+        "window": (case(q_heads=2, kv_heads=1, q_len=3 * block + 7, kv_len=3 * block + 7, head_dim=narrow,
+                        value_dim=dim, dtype=half, window=window, q_layout="bnhd", kv_layout="bnhd"), None),
+    }  # fmt: skip
 
 
-@pytest.mark.parametrize("shape_name", ["gqa", "tma", "window"])
+@pytest.mark.parametrize("case_name", ["gqa", "tma", "window"])
 @pytest.mark.parametrize(("tile_table_entry", "entry"), _entries())
-def test_each_entry_matches_the_oracle_on_shapes_of_its_family(tile_table_entry, entry, shape_name):
+def test_each_entry_matches_the_oracle_on_shapes_of_its_family(tile_table_entry, entry, case_name):
     family = Family.parse(tile_table_entry)
     config = AttentionConfig.from_dict(entry)
-    shape = _shapes(family, config)[shape_name]
-    if shape.tma and _TMA_UNAVAILABLE:
+    case, tma = _cases(family, config)[case_name]
+    if tma and _TMA_UNAVAILABLE:
         pytest.skip("TMA descriptors need a Hopper GPU or the interpreter")
-    gen = torch.Generator().manual_seed(7)
-    common = {"dtype": shape.dtype, "device": DEVICE, "generator": gen, "layout": shape.layout}
-    q = make_tensor((1, shape.q_heads, shape.q_len, shape.head_dim), **common)
-    k = make_tensor((1, shape.kv_heads, shape.kv_len, shape.head_dim), **common)
-    v = make_tensor((1, shape.kv_heads, shape.kv_len, shape.value_dim), **common)
-    grad_out = torch.randn(1, shape.q_heads, shape.q_len, shape.value_dim, generator=gen)
-    grad_out = grad_out.to(device=DEVICE, dtype=shape.dtype)
+    q, k, v, grad_out = case.tensors(DEVICE)
 
     def run(a, b, c):
-        problem = check_inputs(a, b, c, family.causal, None, shape.window)
-        if shape.tma is None:
+        problem = check_inputs(a, b, c, family.causal, None, case.window)
+        if tma is None:
             return triton_attention(a, b, c, problem, config)
-        return flash_attention(TritonImplementation(config, tma=shape.tma), a, b, c, problem)
+        return flash_attention(TritonImplementation(config, tma=tma), a, b, c, problem)
 
-    checks = compare_to_reference(
-        run, q, k, v, causal=family.causal, scale=None, grad_out=grad_out, window=shape.window
-    )
-    assert_close_to_reference(f"triton with {tile_table_entry} ({config}) on {shape}", checks)
+    checks = compare_to_reference(run, q, k, v, grad_out=grad_out, **case.kwargs)
+    label = f"triton with {tile_table_entry} ({config}) on {case_name}: {case.problem.describe()}"
+    assert_close_to_reference(label, checks)
 
 
 @pytest.mark.skipif(_HERE is None, reason="a GPU's calls read its table; under the interpreter, none")

@@ -260,13 +260,10 @@ class PerfSession:
 
     def paired_settings(self) -> PairedSettings:
         """Paired mode's effort per benchmark, within ``--attnkit-budget-s`` when given."""
-        budget = self.opt["budget_s"]
-        time_all = bool(self.opt.get("time_all"))
-        return (
-            PairedSettings(budget_s=budget, time_all=time_all)
-            if budget
-            else PairedSettings(time_all=time_all)
-        )
+        settings = {"time_all": bool(self.opt.get("time_all"))}
+        if self.opt["budget_s"]:
+            settings["budget_s"] = self.opt["budget_s"]
+        return PairedSettings(**settings)
 
     def run_paired(self, node, case: BenchCase) -> None:
         """Measure ``case`` on both sides until :class:`PairedRule` settles it (and its host

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from attnkit_perf.formats.schema import validate
 from attnkit_perf.select.changes import ChangesError, changed_files, text_at
-from attnkit_perf.select.rules import affected
+from attnkit_perf.select.rules import DependencyMap, affected
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,8 +47,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     root = Path(args.root)
     if args.gpu is not None:
-        from attnkit_perf.select.rules import DependencyMap
-
         known = DependencyMap(root).gpu_keys()
         if args.gpu not in known:
             # A model with no data here is allowed (a new runner), but a typo would select nothing
