@@ -124,6 +124,7 @@ _GRAPH_SHAPES = {"square": (64, 64), "decode": (1, 700)}
 
 
 @gpu_only
+@pytest.mark.usefixtures("no_dead_cuda_graphs")
 @pytest.mark.parametrize("shape", list(_GRAPH_SHAPES.values()), ids=list(_GRAPH_SHAPES))
 def test_cuda_graph_capture_and_replay(backend, shape):
     n, m = shape
@@ -136,6 +137,7 @@ def test_cuda_graph_capture_and_replay(backend, shape):
 
 
 @gpu_only
+@pytest.mark.usefixtures("no_dead_cuda_graphs")
 def test_compile_reduce_overhead(backend):
     torch._dynamo.reset()
     q, k, v, grad_out = _problem(n=64, m=64, d=64, kv_heads=4)

@@ -915,6 +915,7 @@ def test_native_launches_match_bound_launches_bitwise(monkeypatch, dims, layout,
 
 @gpu_only
 @needs_memo
+@pytest.mark.usefixtures("no_dead_cuda_graphs")
 @pytest.mark.parametrize(
     "dims", [(1, 8, 8, 128, 128, 64), (2, 8, 2, 1, 1000, 128)], ids=["forward", "decode"]
 )

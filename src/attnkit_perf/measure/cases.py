@@ -13,6 +13,7 @@ metrics (FLOPs, the minimum bytes a pass must write) are computed from it, once,
 from __future__ import annotations
 
 import functools
+import gc
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -255,6 +256,9 @@ def captured(forward: Callable[[], object]) -> Callable[[], None]:
         for _ in range(_CAPTURE_WARMUP_CALLS):
             forward()
     torch.cuda.current_stream().wait_stream(side)
+    # torch does not collect garbage when a capture begins: a graph of an earlier case left in a
+    # reference cycle and freed by the collector during this capture would invalidate it.
+    gc.collect()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         forward()
