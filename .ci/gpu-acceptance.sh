@@ -23,8 +23,9 @@
 #                the same patches through paired mode alone, many times.)
 #
 # The tree under test is this checkout's HEAD plus its uncommitted changes to tracked files.
-# --dry-run prints each step's commands and runs nothing. --step-timeout S stops a step after S
-# seconds (its verdict is then incomplete and the step fails). AB_ROUNDS: ab_dobench's rounds (3).
+# --dry-run prints each step's commands and runs nothing. --step-timeout S stops a step S seconds
+# after it began, whichever of its commands is running (its verdict is then incomplete and the
+# step fails). AB_ROUNDS: ab_dobench's rounds (3).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dry=0
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
         --dry-run) dry=1; shift ;;
         --step-timeout) [ $# -ge 2 ] || usage; step_timeout=$2; shift 2 ;;
         --step-timeout=*) step_timeout=${1#*=}; shift ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
         -*) echo "unknown option $1" >&2; usage ;;
         *) break ;;
     esac
@@ -63,8 +64,11 @@ run() {  # print the command; run it unless --dry-run
     echo "+ $*" >&2
     [ "$dry" = 1 ] || "$@"
 }
-limited() {  # a step's long command, within --step-timeout
-    if [ -n "$step_timeout" ]; then run timeout --kill-after=30 "$step_timeout" "$@"; else run "$@"; fi
+limited() {  # a step's long command, within what --step-timeout leaves of the step ($t0: its start)
+    [ -n "$step_timeout" ] || { run "$@"; return; }
+    local left=$(( t0 + step_timeout - $(date +%s) ))
+    if [ "$left" -lt 1 ]; then echo "no time left within --step-timeout $step_timeout for: $*" >&2; return 124; fi
+    run timeout --kill-after=30 "$left" "$@"
 }
 python=${ATTNKIT_PYTHON:-python3}  # the interpreter with the CUDA torch, as .ci/gpu-python.sh
 git_id=(-c user.name=attnkit-acceptance -c user.email=acceptance@localhost)
