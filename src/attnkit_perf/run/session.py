@@ -40,6 +40,7 @@ from attnkit_perf.decide.verdict_assembly import (
     verdict_document,
 )
 from attnkit_perf.formats.baseline import baseline_path, save_baseline
+from attnkit_perf.formats.durations import cost_by_node, durations_path, read_durations
 from attnkit_perf.formats.schema import FormatError
 from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument, failing_outcomes
 from attnkit_perf.measure.cases import BenchCase
@@ -167,13 +168,13 @@ class PerfSession:
 
     def take_shard(self, rows: dict, rest: list) -> list:
         """Keep this runner's shard of ``rows`` (pytest item -> benchmark name) and of the other
-        tests ``rest`` (split by node id: the correctness tests of the same runner), as
+        tests ``rest`` (the correctness tests of the same runner, split by recorded cost), as
         ``--attnkit-shard=I/N`` asks (:mod:`attnkit_perf.run.shards`); returns the items of the other
         shards."""
         index, count = self.opt["split"]
         names = set(rows.values())
         place = shards.assign(names, count)
-        by_id = shards.assign([item.nodeid for item in rest], count)
+        by_id = shards.balance([item.nodeid for item in rest], count, self._test_cost())
         mine = [item for item, name in rows.items() if place[name] == index]
         self._elsewhere = {name for name in names if place[name] != index}
         if names:
@@ -183,6 +184,12 @@ class PerfSession:
         return [item for item in rows if place[rows[item]] != index] + [
             item for item in rest if by_id[item.nodeid] != index
         ]
+
+    def _test_cost(self):
+        """A correctness test's expected seconds on this GPU model, for the split: from
+        ``<baseline root>/<gpu_key>/test-durations.json`` when it exists."""
+        path = durations_path(self.baseline_root, self.gpu_key)
+        return cost_by_node(read_durations(path, self.gpu_key) if path.is_file() else {})
 
     def order_rows(self, items: list, name_of) -> None:
         """Paired mode: the benchmarks among ``items`` (``name_of(item)``: its benchmark's name)

@@ -16,13 +16,18 @@ The split is:
   (rendezvous hashing) that still has room. A new row takes its own place in that order; the
   other rows keep their shards unless the room it takes (or the slightly larger bound) makes a
   later row spill over: a few rows move, not the whole grid.
+
+The correctness tests of the same runners are split by :func:`balance`: each test costs the
+seconds it took on this GPU model (``baselines/<gpu_key>/test-durations.json``,
+:mod:`attnkit_perf.formats.durations`; a test not there the median of those that are, every test
+1 when there is no file), the longest placed first.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 #: Expected cost of a host-shape row, in GPU rows.
 HOST_ROW_COST = 4.0
@@ -55,19 +60,35 @@ def _hash(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256("\0".join(map(str, parts)).encode()).digest()[:8], "big")
 
 
-def assign(names: Iterable[str], count: int) -> dict[str, int]:
-    """Each row's shard, 1-based, for ``count`` shards (see the module's docstring)."""
+def assign(names: Iterable[str], count: int, cost: Callable[[str], float] = row_cost) -> dict[str, int]:
+    """Each row's shard, 1-based, for ``count`` shards (see the module's docstring); ``cost``: a
+    row's expected cost."""
     names = sorted(set(names), key=lambda n: (_hash(n), n))
-    total = sum(row_cost(n) for n in names)
+    total = sum(cost(n) for n in names)
     capacity = (1.0 + SLACK) * total / count
     load = [0.0] * count
     shard = {}
     for name in names:
-        cost = row_cost(name)
+        weight = cost(name)
         preference = sorted(range(count), key=lambda s: _hash(name, s), reverse=True)
-        fits = [s for s in preference if load[s] + cost <= capacity]
+        fits = [s for s in preference if load[s] + weight <= capacity]
         chosen = fits[0] if fits else min(preference, key=lambda s: load[s])
-        load[chosen] += cost
+        load[chosen] += weight
+        shard[name] = chosen + 1
+    return shard
+
+
+def balance(names: Iterable[str], count: int, cost: Callable[[str], float]) -> dict[str, int]:
+    """Each test's shard, 1-based, for ``count`` shards: the longest first, each to the least
+    loaded shard (ties by name hash, so every runner computes the same split). Unlike
+    :func:`assign` this does not keep a test's shard when others are added; the correctness tests
+    need no such stability, and their costs span 0.1 to 225 s, so a 10% slack would leave one shard
+    with a minute more than the other."""
+    load = [0.0] * count
+    shard = {}
+    for name in sorted(set(names), key=lambda n: (-cost(n), _hash(n), n)):
+        chosen = min(range(count), key=lambda s: (load[s], s))
+        load[chosen] += cost(name)
         shard[name] = chosen + 1
     return shard
 
