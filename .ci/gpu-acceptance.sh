@@ -72,6 +72,10 @@ limited() {  # a step's long command, within what --step-timeout leaves of the s
 }
 python=${ATTNKIT_PYTHON:-python3}  # the interpreter with the CUDA torch, as .ci/gpu-python.sh
 git_id=(-c user.name=attnkit-acceptance -c user.email=acceptance@localhost)
+# The scratch commits are dated as the tree's HEAD: the same step run on several runners (each
+# with its ATTNKIT_SHARD) makes the same head commit, and their verdicts merge as one run's.
+GIT_AUTHOR_DATE=$(git -C "$root" log -1 --format=%cI HEAD) GIT_COMMITTER_DATE=$(git -C "$root" log -1 --format=%cI HEAD)
+export GIT_AUTHOR_DATE GIT_COMMITTER_DATE
 
 # A scratch clone of the tree under test, its commit in $base: HEAD, plus a commit of the
 # uncommitted changes to tracked files when there are any.

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from attnkit_perf.formats.verdict import BenchmarkVerdict, VerdictDocument
 from attnkit_tools.gate import acceptance
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,3 +176,54 @@ def test_the_summary_file_holds_every_steps_verdict(tmp_path):
     assert acceptance.main([str(tmp_path), *map(str, steps)]) == 1
     summary = (tmp_path / "summary.md").read_text()
     assert "- aa: PASS" in summary and "- stored: FAIL" in summary and "perf missing: fwd[a]" in summary
+
+
+def _shard_step(
+    root: Path, name: str, index: int, rows: dict[str, str], status: int, cases: str = ""
+) -> Path:
+    """One shard's folder of a step, with a verdict the merge reads (as a shard of 2)."""
+    folder = _step(root, name, status, cases=cases)
+    provenance = {"gpu_key": "nvidia-h200", "commit": "h" * 40, "source": "s1"}
+    VerdictDocument(
+        mode="paired",
+        base={"label": "base", "provenance": {**provenance, "commit": "b" * 40}},
+        head={"label": "head", "provenance": provenance},
+        thresholds={"slower": 0.02, "run_alpha": 0.01, "memory_rel": 0.01, "memory_abs_bytes": 1},
+        benchmarks=[
+            BenchmarkVerdict(
+                name=n, group="g", backend="triton", pass_name="fwd", shape={}, outcome=o, reason=f"{o} here"
+            )
+            for n, o in rows.items()
+        ],
+        shard={"index": index, "count": 2, "grid": "g1", "rows": len(rows)},
+    ).write(folder / "gate" / "verdict.json")
+    return folder
+
+
+def test_a_change_run_as_shards_is_judged_on_their_merged_verdict(tmp_path):
+    name = "change-fwd-tiles"
+    one = _shard_step(tmp_path / "1", name, 1, {"bwd[triton-D64]": "same"}, 0, cases="triton D64")
+    two = _shard_step(tmp_path / "2", name, 2, {"fwd[triton-D64]": "slower"}, 1, cases="triton D64")
+    passed, lines = acceptance.summarize(one)
+    assert not passed and "shard 1 of 2: its verdict covers its rows only" in "\n".join(lines)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert acceptance.main([str(out), str(one), str(two)]) == 0
+    summary = (out / "summary.md").read_text()
+    assert f"- {name}-merged: PASS" in summary, summary
+    assert "slower fwd[triton-D64]" in summary and "correctness: 10 run" in summary, summary
+
+
+def test_an_aa_run_as_shards_fails_when_one_shard_did_not_finish(tmp_path):
+    one = _shard_step(tmp_path / "1", "aa-all", 1, {"fwd[a]": "same"}, 0)
+    two = _shard_step(tmp_path / "2", "aa-all", 2, {"fwd[b]": "same"}, 124)
+    doc = VerdictDocument.read(two / "gate" / "verdict.json")
+    doc.complete = False
+    doc.write(two / "gate" / "verdict.json")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert acceptance.main([str(out), str(one), str(two)]) == 1
+    summary = (out / "summary.md").read_text()
+    assert "- aa-all-merged: FAIL" in summary and "incomplete" in summary, summary
+    whole = _shard_step(tmp_path / "3", "aa-all", 2, {"fwd[b]": "same"}, 0)
+    assert acceptance.main([str(out), str(one), str(whole)]) == 0

@@ -16,15 +16,26 @@ A step is one of:
   change's cases name (``# cases:`` of its patch), as ``slower`` or ``more-memory``.
 
     python -m attnkit_tools.gate.acceptance OUT STEP_FOLDER...   (writes OUT/summary.md, prints it)
+
+A step run as shards on several runners (``ATTNKIT_SHARD=I/N bash .ci/gpu-acceptance.sh ...`` on
+each) is judged whole: name every shard's folder of it (they share the step's name) and they are
+joined into ``OUT/<step>-merged/`` (the verdicts merged by :mod:`attnkit_perf.decide.merge`, the
+correctness tests of all, the worst exit status, the longest wall time) before the summary. One
+shard's folder alone is summarised with a note that it covers only its shard: a planted change's
+rows may be in another.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from attnkit_perf.decide.merge import merge_verdicts
+from attnkit_perf.formats.verdict import VerdictDocument
 
 #: Perf outcomes that are never a false alarm on unchanged code.
 QUIET = ("same", "faster")
@@ -46,11 +57,56 @@ def correctness_failures(junit: Path) -> tuple[dict, list[str]]:
 
 
 def perf_rows(verdict: Path) -> tuple[dict, list[dict]]:
-    """The verdict's summary (mode, passed, complete, counts) and its rows."""
+    """The verdict's summary (mode, passed, complete, counts, shard) and its rows."""
     doc = json.loads(verdict.read_text())
-    head = {key: doc.get(key) for key in ("mode", "passed", "counts")}
+    head = {key: doc.get(key) for key in ("mode", "passed", "counts", "shard")}
     head["complete"] = doc.get("complete", True)
     return head, doc.get("benchmarks", [])
+
+
+def join_shards(folders: list[Path], out: Path) -> Path:
+    """The folders of one step run as shards, as one step folder ``out`` (see the module's
+    docstring): what :func:`summarize` reads, for the step as a whole."""
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "gate").mkdir(parents=True)
+    statuses = [_read(f / "status", "not run") for f in folders]
+    failed = [s for s in statuses if s != "0"]
+    (out / "status").write_text((failed[0] if failed else "0") + "\n")
+    (out / "command").write_text(" ; ".join(_read(f / "command") for f in folders) + "\n")
+    walls = [_read(f / "times").splitlines()[0] for f in folders if _read(f / "times")]
+    (out / "times").write_text("\n".join([max(walls, key=_seconds)] if walls else []) + "\n")
+    verdicts = [
+        (str(f), VerdictDocument.read(f / "gate" / "verdict.json"))
+        for f in folders
+        if (f / "gate" / "verdict.json").is_file()
+    ]
+    if verdicts:
+        merge_verdicts(verdicts).write(out / "gate" / "verdict.json")
+    cases = [
+        c
+        for f in folders
+        if (f / "gate" / "correctness.xml").is_file()
+        for c in ET.parse(f / "gate" / "correctness.xml").getroot().iter("testcase")
+    ]
+    suite = ET.Element("testsuite", name="shards", tests=str(len(cases)))
+    suite.extend(cases)
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.ElementTree(root).write(out / "gate" / "correctness.xml")
+    for name in ("cases",):
+        if (folders[0] / name).is_file():
+            shutil.copyfile(folders[0] / name, out / name)
+    effects = [f"{f}:\n{_read(f / 'ab.txt')}" for f in folders if _read(f / "ab.txt")]
+    if effects:
+        (out / "ab.txt").write_text("\n".join(effects) + "\n")
+    return out
+
+
+def _seconds(times_line: str) -> int:
+    """``wall time: 412 s`` -> 412."""
+    words = times_line.split()
+    return int(words[2]) if len(words) > 2 and words[2].isdigit() else 0
 
 
 def _read(path: Path, default: str = "") -> str:
@@ -80,6 +136,12 @@ def summarize(folder: Path) -> tuple[bool, list[str]]:
         )
         if not head["complete"]:
             alarms.append("perf: the verdict is incomplete (the run was stopped)")
+        shard = head.get("shard") or {}
+        if "index" in shard and shard.get("count", 1) > 1:
+            lines.append(
+                f"- shard {shard['index']} of {shard['count']}: its verdict covers its rows only; judge "
+                "the step whole by naming every shard's folder (python -m attnkit_tools.gate.acceptance)"
+            )
     else:
         lines.append("- perf: no verdict.json (nothing was compared)")
     if step.startswith("change-"):
@@ -121,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("steps", type=Path, nargs="+", help="the steps' folders, in the order they ran")
     args = parser.parse_args(argv)
     verdicts, lines = [], ["# GPU acceptance of the gate", ""]
+    groups: dict[str, list[Path]] = {}
     for folder in args.steps:
+        groups.setdefault(folder.name, []).append(folder)
+    for name, group in groups.items():
+        folder = group[0] if len(group) == 1 else join_shards(group, args.out / f"{name}-merged")
         passed, step_lines = summarize(folder)
         verdicts.append((folder.name, passed))
         lines += step_lines
