@@ -10,8 +10,8 @@ gate's own checks in :mod:`attnkit_tools`).
   median), its parts (:class:`L2Flusher`, :func:`warm_up_and_plan`, :func:`measure_samples`,
   :func:`measure_calibration`), :func:`gpu_time_clock` (the protocol as pytest-benchmark's
   timer) and :func:`peak_extra_bytes`;
-* the machine: :func:`provenance` (GPU, driver, CUDA, torch, triton, commit) and
-  :func:`visible_gpus`.
+* the machine: :func:`provenance` (GPU, driver, CUDA, torch, triton, commit),
+  :func:`source_digest` (the code digest a provenance holds) and :func:`visible_gpus`.
 
 They live in :mod:`attnkit_perf.measure`, whose other modules (paired-mode workers, the host
 metric) are the gate's own: a program outside the gate imports from here, so that the measuring
@@ -31,7 +31,7 @@ from attnkit_perf.measure.cases import (
     gpu_suite_cases,
     make_inputs,
 )
-from attnkit_perf.measure.machine import provenance
+from attnkit_perf.measure.machine import provenance, source_digest
 from attnkit_perf.measure.processes import visible_gpus
 from attnkit_perf.measure.timing import (
     L2Flusher,
@@ -58,6 +58,7 @@ __all__ = [
     "median_time_s",
     "peak_extra_bytes",
     "provenance",
+    "source_digest",
     "visible_gpus",
     "warm_up_and_plan",
 ]

@@ -109,7 +109,7 @@ def test_the_command_writes_the_shards_runs_as_one_file_with_their_provenance(tm
     }, "skipped tests are not timed"
     sources = json.loads(out.read_text())["sources"]
     assert [s["provenance"]["driver"] for s in sources] == ["580.159.04"] * 2 and [
-        s["tests"] for s in sources
+        s["timed"] for s in sources
     ] == [2, 1]
     with pytest.raises(FormatError, match="are for 'nvidia-h200'; this run is 'nvidia-h100'"):
         read_durations(out, "nvidia-h100")

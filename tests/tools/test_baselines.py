@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -95,3 +96,38 @@ def test_a_dry_run_on_the_cpu_writes_valid_files_covering_what_it_measured(tmp_p
     assert names <= set(sds) <= names | {f"{n}@host" for n in names}, sorted(sds)
     spread = json.loads((folder / "noise-stored.json").read_text())
     assert set(spread["benchmarks"]) == names, spread["benchmarks"].keys()
+
+
+def test_a_refresh_cut_short_resumes_from_its_work_folder_and_refuses_other_code(
+    tmp_path, monkeypatch, capsys
+):
+    """A second run with the same --work keeps the recordings and A/A runs the first one joined
+    there and measures only what is missing; a part of other code there is refused by name."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO / "src"), *sys.path]))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    work, out = tmp_path / "work", tmp_path / "baselines"
+    args = [
+        "--tests", "tests/perf", "--cpu", "1", "--work", str(work), "--out", str(out), "--",
+        "-k", "cpu_smoke and naive and fwd and not causal",
+        "--attnkit-budget-s=2", "--attnkit-slower=0.5", "--attnkit-host-slower=0.5",
+    ]  # fmt: skip
+    assert main(args) == 0
+    # As if the first run had stopped during its second A/A run.
+    (work / "aa-2.json").unlink()
+    shutil.rmtree(out)
+    capsys.readouterr()
+    assert main(args) == 0
+    said = capsys.readouterr().out
+    for part in ("recording 1: kept", "recording 2: kept", "A/A run 1: kept"):
+        assert part in said, said
+    assert "A/A run 2: kept" not in said and (work / "aa-2.json").is_file(), said
+    (folder,) = out.iterdir()
+    assert (folder / "noise-paired.json").is_file() and (folder / "baseline.json").is_file()
+    recording = json.loads((work / "recording-1.json").read_text())
+    recording["machine_info"]["attnkit"]["source"] = "0123456789abcdef"
+    (work / "recording-1.json").write_text(json.dumps(recording))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "recording-1.json measured code 0123456789abcdef" in err and "use another --work" in err, err

@@ -41,7 +41,7 @@ def build(parts: list[tuple[str, dict, dict[str, float]]]) -> dict:
         "format": FORMAT,
         "gpu_key": keys.pop(),
         "sources": [
-            {"label": label, "provenance": provenance, "tests": len(durations)}
+            {"label": label, "provenance": provenance, "timed": len(durations)}
             for label, provenance, durations in parts
         ],
         "durations": {node: round(statistics.median(ts), 3) for node, ts in sorted(times.items())},

@@ -21,6 +21,12 @@ its share). The parts are then joined: a recording's parts into one recording (t
 benchmarks side by side; each benchmark carries its own calibration), an A/A run's verdicts by
 ``python -m attnkit_perf.report merge`` (which refuses parts of different runs).
 
+**A refresh cut short resumes.** With ``--work DIR`` kept from a run that stopped (a job's time
+limit, a lost machine), each recording and each A/A run already joined there is kept, once it is
+shown to be of this tree's code (its ``source`` digest; pooling refuses parts of another GPU
+model); the rest are measured.
+A recording or A/A run that stopped half-way is measured again whole.
+
 **Checked before it reports success**: every file validates against its schema (the gate's own
 readers load it, as a run would), the baseline and the paired noise cover every row of the
 grid, and nothing is
@@ -45,7 +51,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnkit_perf.bench import cpu_suite_cases, gpu_suite_cases, visible_gpus
+from attnkit_perf.bench import cpu_suite_cases, gpu_suite_cases, source_digest, visible_gpus
 from attnkit_perf.commands import noise as noise_command
 from attnkit_perf.commands import pool as pool_command
 from attnkit_perf.decide.merge import merge_verdicts
@@ -174,6 +180,25 @@ def check_outputs(folder: Path, key: str, selected: set[str], hosted: set[str]) 
     return lacking
 
 
+def kept_part(path: Path, source: str) -> bool:
+    """Whether ``path``, a joined recording or A/A verdict left in ``--work`` by an earlier run, can
+    stand in this one: absent is False; of other code is refused, naming it. (Parts of another GPU
+    model are refused where they are pooled.)"""
+    if not path.is_file():
+        return False
+    data = read_json(path, "a part kept in --work")
+    if "machine_info" in data:  # a recording (pytest-benchmark's format)
+        info = data["machine_info"].get("attnkit") or {}
+    else:  # an A/A verdict: the code under test is its head
+        info = (data.get("head") or {}).get("provenance") or {}
+    if info.get("source") != source:
+        raise BaselineError(
+            f"{path} measured code {info.get('source')} (on {info.get('gpu_key')}); this refresh "
+            f"measures code {source}: remove it, or use another --work"
+        )
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attnkit_tools.gate.baselines", description=__doc__.split("\n\n")[0]
@@ -188,7 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recordings", type=int, default=2, help="stored-mode recordings to pool (>= 2)")
     parser.add_argument("--aa-runs", type=int, default=2, help="paired A/A runs for the noise file (>= 2)")
     parser.add_argument("--out", default="baselines", help="baseline root to write <gpu_key>/ into")
-    parser.add_argument("--work", help="folder for the parts and logs (default: a new temporary one)")
+    parser.add_argument(
+        "--work",
+        help="folder for the parts and logs (default: a new temporary one); the recordings and A/A "
+        "runs an earlier refresh of the same code finished there are kept",
+    )
     parser.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments for every part")
     args = parser.parse_args(argv)
     if args.recordings < 2 or args.aa_runs < 2:
@@ -220,9 +249,15 @@ def _refresh(args) -> int:
     print(f"{count} slots ({', '.join(s.gpu or 'cpu' for s in slots)}); parts and logs in {work}")
     began = time.perf_counter()
 
+    source = source_digest(Path("src") / "attnkit")
     recordings = []
     for r in range(1, args.recordings + 1):
         scratch = work / f"scratch-{r}"
+        path = work / f"recording-{r}.json"
+        if kept_part(path, source):
+            recordings.append(path)
+            print(f"recording {r}: kept from {work} (an earlier refresh of this code)")
+            continue
 
         def record(i, slot, r=r, scratch=scratch):
             part = work / f"recording-{r}-part{i + 1}.json"
@@ -240,17 +275,22 @@ def _refresh(args) -> int:
         parts = [read_json(f, "recording part") for f in files if f.is_file()]
         if not parts:
             raise BaselineError(f"recording {r}: no part recorded anything, see {work}/recording-{r}-*.log")
-        path = work / f"recording-{r}.json"
         path.write_text(json.dumps(join_recordings(parts), indent=1) + "\n", encoding="utf8")
         recordings.append(path)
         measured = len(json.loads(path.read_text())["benchmarks"])
         print(f"recording {r}: {measured} benchmarks, slots {_span(seconds)}")
 
     base = work / "base"
+    if base.exists() and source_digest(base / "src" / "attnkit") != source:
+        shutil.rmtree(base)  # an earlier refresh's copy of other code: A/A compares this tree with itself
     if not base.exists():
         shutil.copytree("src", base / "src", ignore=shutil.ignore_patterns("__pycache__"))
     verdicts = []
     for a in range(1, args.aa_runs + 1):
+        if kept_part(work / f"aa-{a}.json", source):
+            verdicts.append(work / f"aa-{a}.json")
+            print(f"A/A run {a}: kept from {work} (an earlier refresh of this code)")
+            continue
 
         def aa(i, slot, a=a):
             part = work / f"aa-{a}-part{i + 1}.json"
