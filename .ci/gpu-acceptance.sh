@@ -2,7 +2,7 @@
 # The gate proven on a GPU, in one command (docs/CI.md, "Proving the gate on a GPU"). Run it after
 # any change to the gate, the tests, or the kernels' dispatch.
 #
-#   bash .ci/gpu-acceptance.sh [--dry-run] [--step-timeout S] OUT [STEP...]
+#   bash .ci/gpu-acceptance.sh [--dry-run] [--step-timeout S] [--shards N] OUT [STEP...]
 #
 # Steps (default: aa stored change:host-3us), each from cold caches (fresh Triton, Inductor and
 # attnkit caches under a scratch folder), each writing OUT/<step>/ (the gate's folder, its log,
@@ -25,23 +25,29 @@
 # The tree under test is this checkout's HEAD plus its uncommitted changes to tracked files.
 # --dry-run prints each step's commands and runs nothing. --step-timeout S stops a step S seconds
 # after it began, whichever of its commands is running (its verdict is then incomplete and the
-# step fails). AB_ROUNDS: ab_dobench's rounds (3).
+# step fails). --shards N runs each step as N shards side by side (ATTNKIT_SHARD=I/N), each on a
+# GPU and an equal share of the cores of its own, into OUT/shard-I/<step>/; the summary judges
+# each step on its shards' merged verdict (OUT/<step>-merged/). AB_ROUNDS: ab_dobench's rounds (3).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dry=0
 step_timeout=
-usage() { echo "usage: bash .ci/gpu-acceptance.sh [--dry-run] [--step-timeout S] OUT [aa|aa-all|stored|change:NAME ...]" >&2; exit 2; }
+shards=1
+usage() { echo "usage: bash .ci/gpu-acceptance.sh [--dry-run] [--step-timeout S] [--shards N] OUT [aa|aa-all|stored|change:NAME ...]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
         --dry-run) dry=1; shift ;;
         --step-timeout) [ $# -ge 2 ] || usage; step_timeout=$2; shift 2 ;;
         --step-timeout=*) step_timeout=${1#*=}; shift ;;
-        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        --shards) [ $# -ge 2 ] || usage; shards=$2; shift 2 ;;
+        --shards=*) shards=${1#*=}; shift ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         -*) echo "unknown option $1" >&2; usage ;;
         *) break ;;
     esac
 done
 [ $# -ge 1 ] || usage
+case $shards in ''|*[!0-9]*|0) echo "--shards: expected a count of GPUs (1 or more), got '$shards'" >&2; exit 2 ;; esac
 case $step_timeout in ''|*[!0-9]*) [ -z "$step_timeout" ] || { echo "--step-timeout: expected seconds, got '$step_timeout'" >&2; exit 2; } ;; esac
 out=$(realpath -m "$1"); shift
 steps=("$@")
@@ -105,18 +111,14 @@ if [ "$dry" = 1 ]; then
     echo "(dry run: nothing runs; OUT/... below stands for $out/...)"
     out=$scratch/OUT
 fi
-mkdir -p "$out"
-folders=()
-for step in "${steps[@]}"; do
-    name=${step/:/-}
-    dir=$out/$name
-    rm -rf "$dir" && mkdir -p "$dir"
-    folders+=("$dir")
-    tree=$scratch/$name
-    echo "== $step -> $dir"
+run_step() {  # $1: the step, $2: its folder, $3: a scratch folder of its own
+    local step=$1 dir=$2 work=$3 name=${1/:/-}
+    local tree=$work/$name
+    rm -rf "$dir" && mkdir -p "$dir" "$work"
+    echo "== $step${ATTNKIT_SHARD:+ (shard $ATTNKIT_SHARD)} -> $dir"
     t0=$(date +%s)
     (
-        cold_env "$scratch/cache-$name"
+        cold_env "$work/cache-$name"
         clone_tree "$tree" || exit 1
         case $step in
             aa|aa-all)
@@ -136,13 +138,13 @@ for step in "${steps[@]}"; do
                 # patch(1), as tests/perf/verify_gate_on_gpu.sh applies them: it takes a shifted context
                 (run cd "$tree" && run patch -s -p1 -i "$patch") || exit 1
                 run git "${git_id[@]}" -C "$tree" commit --quiet -am "planted change ${step#change:}"
-                run git -C "$tree" worktree add --quiet --detach "$scratch/$name-base" "$base"
+                run git -C "$tree" worktree add --quiet --detach "$work/$name-base" "$base"
                 echo "cd $tree && ATTNKIT_BASE=$base bash .ci/gpu-gate.sh $dir/gate" > "$dir/command"
                 (run cd "$tree" && limited env ATTNKIT_BASE="$base" bash .ci/gpu-gate.sh "$dir/gate")
                 gate=$?
                 read -r -a words < "$dir/cases"
                 run cd "$tree" && limited env PYTHONPATH="$tree/src${PYTHONPATH:+:$PYTHONPATH}" "$python" -m attnkit_tools.gate.ab_dobench \
-                    --base "$scratch/$name-base/src" --head "$tree/src" --match "${words[@]}" \
+                    --base "$work/$name-base/src" --head "$tree/src" --match "${words[@]}" \
                     --rounds "${AB_ROUNDS:-3}" --out "$dir/ab.json" > "$dir/ab.txt"
                 if [ -f "$dir/ab.json" ] && [ -f "$dir/gate/verdict.json" ]; then
                     run env PYTHONPATH="$tree/src${PYTHONPATH:+:$PYTHONPATH}" "$python" -m attnkit_tools.gate.detection --effects "$dir/ab.json" \
@@ -151,14 +153,55 @@ for step in "${steps[@]}"; do
                 exit "$gate" ;;
         esac
     ) 2>&1 | tee "$dir/log.txt"
-    status=${PIPESTATUS[0]}
-    [ "$dry" = 1 ] && continue
+    local status=${PIPESTATUS[0]}
+    [ "$dry" = 1 ] && return
     echo "$status" > "$dir/status"
     {
         echo "wall time: $(( $(date +%s) - t0 )) s"
         grep -E '^(correctness|perf|report): [0-9]+ s$|^gpu-gate: [0-9]+ s in all$' "$dir/log.txt"
     } > "$dir/times"
-    echo "== $step: exit $status, $(head -1 "$dir/times")"
+    echo "== $step${ATTNKIT_SHARD:+ (shard $ATTNKIT_SHARD)}: exit $status, $(head -1 "$dir/times")"
+}
+
+mkdir -p "$out"
+folders=()
+if [ "$shards" -gt 1 ]; then
+    # One GPU and an equal share of the cores for each shard; a step's shards run side by side.
+    if [ "$dry" = 1 ]; then
+        read -r -a gpus <<< "$(seq 0 $(( shards - 1 )) | tr '\n' ' ')"
+    else
+        read -r -a gpus <<< "$(PYTHONPATH=$root/src "$python" -c 'from attnkit_perf.bench import visible_gpus; print(*visible_gpus())')"
+    fi
+    read -r -a cores <<< "$("$python" -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
+    if [ "${#gpus[@]}" -lt "$shards" ] || [ "${#cores[@]}" -lt "$shards" ]; then
+        echo "--shards $shards: needs $shards GPUs and cores; ${#gpus[@]} GPU(s) (${gpus[*]}) and ${#cores[@]} core(s) visible" >&2
+        exit 2
+    fi
+    per=$(( ${#cores[@]} / shards ))
+fi
+for step in "${steps[@]}"; do
+    name=${step/:/-}
+    if [ "$shards" -le 1 ]; then
+        run_step "$step" "$out/$name" "$scratch/step"
+        folders+=("$out/$name")
+        continue
+    fi
+    for i in $(seq "$shards"); do
+        share=$(IFS=,; echo "${cores[*]:$(( (i - 1) * per )):$per}")
+        folders+=("$out/shard-$i/$name")
+        mkdir -p "$out/shard-$i"
+        (
+            export CUDA_VISIBLE_DEVICES=${gpus[$(( i - 1 ))]} ATTNKIT_SHARD=$i/$shards
+            echo "+ shard $i/$shards: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES taskset -c $share" >&2
+            [ "$dry" = 1 ] || taskset -cp "$share" "$BASHPID" > /dev/null
+            run_step "$step" "$out/shard-$i/$name" "$scratch/shard-$i"
+        ) > "$out/shard-$i/$name.console" 2>&1 &
+        [ "$dry" = 1 ] && wait  # printed one shard after the other
+    done
+    wait
+    for i in $(seq "$shards"); do
+        if [ "$dry" = 1 ]; then cat "$out/shard-$i/$name.console"; else tail -n 1 "$out/shard-$i/$name.console"; fi
+    done
 done
 [ "$dry" = 1 ] && { rm -rf "$scratch"; exit 0; }
 rm -rf "$scratch"

@@ -63,12 +63,28 @@ def test_the_default_steps_are_aa_stored_and_one_planted_change(tmp_path):
             "change:nope: no tests/perf/gate_changes/nope.patch; there are: decode-tile-64",
         ),
         (["--step-timeout", "soon"], ["aa"], "--step-timeout: expected seconds, got 'soon'"),
+        (["--shards", "0"], ["aa"], "--shards: expected a count of GPUs (1 or more), got '0'"),
     ],
 )
 def test_a_bad_argument_is_refused_before_anything_runs(tmp_path, options, steps, message):
     done = _run("--dry-run", *options, str(tmp_path / "out"), *steps)
     assert done.returncode == 2 and message in done.stderr, (done.returncode, done.stderr)
     assert "==" not in done.stdout, "no step may start"
+
+
+def test_shards_run_side_by_side_each_on_its_gpu_and_cores_comparing_the_same_commits(tmp_path):
+    done = _run("--dry-run", "--shards", "2", str(tmp_path / "out"), "aa")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout + done.stderr
+    for i in (1, 2):
+        assert f"+ shard {i}/2: CUDA_VISIBLE_DEVICES={i - 1} taskset -c " in text, text
+        assert f"== aa (shard {i}/2) -> " in text and f"/shard-{i}/aa/gate" in text, text
+    bases = {
+        line.split("ATTNKIT_BASE=")[1].split()[0] for line in text.splitlines() if "ATTNKIT_BASE=" in line
+    }
+    assert len(bases) == 1, f"every shard compares with one base: {bases}"
+    clones = [line for line in text.splitlines() if line.startswith("+ git clone ")]
+    assert len(clones) == 2 and len({line.split()[-1] for line in clones}) == 2, "a tree of its own per shard"
 
 
 def test_no_output_folder_is_a_usage_error():
