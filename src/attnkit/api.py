@@ -12,7 +12,7 @@ from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem, check_inputs
 from attnkit.prepared import PreparedRun
 from attnkit.reference import degenerate_attention
-from attnkit.registry import auto_skip_reason, get_backend, on_backends_changed, unavailable_reason
+from attnkit.registry import Backend, auto_skip_reason, get_backend, on_backends_changed, unavailable_reason
 
 #: Module-level names for what every call reads: a global lookup each instead of a global and
 #: an attribute (dynamo knows ``is_compiling`` by its identity, whatever it is called here).
@@ -179,8 +179,8 @@ def choose_backend(backend: str, problem: AttentionProblem) -> str:
     raise UnsupportedProblemError(f"no backend supports {problem.describe()}: " + " | ".join(runs.values()))
 
 
-def _check_named(backend: str, problem: AttentionProblem) -> None:
-    """Raise why the backend named ``backend`` cannot run ``problem``, if it cannot."""
+def _check_named(backend: str, problem: AttentionProblem) -> Backend:
+    """The backend named ``backend``, once it is shown able to run ``problem``; else raise why not."""
     chosen = get_backend(backend)
     reason = _device_reason(backend, problem.device)
     if reason is not None:
@@ -188,6 +188,7 @@ def _check_named(backend: str, problem: AttentionProblem) -> None:
     reason = chosen.supports(problem)
     if reason is not None:
         raise UnsupportedProblemError(f"backend {backend!r} does not support {problem.describe()}: {reason}")
+    return chosen
 
 
 def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
@@ -209,8 +210,7 @@ def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
         # One order for every call (no path skipped under any mode): no per-call checks.
         run = partial(_run_first, orders[0]) if len(set(orders)) == 1 else partial(_run_by_grad, *orders)
         return PreparedRun(run) if prepared else run
-    _check_named(backend, problem)
-    chosen = get_backend(backend)
+    chosen = _check_named(backend, problem)
     if problem.is_degenerate:  # a zero-size dimension: one answer for every path (README)
         return PreparedRun(degenerate_attention) if prepared else degenerate_attention
     return chosen.prepared_run(problem) if prepared else chosen.call
