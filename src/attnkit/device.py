@@ -16,6 +16,25 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def absent_reason(device: torch.device) -> str | None:
+    """Why ``device`` is not on this machine (no CUDA device, an index past the count, no MPS), or
+    None: no backend can run there, whatever it declares."""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = (
+                "this torch is built without CUDA"
+                if torch.version.cuda is None
+                else "no CUDA device is visible"
+            )
+            return f"{device}: {build} (torch.cuda.is_available() is False)"
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            return f"{device}: {count} CUDA device(s) visible (cuda:0 to cuda:{count - 1})"
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        return f"{device}: no MPS device here (torch.backends.mps.is_available() is False)"
+    return None
+
+
 #: Names the device the test suites and the perf gate run on (``cpu``, ``cuda:1``).
 TEST_DEVICE_ENV = "ATTNKIT_TEST_DEVICE"
 

@@ -15,7 +15,7 @@ from dataclasses import KW_ONLY, dataclass
 import torch
 
 from attnkit.boundaries import DispatchBoundary, check_boundaries
-from attnkit.device import default_device
+from attnkit.device import absent_reason, default_device
 from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
 from attnkit.plugins import broken_entry_points, load_entry_points
@@ -369,9 +369,11 @@ def unknown_backend_error(name: object) -> Exception:
 
 
 def unavailable_reason(name: str, device: torch.device | str | None = None) -> str | None:
-    """Why backend ``name`` cannot run on ``device`` (default: the current default device)."""
+    """Why backend ``name`` cannot run on ``device`` (default: the current default device): the
+    device is not on this machine, or the backend declines it."""
     device = default_device() if device is None else torch.device(device)
-    return get_backend(name).device_support(device)
+    backend = get_backend(name)  # an unknown name is an error, whatever the device
+    return absent_reason(device) or backend.device_support(device)
 
 
 def auto_skip_reason(name: str, device: torch.device | str) -> str | None:

@@ -231,3 +231,14 @@ def test_triton_interpret_set_after_import_is_reported_not_crashed():
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, f"TRITON_INTERPRET set after import:\n{done.stderr[-2000:]}"
+
+
+def test_a_device_not_on_this_machine_lists_no_backend_and_says_why():
+    """``available_backends("cuda")`` on a machine without CUDA (a CPU-only torch build included)
+    listed every path that declines nothing of CUDA: naive, tiled, sdpa, ..."""
+    absent = "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
+    assert attnkit.available_backends(absent) == [], attnkit.available_backends(absent)
+    reason = attnkit.unavailable_reason("naive", absent)
+    assert reason is not None and reason.startswith(f"{absent}: "), reason
+    with pytest.raises(ValueError, match="got 'no-such-backend'"):
+        attnkit.unavailable_reason("no-such-backend", absent)
