@@ -170,7 +170,7 @@ if [ "$shards" -gt 1 ]; then
     if [ "$dry" = 1 ]; then
         read -r -a gpus <<< "$(seq 0 $(( shards - 1 )) | tr '\n' ' ')"
     else
-        read -r -a gpus <<< "$(PYTHONPATH=$root/src "$python" -c 'from attnkit_perf.bench import visible_gpus; print(*visible_gpus())')"
+        read -r -a gpus <<< "$(PYTHONPATH=$root/src${PYTHONPATH:+:$PYTHONPATH} "$python" -c 'from attnkit_perf.bench import visible_gpus; print(*visible_gpus())')"
     fi
     read -r -a cores <<< "$("$python" -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
     if [ "${#gpus[@]}" -lt "$shards" ] || [ "${#cores[@]}" -lt "$shards" ]; then
@@ -205,4 +205,4 @@ for step in "${steps[@]}"; do
 done
 [ "$dry" = 1 ] && { rm -rf "$scratch"; exit 0; }
 rm -rf "$scratch"
-PYTHONPATH=$root/src python3 -m attnkit_tools.gate.acceptance "$out" "${folders[@]}"
+PYTHONPATH=$root/src${PYTHONPATH:+:$PYTHONPATH} "$python" -m attnkit_tools.gate.acceptance "$out" "${folders[@]}"
