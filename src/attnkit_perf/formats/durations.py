@@ -18,9 +18,6 @@ from attnkit_perf.formats.schema import FormatError, read_json, validate
 
 FORMAT = "attnkit-test-durations/1"
 DURATIONS_FILE = "test-durations.json"
-COMMAND = (
-    "python -m attnkit_perf.commands.durations GATE_DIR... --out baselines/<gpu_key>/test-durations.json"
-)
 
 
 def durations_path(root: Path, key: str) -> Path:

@@ -60,20 +60,19 @@ def _hash(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256("\0".join(map(str, parts)).encode()).digest()[:8], "big")
 
 
-def assign(names: Iterable[str], count: int, cost: Callable[[str], float] = row_cost) -> dict[str, int]:
-    """Each row's shard, 1-based, for ``count`` shards (see the module's docstring); ``cost``: a
-    row's expected cost."""
+def assign(names: Iterable[str], count: int) -> dict[str, int]:
+    """Each row's shard, 1-based, for ``count`` shards (see the module's docstring)."""
     names = sorted(set(names), key=lambda n: (_hash(n), n))
-    total = sum(cost(n) for n in names)
+    total = sum(row_cost(n) for n in names)
     capacity = (1.0 + SLACK) * total / count
     load = [0.0] * count
     shard = {}
     for name in names:
-        weight = cost(name)
+        cost = row_cost(name)
         preference = sorted(range(count), key=lambda s: _hash(name, s), reverse=True)
-        fits = [s for s in preference if load[s] + weight <= capacity]
+        fits = [s for s in preference if load[s] + cost <= capacity]
         chosen = fits[0] if fits else min(preference, key=lambda s: load[s])
-        load[chosen] += weight
+        load[chosen] += cost
         shard[name] = chosen + 1
     return shard
 
