@@ -24,8 +24,8 @@ benchmarks side by side; each benchmark carries its own calibration), an A/A run
 **A refresh cut short resumes.** With ``--work DIR`` kept from a run that stopped (a job's time
 limit, a lost machine), each recording and each A/A run already joined there is kept, once it is
 shown to be of this tree's code (its ``source`` digest; pooling refuses parts of another GPU
-model); the rest are measured.
-A recording or A/A run that stopped half-way is measured again whole.
+model); the rest are measured. A recording or A/A run that stopped half-way is measured again
+whole.
 
 **Checked before it reports success**: every file validates against its schema (the gate's own
 readers load it, as a run would), the baseline and the paired noise cover every row of the
