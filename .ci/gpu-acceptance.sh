@@ -74,7 +74,9 @@ limited() {  # a step's long command, within what --step-timeout leaves of the s
     [ -n "$step_timeout" ] || { run "$@"; return; }
     local left=$(( t0 + step_timeout - $(date +%s) ))
     if [ "$left" -lt 1 ]; then echo "no time left within --step-timeout $step_timeout for: $*" >&2; return 124; fi
-    run timeout --kill-after=30 "$left" "$@"
+    # SIGINT, as Ctrl-C: pytest then writes its JUnit file and prints what ran and how long (the
+    # slowest tests, the test each worker was in) before it exits, where SIGTERM leaves nothing.
+    run timeout --signal=INT --kill-after=30 "$left" "$@"
 }
 python=${ATTNKIT_PYTHON:-python3}  # the interpreter with the CUDA torch, as .ci/gpu-python.sh
 git_id=(-c user.name=attnkit-acceptance -c user.email=acceptance@localhost)

@@ -42,6 +42,9 @@
 # HYPOTHESIS_PROFILE       correctness examples (default ci: derandomised, the same every run; the
 #                          PR tier's default is pr, a third of ci's examples)
 set -uo pipefail
+# Stopped with SIGINT (Ctrl-C, or a caller's time limit): the running pytest reports what it ran,
+# then the gate stops instead of going on to its next step.
+trap 'echo "gpu-gate: interrupted after $SECONDS s" >&2; exit 130' INT
 cd "$(dirname "$0")/.."
 
 out="${1:-build/gpu-gate}"

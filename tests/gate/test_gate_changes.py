@@ -32,3 +32,15 @@ def test_planted_change_applies_to_the_source(patch, tmp_path):
             ["patch", "-s", "-p1", "--dry-run"], stdin=diff, cwd=tmp_path, capture_output=True, text=True
         )
     assert result.returncode == 0, f"{patch.name} no longer applies to src/:\n{result.stdout}{result.stderr}"
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=[p.stem for p in PATCHES])
+def test_planted_change_names_cases_of_the_grid(patch):
+    """The true effect is measured on the grid's cases whose names hold every word of the first
+    line (``ab_dobench --match``): a word that matches nothing would measure no case at all."""
+    from attnkit_perf.bench import gpu_suite_cases
+
+    words = patch.read_text().splitlines()[0].removeprefix("# cases: ").split()
+    assert words and not any(w.startswith("-") for w in words), f"{patch.name}: {words} (read as options)"
+    named = [c.name for c in gpu_suite_cases() if all(w in c.name for w in words)]
+    assert named, f"{patch.name}: no case of the grid holds every one of {words}"
