@@ -166,6 +166,15 @@ def test_undecided_rows_are_no_alarm_but_are_counted_and_named(tmp_path):
         assert row in text, text
 
 
+def test_a_step_stopped_by_its_time_limit_says_so_and_fails(tmp_path):
+    folder = _step(tmp_path, "aa-all", 124)
+    (folder / "gate" / "verdict.json").unlink()
+    passed, lines = acceptance.summarize(folder)
+    text = "\n".join(lines)
+    assert not passed and "stopped by its time limit" in text, text
+    assert "correctness: 5 run" in text and "no verdict.json" in text, text
+
+
 def test_an_incomplete_verdict_fails_the_step(tmp_path):
     folder = _step(tmp_path, "aa-all", 0)
     _verdict(folder / "gate" / "verdict.json", {"fwd[a]": "same"}, complete=False)

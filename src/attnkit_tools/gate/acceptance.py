@@ -102,6 +102,10 @@ def join_shards(folders: list[Path], out: Path) -> Path:
     return out
 
 
+#: A step's exit status when ``timeout`` stopped it: 124, or 137 when it had to be killed.
+STOPPED = ("124", "137")
+
+
 def _seconds(times_line: str) -> int:
     """``wall time: 412 s`` -> 412."""
     words = times_line.split()
@@ -117,6 +121,11 @@ def summarize(folder: Path) -> tuple[bool, list[str]]:
     step = folder.name
     status = _read(folder / "status", "not run")
     lines = [f"## {step}", "", f"- command: `{_read(folder / 'command')}`", f"- exit status: {status}"]
+    if status in STOPPED:
+        lines.append(
+            "- stopped by its time limit (--step-timeout): the counts below are what it finished, "
+            "and its log.txt ends with the slowest tests"
+        )
     lines += [f"- {line}" for line in _read(folder / "times").splitlines() if line]
     gate = folder / "gate" if (folder / "gate").is_dir() else folder
     alarms: list[str] = []
