@@ -454,6 +454,23 @@ def pytest_configure_node(node) -> None:
     node.workerinput[_DECISION_INPUT] = decision if isinstance(decision, str) else decision.to_dict()
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's load distribution with the longest recorded test first
+    (:mod:`attnkit_perf.run.longest_first`), for a run that times no benchmark, when this GPU
+    model's test durations are recorded; otherwise xdist's own (paired mode orders its rows
+    itself: the rows the diff reaches most directly first)."""
+    perf = config.stash.get(SESSION, None)
+    if perf is None or perf.mode is not None or config.getoption("dist") != "load":
+        return None
+    cost = perf.test_cost()
+    if cost is None:
+        return None
+    from attnkit_perf.run.longest_first import LongestFirstScheduling
+
+    return LongestFirstScheduling(config, log, cost)
+
+
 def _select(config: pytest.Config, items, perf) -> None:
     """Deselect what the diff cannot affect (:mod:`attnkit_perf.select`) when the run selects
     (:func:`_selects`)."""

@@ -170,3 +170,53 @@ def test_the_runner_splits_by_the_recorded_seconds(pytester, monkeypatch):
         kept.append({line for line in result.stdout.lines if line.startswith("test_split.py::")})
     assert kept[0] | kept[1] == set(ids) and not kept[0] & kept[1], kept
     assert ["test_split.py::test_t[0]"] in ([sorted(k) for k in kept]), f"the 100 s test alone: {kept}"
+
+
+LOGGED_TESTS = """
+import os
+
+import pytest
+
+@pytest.mark.parametrize("i", range(6))
+def test_t(i):
+    with open(os.environ["RUN_ORDER_LOG"], "a") as log:
+        log.write(f"{i}\\n")
+"""
+
+
+def _run_logged(pytester, monkeypatch, recorded: dict[int, float] | None, *args: str) -> list[int]:
+    """The order in which one xdist worker ran ``test_t[0..5]``, with ``recorded`` seconds as
+    this machine's test durations (None: no file)."""
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_order=LOGGED_TESTS)
+    log = pytester.path / "order.log"
+    log.unlink(missing_ok=True)
+    monkeypatch.setenv("RUN_ORDER_LOG", str(log))
+    monkeypatch.setenv("ATTNKIT_TEST_DEVICE", "cpu")
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    root = pytester.path / "baselines"
+    if recorded is not None:  # (a second run in one test replaces the first's file)
+        times = {f"test_order.py::test_t[{i}]": s for i, s in recorded.items()}
+        durations_path(root, CPU_KEY).parent.mkdir(parents=True, exist_ok=True)
+        durations_path(root, CPU_KEY).write_text(json.dumps(build([("run", {"gpu_key": CPU_KEY}, times)])))
+    result = pytester.runpytest_subprocess(
+        "-p", "attnkit_perf.plugin", f"--attnkit-baseline-dir={root}", "-p", "no:cacheprovider",
+        "-n", "1", *args,
+    )  # fmt: skip
+    result.assert_outcomes(passed=6)
+    return [int(line) for line in log.read_text().split()]
+
+
+def test_workers_take_the_longest_recorded_test_first(pytester, monkeypatch):
+    # test_t[4] is the long one, collected late (as the flex test is); unrecorded tests cost the
+    # median (2 s), and ties keep the collection's order.
+    order = _run_logged(pytester, monkeypatch, {1: 3.0, 2: 1.0, 4: 240.0, 5: 2.0})
+    assert order == [4, 1, 0, 3, 5, 2], order
+
+
+def test_without_recorded_durations_or_under_another_distribution_xdist_keeps_its_order(
+    pytester, monkeypatch
+):
+    assert _run_logged(pytester, monkeypatch, None) == list(range(6))
+    order = _run_logged(pytester, monkeypatch, {4: 240.0}, "--dist", "loadfile")
+    assert order == list(range(6)), order

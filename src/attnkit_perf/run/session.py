@@ -20,6 +20,7 @@ failing row of the verdict.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -174,7 +175,7 @@ class PerfSession:
         index, count = self.opt["split"]
         names = set(rows.values())
         place = shards.assign(names, count)
-        by_id = shards.balance([item.nodeid for item in rest], count, self._test_cost())
+        by_id = shards.balance([item.nodeid for item in rest], count, self.test_cost() or cost_by_node({}))
         mine = [item for item, name in rows.items() if place[name] == index]
         self._elsewhere = {name for name in names if place[name] != index}
         if names:
@@ -185,11 +186,12 @@ class PerfSession:
             item for item in rest if by_id[item.nodeid] != index
         ]
 
-    def _test_cost(self):
-        """A correctness test's expected seconds on this GPU model, for the split: from
-        ``<baseline root>/<gpu_key>/test-durations.json`` when it exists."""
+    def test_cost(self) -> Callable[[str], float] | None:
+        """A correctness test's expected seconds on this GPU model (for the split over runners, and
+        the order over workers), from ``<baseline root>/<gpu_key>/test-durations.json``; None
+        when that file does not exist."""
         path = durations_path(self.baseline_root, self.gpu_key)
-        return cost_by_node(read_durations(path, self.gpu_key) if path.is_file() else {})
+        return cost_by_node(read_durations(path, self.gpu_key)) if path.is_file() else None
 
     def order_rows(self, items: list, name_of) -> None:
         """Paired mode: the benchmarks among ``items`` (``name_of(item)``: its benchmark's name)
