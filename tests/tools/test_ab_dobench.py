@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from attnkit_perf import bench
 from attnkit_tools.gate import ab_dobench
 
 
@@ -38,3 +39,24 @@ def test_a_loop_case_reads_its_steady_cost_after_a_slow_start():
 
     ms = ab_dobench._loop_ms(call, sync=lambda: None, warmup_s=0.3, loop_s=0.01, loops=9)
     assert 0.045 <= ms <= 0.065, f"{ms * 1e3:.1f} us a call, expected about 50"
+
+
+def test_a_run_stopped_in_its_second_round_keeps_the_first(monkeypatch, tmp_path):
+    """The acceptance stops a step at its time limit with SIGINT: the rounds finished by then are
+    in ``--out``, read back as true effects."""
+    sides = iter([{"fwd[a-loop]": 0.010}, {"fwd[a-loop]": 0.013}])
+
+    def side(src, names):
+        try:
+            return next(sides)
+        except StopIteration:
+            raise KeyboardInterrupt from None
+
+    monkeypatch.setattr(ab_dobench, "_run_side", side)
+    monkeypatch.setattr(bench, "gpu_suite_cases", lambda: [type("Case", (), {"name": "fwd[a-loop]"})])
+    monkeypatch.setattr(bench, "provenance", lambda: {"gpu": "test"})
+    out = tmp_path / "ab.json"
+    argv = ["--base", str(tmp_path), "--head", str(tmp_path), "--rounds", "3", "--out", str(out)]
+    with pytest.raises(KeyboardInterrupt):
+        ab_dobench.main(argv)
+    assert ab_dobench.read_effects(out) == pytest.approx({"fwd[a-loop]": 1.3})

@@ -11,7 +11,8 @@ instead, by the host's clock: the wall time per call of calls back to back, the 
 loops of at least 20 ms after half a second of calls (:func:`_loop_ms`; do_bench flushes the
 L2 before each call, which hides up to a flush's worth of host time: the cost those cases exist
 to see). Prints, per case, the median of the head/base
-ratios over the rounds, and writes every time to ``--out``
+ratios over the rounds, and writes every time to ``--out`` after each round (a run stopped by a
+time limit keeps the rounds it finished)
 (``schemas/true-effect.schema.json``; :func:`read_effects` reads it back). This is the
 yardstick the gate's verification compares with (:mod:`attnkit_tools.gate.detection`).
 """
@@ -121,15 +122,31 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (args.base and args.head):
         parser.error("--base and --head are required")
-    from attnkit_perf.bench import gpu_suite_cases
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected 1 or more, got {args.rounds}")
+    from attnkit_perf.bench import gpu_suite_cases, provenance
 
     names = [c.name for c in gpu_suite_cases() if all(w in c.name for w in args.match)]
     if not names:  # else each side would be started with nothing to time
         parser.error(f"no case of the perf grid contains every --match word {args.match}")
     runs: dict[str, list[dict]] = {"base": [], "head": []}
-    for _ in range(args.rounds):
+    made = provenance() if args.out else None
+    for round_ in range(1, args.rounds + 1):
         for side, src in (("base", args.base), ("head", args.head)):
             runs[side].append(_run_side(src, names))
+        # Written after every round: a run stopped by a time limit keeps the rounds it finished.
+        rows = _rows(names, runs)
+        print(f"round {round_} of {args.rounds} done", file=sys.stderr, flush=True)
+        if args.out:
+            _write(args.out, made, rows, runs)
+    for row in rows:
+        each = " ".join(f"{r:.3f}" for r in row["ratios"])
+        print(f"{row['name']:60s} head/base {row['ratio']:.4f}  ({each})")
+    return 0
+
+
+def _rows(names: list[str], runs: dict[str, list[dict]]) -> list[dict]:
+    """Per case timed on both sides: the head/base ratio of each round, and their median."""
     rows = []
     for name in names:
         ratios = [
@@ -137,15 +154,13 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if ratios:
             rows.append({"name": name, "ratio": statistics.median(ratios), "ratios": ratios})
-            each = " ".join(f"{r:.3f}" for r in ratios)
-            print(f"{name:60s} head/base {statistics.median(ratios):.4f}  ({each})")
-    if args.out:
-        from attnkit_perf.bench import provenance
+    return rows
 
-        document = {"format": FORMAT, "provenance": provenance(), "rows": rows, "runs": runs}
-        validate("true-effect", document, args.out)
-        Path(args.out).write_text(json.dumps(document, indent=1))
-    return 0
+
+def _write(path: str, made: dict, rows: list[dict], runs: dict[str, list[dict]]) -> None:
+    document = {"format": FORMAT, "provenance": made, "rows": rows, "runs": runs}
+    validate("true-effect", document, path)
+    Path(path).write_text(json.dumps(document, indent=1))
 
 
 def read_effects(path: Path | str) -> dict[str, float]:
