@@ -2,7 +2,7 @@
 
 from attnkit import builtins as _builtins  # noqa: F401  (registers attnkit's own backends)
 from attnkit import ops as _ops  # noqa: F401  (registers the attnkit:: torch.library ops)
-from attnkit.api import attention
+from attnkit.api import attention, chosen_backend
 from attnkit.boundaries import DispatchBoundary
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
@@ -34,6 +34,7 @@ __all__ = [
     "attention_with_kvcache",
     "available_backends",
     "backend_names",
+    "chosen_backend",
     "reference_attention",
     "register_backend",
     "unavailable_reason",

@@ -176,7 +176,34 @@ def choose_backend(backend: str, problem: AttentionProblem) -> str:
     for name, run in runs.items():
         if not isinstance(run, str):
             return name
-    raise UnsupportedProblemError(f"no backend supports {problem.describe()}: " + " | ".join(runs.values()))
+    raise _none_supports(problem, runs.values())
+
+
+def chosen_backend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    window: tuple[int, int] | None = None,
+    backend: str = "auto",
+) -> str | None:
+    """The backend that :func:`attention` with the same arguments runs now, named before anything
+    runs, by the same checks (raising the same errors). A named ``backend`` is itself; for
+    ``"auto"``, the first path whose checks pass in the order this call takes: the training
+    order when grad mode is on and an input requires grad (only paths with a deterministic
+    backward under ``torch.use_deterministic_algorithms``), else the inference order. None for a
+    problem with a zero-size dimension, whose defined result no backend computes. A path that
+    declines a problem only once it runs hands the call to the next one, which this cannot
+    foresee."""
+    problem = check_inputs(q, k, v, causal, scale, window)
+    if backend == "auto":
+        if problem.is_degenerate:
+            return None
+        return _run_by_grad(*_auto_orders(problem, prepared=False), q, k, v, problem, run=_first_runnable)
+    _check_named(backend, problem)
+    return None if problem.is_degenerate else backend
 
 
 def _check_named(backend: str, problem: AttentionProblem) -> Backend:
@@ -198,15 +225,7 @@ def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
     if backend == "auto":
         if problem.is_degenerate:
             return PreparedRun(degenerate_attention) if prepared else degenerate_attention
-        inference, training = auto_order(problem, training=False), auto_order(problem, training=True)
-        runs = _auto_runs(problem, prepared, inference)
-        runs.update(_auto_runs(problem, prepared, (n for n in training if n not in runs)))
-        orders = (
-            _auto_candidates(inference, runs),
-            _auto_candidates(training, runs),
-            _deterministic_candidates(training, runs, problem.device, warn_only=False),
-            _deterministic_candidates(training, runs, problem.device, warn_only=True),
-        )
+        orders = _auto_orders(problem, prepared)
         # One order for every call (no path skipped under any mode): no per-call checks.
         run = partial(_run_first, orders[0]) if len(set(orders)) == 1 else partial(_run_by_grad, *orders)
         return PreparedRun(run) if prepared else run
@@ -214,6 +233,21 @@ def _plan(backend: str, problem: AttentionProblem, prepared: bool = False):
     if problem.is_degenerate:  # a zero-size dimension: one answer for every path (README)
         return PreparedRun(degenerate_attention) if prepared else degenerate_attention
     return chosen.prepared_run(problem) if prepared else chosen.call
+
+
+def _auto_orders(problem: AttentionProblem, prepared: bool) -> tuple[tuple, tuple, tuple, tuple]:
+    """``auto``'s candidates for ``problem`` (:func:`_auto_candidates`), for each kind of call that
+    :func:`_run_by_grad` tells apart: inference, training, and training under
+    ``torch.use_deterministic_algorithms(True)`` and under its ``warn_only=True``."""
+    inference, training = auto_order(problem, training=False), auto_order(problem, training=True)
+    runs = _auto_runs(problem, prepared, inference)
+    runs.update(_auto_runs(problem, prepared, (n for n in training if n not in runs)))
+    return (
+        _auto_candidates(inference, runs),
+        _auto_candidates(training, runs),
+        _deterministic_candidates(training, runs, problem.device, warn_only=False),
+        _deterministic_candidates(training, runs, problem.device, warn_only=True),
+    )
 
 
 def _auto_runs(problem: AttentionProblem, prepared: bool, names) -> dict:
@@ -264,18 +298,6 @@ def _deterministic_candidates(
     return _auto_candidates(order, marked)
 
 
-def _run_by_grad(inference: tuple, training: tuple, strict: tuple, warn_only: tuple, q, k, v, problem):
-    """``auto``'s run: a call that records a backward runs the training order (chosen by
-    forward and backward time together), kept to paths with a deterministic backward while
-    ``torch.use_deterministic_algorithms`` is on (``strict``, or ``warn_only`` in that mode);
-    any other call runs the inference order."""
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        return _run_first(inference, q, k, v, problem)
-    if torch.are_deterministic_algorithms_enabled():
-        training = warn_only if torch.is_deterministic_algorithms_warn_only_enabled() else strict
-    return _run_first(training, q, k, v, problem)
-
-
 def _run_first(candidates: tuple, q, k, v, problem):
     """The result of the first of :func:`_auto_candidates` that runs ``problem``; if none does,
     the error listing every path's reason, in order."""
@@ -288,12 +310,42 @@ def _run_first(candidates: tuple, q, k, v, problem):
             return run(q, k, v, problem)
         except UnsupportedProblemError as err:
             rejections.append(f"{name}: {err}")
-    raise UnsupportedProblemError(f"no backend supports {problem.describe()}: " + " | ".join(rejections))
+    raise _none_supports(problem, rejections)
+
+
+def _first_runnable(candidates: tuple, q, k, v, problem) -> str:
+    """The name of the first of :func:`_auto_candidates` whose checks passed (the path
+    :func:`_run_first` tries first); if none did, the error it raises."""
+    for name, run in candidates:
+        if run is not None:
+            return name
+    raise _none_supports(problem, [name for name, _ in candidates])
+
+
+def _none_supports(problem: AttentionProblem, rejections) -> UnsupportedProblemError:
+    """``auto``'s error when no path takes ``problem``: every path's reason, in order."""
+    return UnsupportedProblemError(f"no backend supports {problem.describe()}: " + " | ".join(rejections))
+
+
+def _run_by_grad(
+    inference: tuple, training: tuple, strict: tuple, warn_only: tuple, q, k, v, problem, run=_run_first
+):
+    """``auto``'s run: a call that records a backward runs the training order (chosen by
+    forward and backward time together), kept to paths with a deterministic backward while
+    ``torch.use_deterministic_algorithms`` is on (``strict``, or ``warn_only`` in that mode);
+    any other call runs the inference order. ``run``: what is done with that order
+    (:func:`_run_first`; :func:`chosen_backend` names its first path instead)."""
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return run(inference, q, k, v, problem)
+    if torch.are_deterministic_algorithms_enabled():
+        training = warn_only if torch.is_deterministic_algorithms_warn_only_enabled() else strict
+    return run(training, q, k, v, problem)
 
 
 __all__ = [
     "BackendUnavailableError",
     "UnsupportedProblemError",
     "attention",
+    "chosen_backend",
     "unavailable_reason",
 ]

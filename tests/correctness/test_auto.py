@@ -197,6 +197,36 @@ def test_auto_runs_the_tables_fastest_path_for_inference_and_for_training(spies)
     assert spies[-1] == "spy-infer", "under no_grad no backward is recorded: the inference pick"
 
 
+def test_chosen_backend_names_the_path_that_auto_runs_for_each_kind_of_call(spies):
+    q, k, v = (torch.randn(1, 1, 8, 16, dtype=torch.bfloat16) for _ in range(3))
+    leaf = q.detach().requires_grad_()
+    for inputs, grad, expected in (((q, k, v), True, "spy-infer"), ((leaf, k, v), True, "spy-train"),
+                                   ((leaf, k, v), False, "spy-infer")):  # fmt: skip
+        with torch.set_grad_enabled(grad):
+            chosen = attnkit.chosen_backend(*inputs, causal=True)
+            attnkit.attention(*inputs, causal=True)
+        assert chosen == expected == spies[-1], f"named {chosen}, ran {spies[-1]}, expected {expected}"
+
+
+def test_chosen_backend_checks_as_attention_does():
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    assert attnkit.chosen_backend(q, k, v, backend="naive") == "naive"
+    for call in (attnkit.attention, attnkit.chosen_backend):
+        with pytest.raises(ValueError, match="got 'no-such-backend'"):
+            call(q, k, v, backend="no-such-backend")
+        with pytest.raises(ValueError, match="k"):
+            call(q, k[..., :8], v)  # head dims differ: the same input error, before any choice
+    empty = torch.randn(1, 2, 0, 16)
+    assert attnkit.chosen_backend(empty, k, v) is None, "a zero-size problem runs no backend"
+    # The path named for an unmeasured problem (the fallback order) gives auto's bits exactly.
+    for grad in (False, True):
+        leaf = q.detach().requires_grad_(grad)
+        chosen = attnkit.chosen_backend(leaf, k, v, causal=True)
+        assert chosen in attnkit.available_backends("cpu"), chosen
+        same = attnkit.attention(leaf, k, v, causal=True, backend=chosen)
+        assert torch.equal(attnkit.attention(leaf, k, v, causal=True), same), chosen
+
+
 def test_a_problem_outside_the_table_runs_the_fallback_order(spies):
     q, k, v = (torch.randn(1, 1, 8, 16, dtype=torch.float32) for _ in range(3))
     out = attnkit.attention(q, k, v, causal=True)
@@ -286,6 +316,7 @@ def test_a_training_call_in_deterministic_mode_runs_a_deterministic_path(
     for mode, training_pick in ((None, "spy-fast"), (False, "spy-strict"), (True, "spy-always")):
         if mode is not None:
             deterministic_mode(True, warn_only=mode)
+        assert attnkit.chosen_backend(leaf, k, v, causal=True) == training_pick, f"mode {mode}"
         attnkit.attention(leaf, k, v, causal=True).float().sum().backward()
         attnkit.attention(q, k, v, causal=True)
         expected += [training_pick, "spy-fast"]
