@@ -74,8 +74,8 @@ limited() {  # a step's long command, within what --step-timeout leaves of the s
     [ -n "$step_timeout" ] || { run "$@"; return; }
     local left=$(( t0 + step_timeout - $(date +%s) ))
     if [ "$left" -lt 1 ]; then echo "no time left within --step-timeout $step_timeout for: $*" >&2; return 124; fi
-    # SIGINT, as Ctrl-C: pytest then writes its JUnit file and prints what ran and how long (the
-    # slowest tests, the test each worker was in) before it exits, where SIGTERM leaves nothing.
+    # SIGINT, as Ctrl-C: pytest then writes its JUnit file (the tests that finished, with their
+    # seconds) and prints its slowest tests before it exits, where SIGTERM leaves nothing.
     run timeout --signal=INT --kill-after=30 "$left" "$@"
 }
 python=${ATTNKIT_PYTHON:-python3}  # the interpreter with the CUDA torch, as .ci/gpu-python.sh
