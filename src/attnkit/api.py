@@ -202,8 +202,13 @@ def chosen_backend(
         if problem.is_degenerate:
             return None
         return _run_by_grad(*_auto_orders(problem, prepared=False), q, k, v, problem, run=_first_runnable)
-    _check_named(backend, problem)
-    return None if problem.is_degenerate else backend
+    checked = _check_named(backend, problem)
+    if problem.is_degenerate:
+        return None
+    refusal = checked.gradient_refusal(q, k, v, problem)
+    if refusal is not None:
+        raise UnsupportedProblemError(refusal)
+    return backend
 
 
 def _check_named(backend: str, problem: AttentionProblem) -> Backend:
@@ -242,11 +247,18 @@ def _auto_orders(problem: AttentionProblem, prepared: bool) -> tuple[tuple, tupl
     inference, training = auto_order(problem, training=False), auto_order(problem, training=True)
     runs = _auto_runs(problem, prepared, inference)
     runs.update(_auto_runs(problem, prepared, (n for n in training if n not in runs)))
+    # A training call passes over the paths that compute no gradients on this device.
+    trains = {
+        name: f"{name}: forward-only on the {problem.device.type}"
+        if not isinstance(run, str) and get_backend(name).is_forward_only(problem.device)
+        else run
+        for name, run in runs.items()
+    }
     return (
         _auto_candidates(inference, runs),
-        _auto_candidates(training, runs),
-        _deterministic_candidates(training, runs, problem.device, warn_only=False),
-        _deterministic_candidates(training, runs, problem.device, warn_only=True),
+        _auto_candidates(training, trains),
+        _deterministic_candidates(training, trains, problem.device, warn_only=False),
+        _deterministic_candidates(training, trains, problem.device, warn_only=True),
     )
 
 

@@ -135,4 +135,5 @@ _register(
     description="PyTorch FlexAttention (torch.compile), masks as block masks",
     device_support=flex_device_support,
     supports=flex_problem_support,
+    forward_only=("cpu",),  # FlexAttention computes no gradients on the CPU (torch 2.13)
 )

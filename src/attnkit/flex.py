@@ -24,7 +24,6 @@ import os
 
 import torch
 
-from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
 
 #: The environment variable that lets the ``flex`` backend run (forward only) on the CPU.
@@ -107,11 +106,11 @@ def flex_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Attenti
     """FlexAttention on validated q (B, Hq, N, D), k (B, Hkv, M, D), v (B, Hkv, M, Dv):
     the (B, Hq, N, Dv) output. Traced by torch.compile, FlexAttention and its block mask are
     traced in place (the caller's compilation fuses them); eagerly, the compiled kernel runs."""
-    if problem.device.type == "cpu" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        raise UnsupportedProblemError(
-            "backend 'flex': FlexAttention computes no gradients on the CPU (call it under "
-            "torch.no_grad() or on detached tensors, or run it on CUDA)"
-        )
+    if problem.device.type == "cpu":
+        # Forward-only there (declared in attnkit.builtins: a call recording a backward never gets
+        # here). FlexAttention's CPU path refuses inputs that require grad even under
+        # torch.no_grad(), where no graph is recorded: what it gets then are their detached views.
+        q, k, v = q.detach(), k.detach(), v.detach()
     tracing = torch.compiler.is_compiling()
     lower, upper = problem.key_band
     mask = None

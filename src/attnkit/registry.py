@@ -20,7 +20,7 @@ from attnkit.errors import UnsupportedProblemError
 from attnkit.inputs import AttentionProblem
 from attnkit.plugins import broken_entry_points, load_entry_points
 from attnkit.prepared import PreparedRun, RunFn
-from attnkit.traits import Declaration, declared_on, device_type
+from attnkit.traits import NO_DEVICE, Declaration, DeviceTypes, declared_on, device_type
 
 DeviceCheck = Callable[[torch.device], "str | None"]
 ProblemCheck = Callable[[AttentionProblem], "str | None"]
@@ -36,7 +36,13 @@ def _always(_) -> None:
 
 
 #: The Backend fields declared per device type (:mod:`attnkit.traits`).
-_PER_DEVICE = ("deterministic", "deterministic_when_enforced", "batch_invariant", "interpreted_on")
+_PER_DEVICE = (
+    "forward_only",
+    "deterministic",
+    "deterministic_when_enforced",
+    "batch_invariant",
+    "interpreted_on",
+)
 #: The Backend fields that must be callables when given.
 _CALLABLES = ("fn", "run", "supports", "device_support", "prepare", "cache_forward")
 
@@ -65,9 +71,11 @@ class Backend:
             :class:`~attnkit.UnsupportedProblemError` before ``fn`` runs, shown by the suite as a
             skip). Cheap: it runs once per call signature.
         description: one line shown next to the name.
-        forward_only: ``fn`` has no backward; a call whose inputs require grad (with grad mode on)
-            raises UnsupportedProblemError before ``fn`` runs, and the perf gate times no
-            training pass.
+        forward_only: the device types on which ``fn`` has no backward (in the form of
+            ``deterministic`` below: True for every one): there a call whose inputs require grad
+            (with grad mode on) raises UnsupportedProblemError before ``fn`` runs
+            (:meth:`gradient_refusal`), ``backend="auto"`` passes the backend over for it, and
+            the perf gate times no training pass.
         device_support: advanced: ``device_support(device) -> None | str``, why the backend cannot
             run on a device at all (it then leaves :func:`available_backends`).
         prepare: advanced: ``prepare(problem) -> run`` (a :class:`~attnkit.prepared.PreparedRun`
@@ -119,7 +127,7 @@ class Backend:
     run: RunFn | None = None
     supports: ProblemCheck | None = None
     description: str = ""
-    forward_only: bool = False
+    forward_only: Declaration = False
     device_support: DeviceCheck | None = None
     prepare: Prepare | None = None
     dispatch_boundaries: tuple[DispatchBoundary, ...] = ()
@@ -144,8 +152,6 @@ class Backend:
                 raise TypeError(f"{owner}: {label} must be callable, got {type(value).__name__}")
         if not isinstance(self.description, str):
             raise TypeError(f"{owner}: description must be a str, got {type(self.description).__name__}")
-        if not isinstance(self.forward_only, bool):
-            raise TypeError(f"{owner}: forward_only must be a bool, got {self.forward_only!r}")
         if self.auto_rank is not None and (type(self.auto_rank) is not int):
             raise TypeError(f"{owner}: auto_rank must be an int or None, got {self.auto_rank!r}")
         # One stored form whatever was given (True, False, a collection of device types).
@@ -154,7 +160,8 @@ class Backend:
         made["supports"] = self.supports or _always
         made["device_support"] = self.device_support or _always
         call = self.run if self.fn is None else _KeywordRun(self.name, self.fn)
-        made["call"] = _ForwardOnly(self.name, call) if self.forward_only else call
+        forward_only = made["forward_only"]
+        made["call"] = call if forward_only == NO_DEVICE else _ForwardOnly(self.name, forward_only, call)
         defined = self.fn if self.fn is not None else self.run
         defined = getattr(defined, "func", defined)  # a functools.partial: its function's module
         made["module"] = getattr(defined, "__module__", None)
@@ -178,14 +185,23 @@ class Backend:
         slower than a compiled path)."""
         return device in self.interpreted_on
 
+    def is_forward_only(self, device: torch.device | str) -> bool:
+        """Whether the backend computes no gradients on ``device``."""
+        return device in self.forward_only
+
+    def gradient_refusal(self, q, k, v, problem: AttentionProblem) -> str | None:
+        """Why this call cannot run here: it records a backward (grad mode on, an input requiring
+        grad) on a device where the backend is forward-only; else None."""
+        return _gradient_refusal(self.name, self.forward_only, q, k, v, problem)
+
     def prepared_run(self, problem: AttentionProblem) -> PreparedRun:
         """The eager run for ``problem``: ``prepare(problem)``, or :attr:`call` without one."""
         if self.prepare is None:
             return PreparedRun(self.call)
         prepared = self.prepare(problem)
         prepared = prepared if isinstance(prepared, PreparedRun) else PreparedRun(prepared)
-        if self.forward_only:
-            return prepared._replace(run=_ForwardOnly(self.name, prepared.run))
+        if self.is_forward_only(problem.device):
+            return prepared._replace(run=_ForwardOnly(self.name, self.forward_only, prepared.run))
         return prepared
 
 
@@ -302,18 +318,30 @@ class _KeywordRun:
 
 
 class _ForwardOnly:
-    """A run that refuses, before it starts, a call that would need its (missing) backward."""
+    """A run that refuses, before it starts, a call that would need its (missing) backward on the
+    device types ``devices``."""
 
-    def __init__(self, name: str, run: RunFn):
-        self.name, self.run = name, run
+    def __init__(self, name: str, devices: DeviceTypes, run: RunFn):
+        self.name, self.devices, self.run = name, devices, run
 
     def __call__(self, q, k, v, problem: AttentionProblem) -> torch.Tensor:
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            raise UnsupportedProblemError(
-                f"backend {self.name!r} is forward-only: it computes no gradients, and these inputs "
-                "require grad (call it under torch.no_grad() or on detached tensors)"
-            )
+        reason = _gradient_refusal(self.name, self.devices, q, k, v, problem)
+        if reason is not None:
+            raise UnsupportedProblemError(reason)
         return self.run(q, k, v, problem)
+
+
+def _gradient_refusal(name: str, devices: DeviceTypes, q, k, v, problem: AttentionProblem) -> str | None:
+    """:meth:`Backend.gradient_refusal` of the backend ``name``, forward-only on ``devices``."""
+    if problem.device not in devices:
+        return None
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return None
+    where = "" if devices.names is None else f" on the {problem.device.type}"
+    return (
+        f"backend {name!r} is forward-only{where}: it computes no gradients, and these inputs require "
+        "grad (call it under torch.no_grad() or on detached tensors)"
+    )
 
 
 #: Called with no argument whenever a backend is replaced or removed, or one declaring an
@@ -363,8 +391,14 @@ def unknown_backend_error(name: object) -> Exception:
     broken = broken_entry_points()
     if isinstance(name, str) and name in broken:
         return broken[name]
-    valid = ", ".join(repr(n) for n in ["auto", *_REGISTRY])
     others = "".join(f"; not loaded: {err}" for err in broken.values())
+    if name == "auto":  # asked of a call that takes one backend (unavailable_reason, get_backend)
+        registered = ", ".join(repr(n) for n in _REGISTRY)
+        return ValueError(
+            f"backend: 'auto' is attention's choice among the backends, not one of them; expected one "
+            f"of {registered}{others}"
+        )
+    valid = ", ".join(repr(n) for n in ["auto", *_REGISTRY])
     return ValueError(f"backend: expected one of {valid}, got {name!r}{others}")
 
 

@@ -49,3 +49,29 @@ def test_on_the_cpu_flex_runs_only_when_asked(monkeypatch):
     assert reason is not None and CPU_OPT_IN in reason, reason
     monkeypatch.setenv(CPU_OPT_IN, "1")
     assert flex_device_support(torch.device("cpu")) is None
+
+
+def test_on_the_cpu_flex_is_forward_only_and_takes_inputs_that_require_grad_under_no_grad(monkeypatch):
+    """A call that records a backward is refused before anything compiles, by attention and
+    chosen_backend alike; under torch.no_grad the same inputs run (FlexAttention's CPU path
+    itself refuses inputs that require grad even then)."""
+    import attnkit
+    from attnkit.testing import assert_close_to_reference, compare_to_reference
+
+    monkeypatch.setenv(CPU_OPT_IN, "1")
+    monkeypatch.setattr(attnkit.api, "_PLANNED", {})
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 16, generator=gen, requires_grad=True) for _ in range(3))
+    for call in (attnkit.attention, attnkit.chosen_backend):
+        with pytest.raises(attnkit.UnsupportedProblemError, match="'flex' is forward-only on the cpu"):
+            call(q, k, v, causal=True, backend="flex")
+    with torch.no_grad():
+        assert attnkit.chosen_backend(q, k, v, causal=True, backend="flex") == "flex"
+        attnkit.attention(q, k, v, causal=True, backend="flex")  # q, k and v as given
+
+    def flex(a, b, c):
+        return attnkit.attention(a, b, c, causal=True, backend="flex")
+
+    checks = compare_to_reference(flex, q, k, v, causal=True, scale=None)  # the forward only
+    assert_close_to_reference("flex on the cpu", checks)

@@ -242,3 +242,5 @@ def test_a_device_not_on_this_machine_lists_no_backend_and_says_why():
     assert reason is not None and reason.startswith(f"{absent}: "), reason
     with pytest.raises(ValueError, match="got 'no-such-backend'"):
         attnkit.unavailable_reason("no-such-backend", absent)
+    with pytest.raises(ValueError, match="'auto' is attention's choice among the backends, not one of"):
+        attnkit.unavailable_reason("auto", "cpu")

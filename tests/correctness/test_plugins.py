@@ -347,6 +347,46 @@ def test_forward_only_refuses_gradients_before_the_kernel_runs(registry_snapshot
     assert out.shape == (1, 2, 5, 4) and calls == [1]
 
 
+def test_forward_only_on_one_device_type_refuses_gradients_there_only(registry_snapshot):
+    attnkit.register_backend("under-test", _kernel, forward_only=("cuda",))
+    backend = attnkit.registry.get_backend("under-test")
+    assert backend.is_forward_only("cuda:0") and not backend.is_forward_only("cpu")
+    out = attnkit.attention(*_inputs(requires_grad=True), backend="under-test")
+    out.sum().backward()  # on the CPU its gradients flow
+    with pytest.raises(TypeError, match="forward_only"):
+        attnkit.register_backend("under-test-2", _kernel, forward_only="cuda")
+
+
+def test_chosen_backend_refuses_a_forward_only_path_as_attention_does(registry_snapshot):
+    attnkit.register_backend("under-test", _kernel, forward_only=True)
+    grads = _inputs(requires_grad=True)
+    for call in (attnkit.attention, attnkit.chosen_backend):
+        with pytest.raises(attnkit.UnsupportedProblemError, match="'under-test' is forward-only"):
+            call(*grads, backend="under-test")
+    with torch.no_grad():
+        assert attnkit.chosen_backend(*grads, backend="under-test") == "under-test"
+
+
+def test_auto_passes_a_forward_only_path_over_for_a_training_call(registry_snapshot, monkeypatch):
+    ran = []
+
+    def kernel(q, k, v, **kw):
+        ran.append("under-test")
+        return _kernel(q, k, v, **kw)
+
+    attnkit.register_backend("under-test", kernel, forward_only=True, auto_rank=-1)
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
+    grads = _inputs(requires_grad=True)
+    chosen = attnkit.chosen_backend(*grads)
+    assert chosen not in (None, "under-test"), chosen
+    attnkit.attention(*grads).sum().backward()
+    assert ran == [], "a training call ran the forward-only path"
+    with torch.no_grad():
+        assert attnkit.chosen_backend(*grads) == "under-test"
+        attnkit.attention(*grads)
+    assert ran == ["under-test"], "an inference call skipped the path auto ranks first"
+
+
 def test_a_kernel_returning_the_wrong_shape_is_named(registry_snapshot):
     attnkit.register_backend("under-test", lambda q, k, v, **kw: q)
     with pytest.raises(

@@ -103,7 +103,7 @@ def test_a_sequence_gives_the_same_result_alone_and_inside_a_batch(attnkit_backe
     backend = get_backend(attnkit_backend)
     case = _batch_case(_limits(attnkit_backend, attnkit_device))
     q, k, v, grad_out = case.tensors(attnkit_device)
-    gradients = not backend.forward_only
+    gradients = not backend.is_forward_only(attnkit_device)
 
     def fn(a, b, c):
         return attention(a, b, c, **case.kwargs, backend=attnkit_backend)
@@ -155,6 +155,7 @@ def test_repeated_backward_is_bitwise_equal(attnkit_backend, attnkit_device):
             f"(Backend.deterministic: {backend.deterministic})"
         )
     limits = _limits(attnkit_backend, attnkit_device)
+    forward_only = backend.is_forward_only(attnkit_device)
     ran = 0
     for case in _determinism_cases(limits):
         q, k, v, grad_out = case.tensors(attnkit_device)
@@ -163,12 +164,12 @@ def test_repeated_backward_is_bitwise_equal(attnkit_backend, attnkit_device):
             return attention(a, b, c, **case.kwargs, backend=attnkit_backend)
 
         try:
-            first = run_with_grads(call, q, k, v, None if backend.forward_only else grad_out)
+            first = run_with_grads(call, q, k, v, None if forward_only else grad_out)
         except UnsupportedProblemError:
             continue
         ran += 1
         for repeat in range(1, limits.repeats):
-            again = run_with_grads(call, q, k, v, None if backend.forward_only else grad_out)
+            again = run_with_grads(call, q, k, v, None if forward_only else grad_out)
             differ = [name for name in first if not torch.equal(first[name], again[name])]
             assert not differ, f"{attnkit_backend}: call {repeat + 1} changed {differ} bitwise on {case}"
     if ran == 0:

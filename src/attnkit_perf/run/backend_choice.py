@@ -47,8 +47,9 @@ def _module_in(module: str | None, paths) -> bool:
 
 def grid_cases(backends: list[str] | None, gpu: bool) -> list[BenchCase]:
     """The cases of ``backends`` (None: the standard grid) on the GPU grid or the CPU smoke grid;
-    a forward-only backend has no training passes."""
-    forward_only = frozenset(name for name in backends or () if get_backend(name).forward_only)
+    a backend forward-only on the grid's device has no training passes."""
+    device = "cuda" if gpu else "cpu"
+    forward_only = frozenset(name for name in backends or () if get_backend(name).is_forward_only(device))
     return suite_cases(backends, gpu, forward_only)
 
 
