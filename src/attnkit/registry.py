@@ -405,9 +405,20 @@ def unknown_backend_error(name: object) -> Exception:
 def unavailable_reason(name: str, device: torch.device | str | None = None) -> str | None:
     """Why backend ``name`` cannot run on ``device`` (default: the current default device): the
     device is not on this machine, or the backend declines it."""
-    device = default_device() if device is None else torch.device(device)
+    device = default_device() if device is None else _device_argument(device)
     backend = get_backend(name)  # an unknown name is an error, whatever the device
     return absent_reason(device) or backend.device_support(device)
+
+
+def _device_argument(device: object) -> torch.device:
+    """``device`` as a torch.device, or a ValueError naming the argument and what it takes."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(
+            f"device: expected a torch.device or a device string such as 'cpu', 'cuda' or 'cuda:0', "
+            f"got {device!r} ({str(err).splitlines()[0]})"
+        ) from None
 
 
 def auto_skip_reason(name: str, device: torch.device | str) -> str | None:

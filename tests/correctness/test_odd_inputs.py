@@ -244,3 +244,5 @@ def test_a_device_not_on_this_machine_lists_no_backend_and_says_why():
         attnkit.unavailable_reason("no-such-backend", absent)
     with pytest.raises(ValueError, match="'auto' is attention's choice among the backends, not one of"):
         attnkit.unavailable_reason("auto", "cpu")
+    with pytest.raises(ValueError, match=r"device: expected a torch\.device or a device string.*got 'gpu'"):
+        attnkit.available_backends("gpu")

@@ -50,9 +50,13 @@ def junit_durations(path: Path, root: Path) -> dict[str, float]:
 
 
 def read_gate_dir(folder: Path, root: Path) -> tuple[str, dict, dict[str, float]]:
+    if not folder.is_dir():
+        raise FormatError(f"{folder}: no such folder (expected one that .ci/gpu-gate.sh wrote)")
     for name in ("correctness.xml", "verdict.json"):
         if not (folder / name).is_file():
-            raise FormatError(f"{folder}: no {name} (a folder .ci/gpu-gate.sh wrote holds both)")
+            raise FormatError(
+                f"{folder}: no {name} (a folder .ci/gpu-gate.sh wrote holds correctness.xml and verdict.json)"
+            )
     verdict = VerdictDocument.read(folder / "verdict.json")
     provenance = verdict.head.get("provenance")
     if not provenance:

@@ -328,7 +328,10 @@ def write_report(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m attnkit_perf.report", description=__doc__.split("\n\n")[0]
+        prog="python -m attnkit_perf.report",
+        description=__doc__.split("\n\n")[0],
+        epilog="python -m attnkit_perf.report merge VERDICT... --out FILE merges the verdicts of a run "
+        "split over runners into one (see merge --help).",
     )
     parser.add_argument("--benchmarks", help="pytest-benchmark JSON of the run (stored mode, record)")
     parser.add_argument("--verdict", help="the gate's verdict JSON")
