@@ -133,7 +133,13 @@ def _check_tensor(name: str, x: object) -> torch.Tensor:
     return x
 
 
-def _check_window(window: object) -> tuple[int, int] | None:
+def check_causal(causal: object) -> None:
+    """A TypeError naming ``causal`` unless it is a bool (Python or NumPy)."""
+    if not isinstance(causal, (bool, _numpy_bool)):
+        raise TypeError(f"causal: expected a bool (Python or NumPy), got {type(causal).__name__}")
+
+
+def check_window(window: object) -> tuple[int, int] | None:
     """``window`` as a (left, right) pair of Python ints, each >= -1, or None."""
     if window is None:
         return None
@@ -179,9 +185,8 @@ def check_inputs(
             f"q has {q_heads} heads, which is not a multiple of k/v's {kv_heads} heads (GQA needs "
             "Hkv >= 1 and Hq % Hkv == 0)"
         )
-    if not isinstance(causal, (bool, _numpy_bool)):
-        raise TypeError(f"causal: expected a bool (Python or NumPy), got {type(causal).__name__}")
-    window_left, window_right = _check_window(window) or (-1, -1)
+    check_causal(causal)
+    window_left, window_right = check_window(window) or (-1, -1)
     # Normalise: a side that hides no key of this problem is no bound (see AttentionProblem).
     if window_left == -1 or window_left >= kv_len - 1:
         window_left = None

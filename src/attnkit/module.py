@@ -6,6 +6,9 @@ import torch
 from torch import nn
 
 from attnkit.api import attention
+from attnkit.errors import BackendUnavailableError
+from attnkit.inputs import check_causal, check_window
+from attnkit.registry import get_backend, unavailable_reason
 
 
 class MultiHeadAttention(nn.Module):
@@ -17,9 +20,11 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: key/value heads (GQA); default ``num_heads``; must divide ``num_heads``.
         causal: apply the causal mask.
         window: sliding window ``(left, right)`` (-1: unbounded side) or None, as in
-            :func:`attnkit.attention`; validated at the first forward, with the inputs.
+            :func:`attnkit.attention`.
         bias: add a bias to every projection.
-        backend: attention backend name, as in :func:`attnkit.attention`.
+        backend: attention backend name, as in :func:`attnkit.attention`: an unknown name is a
+            ValueError here, and with ``device`` given, a backend that cannot run there a
+            BackendUnavailableError (whether it takes the problem is known at the first forward).
     """
 
     def __init__(
@@ -40,6 +45,14 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"embed_dim ({embed_dim}) must be a multiple of num_heads ({num_heads})")
         if num_kv_heads < 1 or num_heads % num_kv_heads:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        # The call's own arguments, checked now rather than at the first forward.
+        check_causal(causal)
+        check_window(window)
+        if backend != "auto":
+            get_backend(backend)  # an unknown name: the ValueError listing the valid ones
+            reason = None if device is None else unavailable_reason(backend, device)
+            if reason is not None:
+                raise BackendUnavailableError(f"backend {backend!r} is unavailable: {reason}")
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
         self.causal, self.window, self.backend = causal, window, backend

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnkit import MultiHeadAttention, UnsupportedProblemError, attention
+from attnkit import BackendUnavailableError, MultiHeadAttention, UnsupportedProblemError, attention
 from attnkit.testing import assert_close_to_reference, compare_to_reference
 
 
@@ -60,3 +60,20 @@ def test_layer_is_projections_around_attention(backend, num_heads, num_kv_heads,
 def test_layer_rejects_wrong_input_rank():
     with pytest.raises(ValueError, match=r"x: expected \(batch, seq_len, embed_dim\), got shape \(11, 64\)"):
         MultiHeadAttention(64, 4)(torch.randn(11, 64))
+
+
+@pytest.mark.device_independent
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"backend": "bogus"}, ValueError, "got 'bogus'"),
+        ({"window": 5}, TypeError, "window: expected None or a"),
+        ({"causal": "yes"}, TypeError, "causal: expected a bool"),
+        ({"backend": "sdpa-cudnn", "device": "cpu"}, BackendUnavailableError, "sdpa-cudnn"),
+    ],
+    ids=["unknown-backend", "window", "causal", "backend-not-on-device"],
+)
+def test_layer_checks_its_arguments_when_made(kwargs, error, message):
+    """Not at the first forward, maybe hours into a job: when the layer is made."""
+    with pytest.raises(error, match=message):
+        MultiHeadAttention(64, num_heads=4, **kwargs)
