@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                          args.dtype)  # fmt: skip
     print(describe(template, device))
     for skipped in [n for n in attnkit.backend_names() if n not in names]:
-        print(f"  not run: {skipped} ({attnkit.unavailable_reason(skipped, device) or 'not selected'})")
+        print(f"  not run: {skipped} ({_not_run_reason(skipped, device)})")
     header = (
         f"{'backend':<16}{'fwd+bwd ms':>12}{'throughput':>16}{'peak MiB':>10}  accuracy vs float64 oracle"
     )
@@ -142,6 +142,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _not_run_reason(name: str, device: torch.device) -> str:
+    """Why backend ``name`` is not in the table: unavailable on ``device``, forward-only there
+    (the demo times forward and backward), or not selected."""
+    import attnkit
+
+    reasons = [r for r in (attnkit.unavailable_reason(name, device), _forward_only(name, device)) if r]
+    return "; and ".join(reasons) or "not selected"
+
+
+def _forward_only(name: str, device: torch.device) -> str | None:
+    """Why the demo, which times forward and backward, cannot run a backend forward-only on
+    ``device``; None when it is not."""
+    from attnkit.registry import get_backend
+
+    if not get_backend(name).is_forward_only(device):
+        return None
+    return f"it is forward-only on the {device.type}, and the demo times forward and backward"
+
+
 def _first_sentence(err: Exception) -> str:
     """The first sentence of an error: torch's unavailable-device errors run to a page."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -171,6 +190,7 @@ def _cannot_run(name: str, device: torch.device) -> str | None:
         reason = attnkit.unavailable_reason(name, device)
     except (ValueError, attnkit.BackendEntryPointError) as err:  # every valid name, or the plugin's error
         return str(err)
+    reason = reason or _forward_only(name, device)
     return None if reason is None else f"{name} cannot run on {device}: {reason}"
 
 

@@ -141,6 +141,17 @@ def test_a_named_backend_unavailable_on_the_device_is_a_usage_error_with_the_who
     )
 
 
+def test_a_named_backend_forward_only_on_the_device_is_a_usage_error(capsys, toy_backend):
+    """The demo times forward and backward: a path with no backward there cannot be shown."""
+    toy_backend(forward_only=("cpu",))
+    with pytest.raises(SystemExit) as exited:
+        main([*_SMALL, "--backends", "demo-toy"])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == "", (out, err)
+    assert err.splitlines()[-1].endswith("demo-toy cannot run on cpu: it is forward-only on the cpu, and the "
+                                         "demo times forward and backward"), err  # fmt: skip
+
+
 def test_a_named_backend_declining_the_problem_is_a_skip_with_the_whole_reason_and_status_1(
     capsys, toy_backend
 ):
