@@ -197,7 +197,10 @@ class Backend:
     def prepared_run(self, problem: AttentionProblem) -> PreparedRun:
         """The eager run for ``problem``: ``prepare(problem)``, or :attr:`call` without one."""
         if self.prepare is None:
-            return PreparedRun(self.call)
+            run = self.call
+            if isinstance(run, _ForwardOnly) and not self.is_forward_only(problem.device):
+                run = run.run  # forward-only on other device types only: no check on this one's calls
+            return PreparedRun(run)
         prepared = self.prepare(problem)
         prepared = prepared if isinstance(prepared, PreparedRun) else PreparedRun(prepared)
         if self.is_forward_only(problem.device):
