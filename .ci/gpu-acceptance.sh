@@ -67,7 +67,9 @@ for step in "${steps[@]}"; do
 done
 
 run() {  # print the command; run it unless --dry-run
-    echo "+ $*" >&2
+    local line
+    printf -v line '%q ' "$@"  # quoted where the shell needs it: a printed line can be pasted
+    echo "+ ${line% }" >&2
     [ "$dry" = 1 ] || "$@"
 }
 limited() {  # a step's long command, within what --step-timeout leaves of the step ($t0: its start)
