@@ -1,7 +1,8 @@
 """PyTorch's FlexAttention as the ``flex`` backend, registered through the public API
 (:func:`attnkit.register_backend`, by :mod:`attnkit.builtins`) like any external kernel.
 
-``torch.nn.attention.flex_attention.flex_attention`` is compiled with :func:`torch.compile`;
+``torch.nn.attention.flex_attention.flex_attention`` is compiled with :func:`torch.compile`, once
+per problem class (dtype, heads, head dims, scale, mask), so no class ever runs uncompiled;
 attnkit's masking rule (bottom-right causal and the sliding window,
 :attr:`attnkit.AttentionProblem.key_band`) becomes its block mask, and GQA its ``enable_gqa``.
 A row that sees no key comes out of FlexAttention as zeros with zero gradients, attnkit's rule,
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import os
+import types
+from collections.abc import Callable
 
 import torch
 
@@ -37,11 +40,46 @@ def _functions():
     return flex_attention, create_block_mask
 
 
+#: The torch.compile backend of eager calls (tests count Dynamo's compilations with "eager").
+COMPILE_BACKEND = "inductor"
+
+
+def _call_flex(flex, q, k, v, block_mask, scale, enable_gqa):
+    """The frame each problem class compiles: a copy of this code object per class."""
+    return flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+
+
 @functools.cache
-def _compiled():
-    """flex_attention compiled once: eager calls go through it (uncompiled, FlexAttention runs an
-    unfused reference that materialises the scores)."""
-    return torch.compile(_functions()[0])
+def _compiled(problem_class: tuple) -> Callable:
+    """flex_attention compiled for one class of problems (:func:`_problem_class`); eager calls go
+    through it. Dynamo specialises FlexAttention on the dtype, the head counts and dims, the scale,
+    the mask's presence and gradients, and keeps at most ``recompile_limit`` (8) compilations per
+    code object: past them it runs the frame uncompiled, which for FlexAttention is an unfused
+    reference that materialises the scores (and cannot be captured in a CUDA graph). One code
+    object shared by every call would reach that limit in any process that sees nine classes, so
+    each class compiles a code object of its own; within one, only B, N and M vary, which Dynamo
+    makes dynamic after one recompilation."""
+    name = f"flex_attention_class_{_compiled.cache_info().currsize}"
+    frame = types.FunctionType(_call_flex.__code__.replace(co_name=name), _call_flex.__globals__, name)
+    return torch.compile(frame, backend=COMPILE_BACKEND)
+
+
+def _problem_class(problem: AttentionProblem, needs_grad: bool) -> tuple:
+    """What Dynamo specialises a FlexAttention call on, less B, N and M (dynamic after one
+    recompilation): the key of :func:`_compiled`."""
+    lower, upper = problem.key_band
+    return (
+        problem.device,
+        problem.dtype,
+        problem.q_heads,
+        problem.kv_heads,
+        problem.head_dim,
+        problem.value_dim,
+        problem.scale,
+        lower is None,
+        upper is None,
+        needs_grad,
+    )
 
 
 def flex_device_support(device: torch.device) -> str | None:
@@ -117,5 +155,9 @@ def flex_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Attenti
     if lower is not None or upper is not None:
         make = _band_mask if tracing else _cached_band_mask
         mask = make(problem.q_len, problem.kv_len, lower, upper, problem.device)
-    run = _functions()[0] if tracing else _compiled()
-    return run(q, k, v, block_mask=mask, scale=problem.scale, enable_gqa=problem.group_size > 1)
+    enable_gqa = problem.group_size > 1
+    if tracing:
+        return _functions()[0](q, k, v, block_mask=mask, scale=problem.scale, enable_gqa=enable_gqa)
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    run = _compiled(_problem_class(problem, needs_grad))
+    return run(_functions()[0], q, k, v, mask, problem.scale, enable_gqa)

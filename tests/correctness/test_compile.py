@@ -158,3 +158,48 @@ def test_dynamic_shapes_compile_once_and_match_eager():
         for name, expected in eager.items():
             diff = (traced[name].float() - expected.float()).abs().max().item()
             assert torch.equal(traced[name], expected), f"N={n} M={m}: compiled {name} differs by {diff}"
+
+
+@pytest.fixture
+def flex_counted_with_eager_dynamo(monkeypatch):
+    """The flex backend run outside torch.compile, its compilations made with Dynamo's ``eager``
+    backend (what Dynamo specialises on does not depend on the backend, and nothing is generated),
+    Dynamo told to fail where it would fall back to running a frame uncompiled."""
+    from attnkit import flex
+
+    monkeypatch.setenv(flex.CPU_OPT_IN, "1")
+    monkeypatch.setattr(attnkit.api, "_PLANNED", {})
+    monkeypatch.setattr(attnkit.api, "_compiled_memo", None)
+    monkeypatch.setattr(flex, "COMPILE_BACKEND", "eager")
+    flex._compiled.cache_clear()
+    try:
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            yield
+    finally:
+        flex._compiled.cache_clear()  # later tests compile with Inductor again
+
+
+@pytest.mark.usefixtures("flex_counted_with_eager_dynamo")
+def test_flex_runs_compiled_whatever_problems_a_process_sees_before():
+    """Past Dynamo's recompile limit a frame runs uncompiled: FlexAttention's unfused reference,
+    which materialises the scores and cannot be captured in a CUDA graph. A process (a test worker,
+    a server with several models) that calls flex with more problem classes than the limit (dtype,
+    head counts, head dims, scale, mask) still runs every one compiled."""
+    classes = [
+        (dtype, q_heads, d, scale, window)
+        for dtype in (torch.float32, torch.bfloat16)
+        for q_heads in (2, 4)
+        for d in (16, 32)
+        for scale in (None, 0.3)
+        for window in (None, (3, 0))
+    ]
+    assert len(classes) > torch._dynamo.config.recompile_limit
+    gen = torch.Generator().manual_seed(0)
+    for dtype, q_heads, d, scale, window in classes:
+        # N and M vary within a class (at least 128 queries: CUDA's flex declines GQA below)
+        for n, m in ((128, 128), (130, 200), (160, 140)):
+            q = make_tensor((1, q_heads, n, d), dtype=dtype, device=DEVICE, generator=gen)
+            k, v = (make_tensor((1, 2, m, d), dtype=dtype, device=DEVICE, generator=gen) for _ in range(2))
+            with torch.no_grad():
+                # Raises FailOnRecompileLimitHit where the frame would run uncompiled
+                attention(q, k, v, causal=True, scale=scale, window=window, backend="flex")
