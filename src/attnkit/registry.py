@@ -42,6 +42,7 @@ _PER_DEVICE = (
     "deterministic_when_enforced",
     "batch_invariant",
     "interpreted_on",
+    "compiled_per_class",
 )
 #: The Backend fields that must be callables when given.
 _CALLABLES = ("fn", "run", "supports", "device_support", "prepare", "cache_forward")
@@ -100,6 +101,11 @@ class Backend:
         interpreted_on: the device types on which the backend runs through an interpreter
             (attnkit's ``triton`` on the CPU; :meth:`is_interpreted`): ``backend="auto"`` passes
             it over there, and the suite gives it smaller problems.
+        compiled_per_class: the device types on which the backend compiles a kernel the first
+            time it sees each problem class (dtype, head counts and dims, scale, mask): seconds
+            per class, as FlexAttention through torch.compile (:meth:`is_compiled_per_class`).
+            There the suite draws a quarter of its hypothesis examples (at least 2), so that one
+            test's examples do not each pay a compilation.
         auto_rank: where ``backend="auto"`` tries the backend when no measured table decides
             (:func:`attnkit.auto.fallback_order`): the backends that declare a rank, lowest
             first (equal ranks in the order they registered), after the paths the GPU model's
@@ -135,6 +141,7 @@ class Backend:
     deterministic_when_enforced: Declaration = False
     batch_invariant: Declaration = False
     interpreted_on: Declaration = False
+    compiled_per_class: Declaration = False
     auto_rank: int | None = None
     cache_forward: CacheForward | None = None
     #: Made from the fields above (see the class's docstring).
@@ -184,6 +191,10 @@ class Backend:
         """Whether the backend runs through an interpreter on ``device`` (orders of magnitude
         slower than a compiled path)."""
         return device in self.interpreted_on
+
+    def is_compiled_per_class(self, device: torch.device | str) -> bool:
+        """Whether the backend compiles a kernel on ``device`` for each new problem class."""
+        return device in self.compiled_per_class
 
     def is_forward_only(self, device: torch.device | str) -> bool:
         """Whether the backend computes no gradients on ``device``."""

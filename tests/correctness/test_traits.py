@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnkit import Backend, register_backend, unregister_backend
 from attnkit.builtins import builtin_names
 from attnkit.reference import naive_attention
 from attnkit.registry import get_backend
+from attnkit.suite.checks import Declines, examples_for_compiled
 from attnkit.suite.test_scale import (
     test_a_sequence_gives_the_same_result_alone_and_inside_a_batch as batch_check,
 )
@@ -35,11 +38,18 @@ BUILT_IN_DECLARATIONS = {
     "sdpa-flash": {"deterministic_when_enforced": {"cpu", "cuda"}},
     "sdpa-efficient": {"deterministic_when_enforced": {"cpu", "cuda"}},
     "sdpa-cudnn": {},
-    "flex": {},
+    # torch.compile builds FlexAttention's kernels for each new problem class, on either device.
+    "flex": {"compiled_per_class": {"cpu", "cuda"}},
     # No atomics, compiled on CUDA; the CPU runs it through the Triton interpreter.
     "triton": {"deterministic": {"cpu", "cuda"}, "interpreted_on": {"cpu"}},
 }
-PROPERTIES = ("deterministic", "deterministic_when_enforced", "batch_invariant", "interpreted_on")
+PROPERTIES = (
+    "deterministic",
+    "deterministic_when_enforced",
+    "batch_invariant",
+    "interpreted_on",
+    "compiled_per_class",
+)
 
 
 def _fn(q, k, v, *, causal, scale, window):
@@ -70,6 +80,7 @@ def test_each_built_in_declares_its_properties_on_the_device_types_where_they_ho
             "enforced": backend.is_deterministic(device, enforced=True),
             "batch_invariant": backend.is_batch_invariant(device),
             "interpreted_on": backend.is_interpreted(device),
+            "compiled_per_class": backend.is_compiled_per_class(device),
         }
         deterministic = kind in expected["deterministic"]
         assert answers == {
@@ -77,6 +88,7 @@ def test_each_built_in_declares_its_properties_on_the_device_types_where_they_ho
             "enforced": deterministic or kind in expected["deterministic_when_enforced"],
             "batch_invariant": kind in expected["batch_invariant"],
             "interpreted_on": kind in expected["interpreted_on"],
+            "compiled_per_class": kind in expected["compiled_per_class"],
         }, f"{name} on {device!r}: {answers}"
 
 
@@ -228,3 +240,24 @@ def test_the_determinism_check_applies_only_on_the_declared_device_types():
             determinism_check("drifts", CPU)
     finally:
         unregister_backend("drifts")
+
+
+@pytest.mark.parametrize("compiled_per_class", [False, True], ids=["compiled-once", "compiled-per-class"])
+def test_the_suite_draws_a_quarter_of_its_examples_for_a_backend_compiled_per_class(
+    request, compiled_per_class
+):
+    """Each drawn problem is a new class for such a backend, and pays a compilation."""
+    register_backend("compiles", naive_attention, compiled_per_class=compiled_per_class)
+    try:
+        declines, drawn = Declines("compiles", request), []
+
+        @given(st.integers())
+        def check(x):
+            declines.run(lambda: drawn.append(x))
+
+        declines.drive(check)
+    finally:
+        unregister_backend("compiles")
+    profile = settings().max_examples
+    assert len(drawn) == (examples_for_compiled(profile) if compiled_per_class else profile)
+    assert examples_for_compiled(profile) < profile, f"the profile draws {profile} examples"

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from hypothesis import reject
+from hypothesis import reject, settings
 from hypothesis.errors import Unsatisfiable
 
 from attnkit import UnsupportedProblemError, attention
@@ -33,6 +33,7 @@ class Declines:
 
     def __init__(self, backend: str, request: pytest.FixtureRequest):
         self.backend, self.test = backend, request.node.nodeid
+        self.device = request.getfixturevalue("attnkit_device")
         self.ran, self.reasons = 0, []
         self.declined = request.config.stash.setdefault(DECLINED, [])
 
@@ -53,12 +54,24 @@ class Declines:
         return result
 
     def drive(self, given_test: Callable[[], None]) -> None:
-        """Run a ``@given`` test, then skip with the reasons if the backend declined every draw."""
+        """Run a ``@given`` test, then skip with the reasons if the backend declined every draw.
+        A backend that compiles each problem class on this device draws fewer examples
+        (:func:`examples_for_compiled`)."""
+        if get_backend(self.backend).is_compiled_per_class(self.device):
+            given_test = settings(max_examples=examples_for_compiled(settings().max_examples))(given_test)
         with contextlib.suppress(Unsatisfiable):  # every example was rejected: reported below
             given_test()
         if self.ran == 0:
             distinct = list(dict.fromkeys(self.reasons))
             pytest.skip(f"{self.backend} declined every drawn problem: " + " | ".join(distinct[:3]))
+
+
+def examples_for_compiled(max_examples: int) -> int:
+    """The hypothesis examples a test draws for a backend compiled per problem class
+    (:attr:`Backend.compiled_per_class <attnkit.registry.Backend.compiled_per_class>`): each drawn
+    problem is a new class and pays a compilation (10-80 s for FlexAttention on an H200), so a
+    quarter of the profile's, at least 2; the pinned edge cases still run in full."""
+    return max(2, max_examples // 4)
 
 
 def check_against_oracle(
