@@ -139,10 +139,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--attnkit-time-budget",
         default=None,
         metavar="SECONDS",
-        help="paired mode: wall seconds for the whole run (from its start). The rows the diff reaches "
-        "most directly run first; a row is started, or measured on fresh processes again, only while "
-        "the time left covers its estimated cost; the rest are named as not decided in the budget. "
-        "'none' (the default): no budget",
+        help="paired mode: wall seconds for the whole run (from the pytest process's start). The rows "
+        "the diff reaches most directly run first; a row is started, or measured on fresh processes "
+        "again, only while the time left covers its estimated cost; the rest are named as not "
+        "decided in the budget. 'none' (the default): no budget",
     )
     parser.addini("attnkit_time_budget", "paired mode: wall seconds for the whole run, or none", default=None)
     group.addoption(

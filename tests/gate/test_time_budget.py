@@ -6,6 +6,7 @@ measure_looks takes when the budget runs out. The plugin end to end: tests/gate/
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -22,7 +23,14 @@ from attnkit_perf.report.data import RunInfo
 from attnkit_perf.report.markdown import render_markdown
 from attnkit_perf.report.terminal import summary_line
 from attnkit_perf.run import paired_benchmark
-from attnkit_perf.run.time_budget import PRIOR_LOOK_S, RowCosts, TimeBudget, row_kind, run_order
+from attnkit_perf.run.time_budget import (
+    PRIOR_LOOK_S,
+    RowCosts,
+    TimeBudget,
+    process_start,
+    row_kind,
+    run_order,
+)
 from attnkit_perf.select.priority import TIERS, row_priority
 from attnkit_perf.select.rules import Affected, Effect
 
@@ -316,3 +324,15 @@ def test_the_option_outside_paired_mode_is_refused_and_the_ini_key_ignored():
         time_budget("300", None)
     with pytest.raises(pytest.UsageError, match="expected a number of seconds > 0 or 'none', got 'soon'"):
         time_budget(None, "paired", "soon")
+
+
+def test_the_budget_counts_from_the_process_start_where_the_caller_started_its_clock():
+    """The imports, collection and workers' start of the pytest process are part of the step the
+    caller budgeted: a budget counted from the session's start ran 35 s over on an H200."""
+    started = process_start()
+    assert started <= time.monotonic()
+    age = time.monotonic() - started
+    # This process imported torch and collected tests before this line: it is not seconds old.
+    assert 0.0 < age < 24 * 3600, age
+    budget = TimeBudget(100.0, started=started)
+    assert budget.remaining() == pytest.approx(100.0 - age, abs=1.0)

@@ -55,7 +55,7 @@ from attnkit_perf.run import shards, sides
 from attnkit_perf.run.backend_choice import grid_backends, grid_cases
 from attnkit_perf.run.paired_benchmark import measure_paired
 from attnkit_perf.run.stored_recheck import Adjudicator, adjudicate_rows
-from attnkit_perf.run.time_budget import TimeBudget, row_kind, run_order
+from attnkit_perf.run.time_budget import TimeBudget, process_start, row_kind, run_order
 from attnkit_perf.select.priority import TIERS, row_priority
 from attnkit_perf.select.rules import Affected
 
@@ -112,10 +112,11 @@ class PerfSession:
         self.suspects: list = []
         #: Paired mode's looks over fresh processes, lent from the rows that settled early.
         self.look_budget = LookBudget(SequentialPlan())
-        #: Paired mode's wall time (``--attnkit-time-budget``), counted from here, and what each
-        #: kind of row costs (:mod:`attnkit_perf.run.time_budget`).
+        #: Paired mode's wall time (``--attnkit-time-budget``), counted from the process's start,
+        #: and what each kind of row costs (:mod:`attnkit_perf.run.time_budget`).
         self.time_budget = TimeBudget(
-            options_.time_budget(options.get("time_budget"), self.mode, options.get("time_budget_ini"))
+            options_.time_budget(options.get("time_budget"), self.mode, options.get("time_budget_ini")),
+            started=process_start(),
         )
         #: The diff's decision (:mod:`attnkit_perf.select`) when the run selected from one: the
         #: order of the rows (:meth:`order_rows`). Benchmark name -> its tier once ordered.

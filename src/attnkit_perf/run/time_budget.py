@@ -9,20 +9,23 @@ the call mode and the pass) from a prior (:data:`PRIOR_LOOK_S`) and the looks th
 measured. The prior counts as one look, scaled by how this machine compares with it on the kinds
 measured so far, so the estimate moves to what this run takes as rows complete.
 
-:class:`TimeBudget` starts with the session. Before a row starts, the time left must cover its
-first look's estimate; before a further look, a look's. The run's first row always starts (a run
-that compared nothing has not passed, whatever its budget). What the budget stops becomes an
-``unfinished`` or ``not-reached`` row (:mod:`attnkit_perf.decide.out_of_time`). The host
-metric's extra processes and a host slowdown's confirmation are not cut: they are bounded
-(``PairedSettings.host_looks``), and a slowdown needs them to fail.
+:class:`TimeBudget` counts from the pytest process's start (:func:`process_start`). Before a row
+starts, the time left must cover its first look's estimate; before a further look, a look's. The
+run's first row always starts (a run that compared nothing has not passed, whatever its budget).
+What the budget stops becomes an ``unfinished`` or ``not-reached`` row
+(:mod:`attnkit_perf.decide.out_of_time`). The host metric's extra processes and a host slowdown's
+confirmation are not cut: they are bounded (``PairedSettings.host_looks``), and a slowdown needs
+them to fail.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from attnkit_perf.measure.cases import BenchCase
 
@@ -123,22 +126,38 @@ class RowClock:
         self.budget.costs.record(self.kind, step, seconds)
 
 
+def process_start() -> float:
+    """When this process started, on :func:`time.monotonic`'s scale (Linux's ``/proc``); now
+    where that is not known. A caller's budget for the perf step covers the whole pytest process:
+    its imports, collection and workers' start took ~35 s of a gate's 144 s perf step on an H200,
+    all outside a budget counted from the session's start."""
+    try:
+        # Field 22, starttime in clock ticks since boot, after "pid (comm)" (comm may hold spaces).
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.monotonic()
+    return time.monotonic() - max(age, 0.0)
+
+
 class TimeBudget:
-    """The run's time budget: ``seconds`` from the session's start (None: no budget), read from
-    ``clock``."""
+    """The run's time budget: ``seconds`` from ``started`` (default: now; the session passes
+    :func:`process_start`), read from ``clock`` (None: no budget)."""
 
     def __init__(
         self,
         seconds: float | None,
         costs: RowCosts | None = None,
         clock: Callable[[], float] = time.monotonic,
+        started: float | None = None,
     ) -> None:
         if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"TimeBudget: seconds must be a positive number or None, got {seconds!r}")
         self.seconds = seconds
         self.costs = costs or RowCosts()
         self.clock = clock
-        self.started = clock()
+        self.started = clock() if started is None else started
         self.rows_started = 0
 
     def spent(self) -> float:
