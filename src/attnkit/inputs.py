@@ -122,6 +122,13 @@ class AttentionProblem:
 def _check_tensor(name: str, x: object) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.is_nested:
+        raise TypeError(
+            f"{name}: expected a dense (B, H, N, D) tensor, got a nested tensor: pad its sequences "
+            "(torch.nested.to_padded_tensor) and mask the padding, or call attention once per sequence"
+        )
+    if x.layout != torch.strided:
+        raise TypeError(f"{name}: expected a dense (strided) tensor, got layout {x.layout}: call .to_dense()")
     if x.dim() != 4:
         raise ValueError(
             f"{name}: expected a 4-D tensor (batch, heads, seq_len, head_dim), "

@@ -27,6 +27,21 @@ def _bad_inputs():
     meta_k = torch.empty(k.shape, device="meta")
     yield "rank", (q[0], k, v), {}, ValueError, r"q: expected a 4-D tensor .*got 3-D"
     yield "not-a-tensor", (q.tolist(), k, v), {}, TypeError, r"q: expected a torch.Tensor, got list"
+    yield (
+        "sparse",
+        (q, k.to_sparse(), v),
+        {},
+        TypeError,
+        r"k: expected a dense \(strided\) tensor, got layout torch.sparse_coo",
+    )
+    nested = torch.nested.nested_tensor([v[0], v[1, :, :5]], layout=torch.jagged)
+    yield (
+        "nested",
+        (q, k, nested),
+        {},
+        TypeError,
+        r"v: expected a dense \(B, H, N, D\) tensor, got a nested tensor",
+    )
     yield "batch", (q, k[:1], v[:1]), {}, ValueError, r"batch size mismatch: q has 2, k has 1"
     yield "head-dim", (q, k[..., :8], v), {}, ValueError, r"head_dim mismatch: q has D=16, k has D=8"
     yield "kv-length", (q, k, v[:, :, :5]), {}, ValueError, r"key/value length mismatch: k has M=8, v has M=5"
