@@ -2,7 +2,7 @@
 # The gate proven on a GPU, in one command (docs/CI.md, "Proving the gate on a GPU"). Run it after
 # any change to the gate, the tests, or the kernels' dispatch.
 #
-#   bash .ci/gpu-acceptance.sh [--dry-run] [--step-timeout S] [--shards N] OUT [STEP...]
+#   bash .ci/gpu-acceptance.sh [--dry-run] [--step-timeout S] [--shards N | --side-by-side] OUT [STEP...]
 #
 # Steps (default: aa stored change:host-3us), each from cold caches (fresh Triton, Inductor and
 # attnkit caches under a scratch folder), each writing OUT/<step>/ (the gate's folder, its log,
@@ -27,13 +27,16 @@
 # after it began, whichever of its commands is running (its verdict is then incomplete and the
 # step fails). --shards N runs each step as N shards side by side (ATTNKIT_SHARD=I/N), each on a
 # GPU and an equal share of the cores of its own, into OUT/shard-I/<step>/; the summary judges
-# each step on its shards' merged verdict (OUT/<step>-merged/). AB_ROUNDS: ab_dobench's rounds (3).
+# each step on its shards' merged verdict (OUT/<step>-merged/). --side-by-side runs the steps
+# themselves side by side, each on a GPU and an equal share of the cores of its own (as many GPUs
+# as steps), into OUT/<step>/ as usual. AB_ROUNDS: ab_dobench's rounds (3).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dry=0
 step_timeout=
 shards=1
-usage() { echo "usage: bash .ci/gpu-acceptance.sh [--dry-run] [--step-timeout S] [--shards N] OUT [aa|aa-all|stored|change:NAME ...]" >&2; exit 2; }
+side_by_side=0
+usage() { echo "usage: bash .ci/gpu-acceptance.sh [--dry-run] [--step-timeout S] [--shards N | --side-by-side] OUT [aa|aa-all|stored|change:NAME ...]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
         --dry-run) dry=1; shift ;;
@@ -41,6 +44,7 @@ while [ $# -gt 0 ]; do
         --step-timeout=*) step_timeout=${1#*=}; shift ;;
         --shards) [ $# -ge 2 ] || usage; shards=$2; shift 2 ;;
         --shards=*) shards=${1#*=}; shift ;;
+        --side-by-side) side_by_side=1; shift ;;
         -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         -*) echo "unknown option $1" >&2; usage ;;
         *) break ;;
@@ -48,6 +52,10 @@ while [ $# -gt 0 ]; do
 done
 [ $# -ge 1 ] || usage
 case $shards in ''|*[!0-9]*|0) echo "--shards: expected a count of GPUs (1 or more), got '$shards'" >&2; exit 2 ;; esac
+if [ "$side_by_side" = 1 ] && [ "$shards" -gt 1 ]; then
+    echo "--side-by-side and --shards $shards: give one (the steps side by side, or each step's shards)" >&2
+    exit 2
+fi
 case $step_timeout in ''|*[!0-9]*) [ -z "$step_timeout" ] || { echo "--step-timeout: expected seconds, got '$step_timeout'" >&2; exit 2; } ;; esac
 out=$(realpath -m "$1"); shift
 steps=("$@")
@@ -169,35 +177,53 @@ run_step() {  # $1: the step, $2: its folder, $3: a scratch folder of its own
 
 mkdir -p "$out"
 folders=()
-if [ "$shards" -gt 1 ]; then
-    # One GPU and an equal share of the cores for each shard; a step's shards run side by side.
+# Lanes: a GPU and an equal share of the cores each, for the shards of a step or for the steps.
+lanes=1
+[ "$shards" -gt 1 ] && lanes=$shards
+[ "$side_by_side" = 1 ] && lanes=${#steps[@]}
+if [ "$lanes" -gt 1 ]; then
     if [ "$dry" = 1 ]; then
-        read -r -a gpus <<< "$(seq 0 $(( shards - 1 )) | tr '\n' ' ')"
+        read -r -a gpus <<< "$(seq 0 $(( lanes - 1 )) | tr '\n' ' ')"
     else
         read -r -a gpus <<< "$(PYTHONPATH=$root/src${PYTHONPATH:+:$PYTHONPATH} "$python" -c 'from attnkit_perf.bench import visible_gpus; print(*visible_gpus())')"
     fi
     read -r -a cores <<< "$("$python" -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
-    if [ "${#gpus[@]}" -lt "$shards" ] || [ "${#cores[@]}" -lt "$shards" ]; then
-        echo "--shards $shards: needs $shards GPUs and cores; ${#gpus[@]} GPU(s) (${gpus[*]}) and ${#cores[@]} core(s) visible" >&2
+    if [ "${#gpus[@]}" -lt "$lanes" ] || [ "${#cores[@]}" -lt "$lanes" ]; then
+        what="--shards $shards"; [ "$side_by_side" = 1 ] && what="--side-by-side with ${#steps[@]} steps"
+        echo "$what: needs $lanes GPUs and cores; ${#gpus[@]} GPU(s) (${gpus[*]}) and ${#cores[@]} core(s) visible" >&2
         exit 2
     fi
-    per=$(( ${#cores[@]} / shards ))
+    per=$(( ${#cores[@]} / lanes ))
 fi
+lane() {  # $1: the lane (from 0), $2: what runs there; this subshell takes that lane's GPU and cores
+    local share
+    share=$(IFS=,; echo "${cores[*]:$(( $1 * per )):$per}")
+    export CUDA_VISIBLE_DEVICES=${gpus[$1]}
+    echo "+ $2: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES taskset -c $share" >&2
+    [ "$dry" = 1 ] || taskset -cp "$share" "$BASHPID" > /dev/null
+}
+consoles=()
 for step in "${steps[@]}"; do
     name=${step/:/-}
+    if [ "$side_by_side" = 1 ]; then
+        i=${#consoles[@]}
+        folders+=("$out/$name")
+        consoles+=("$out/$name.console")
+        ( lane "$i" "$step"; run_step "$step" "$out/$name" "$scratch/step-$i" ) > "$out/$name.console" 2>&1 &
+        [ "$dry" = 1 ] && wait  # printed one step after the other
+        continue
+    fi
     if [ "$shards" -le 1 ]; then
         run_step "$step" "$out/$name" "$scratch/step"
         folders+=("$out/$name")
         continue
     fi
     for i in $(seq "$shards"); do
-        share=$(IFS=,; echo "${cores[*]:$(( (i - 1) * per )):$per}")
         folders+=("$out/shard-$i/$name")
         mkdir -p "$out/shard-$i"
         (
-            export CUDA_VISIBLE_DEVICES=${gpus[$(( i - 1 ))]} ATTNKIT_SHARD=$i/$shards
-            echo "+ shard $i/$shards: CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES taskset -c $share" >&2
-            [ "$dry" = 1 ] || taskset -cp "$share" "$BASHPID" > /dev/null
+            export ATTNKIT_SHARD=$i/$shards
+            lane $(( i - 1 )) "shard $i/$shards"
             run_step "$step" "$out/shard-$i/$name" "$scratch/shard-$i"
         ) > "$out/shard-$i/$name.console" 2>&1 &
         [ "$dry" = 1 ] && wait  # printed one shard after the other
@@ -207,6 +233,12 @@ for step in "${steps[@]}"; do
         if [ "$dry" = 1 ]; then cat "$out/shard-$i/$name.console"; else tail -n 1 "$out/shard-$i/$name.console"; fi
     done
 done
+if [ "${#consoles[@]}" -gt 0 ]; then
+    wait
+    for console in "${consoles[@]}"; do
+        if [ "$dry" = 1 ]; then cat "$console"; else tail -n 1 "$console"; fi
+    done
+fi
 [ "$dry" = 1 ] && { rm -rf "$scratch"; exit 0; }
 rm -rf "$scratch"
 PYTHONPATH=$root/src${PYTHONPATH:+:$PYTHONPATH} "$python" -m attnkit_tools.gate.acceptance "$out" "${folders[@]}"

@@ -64,6 +64,7 @@ def test_the_default_steps_are_aa_stored_and_one_planted_change(tmp_path):
         ),
         (["--step-timeout", "soon"], ["aa"], "--step-timeout: expected seconds, got 'soon'"),
         (["--shards", "0"], ["aa"], "--shards: expected a count of GPUs (1 or more), got '0'"),
+        (["--side-by-side", "--shards", "2"], ["aa"], "--side-by-side and --shards 2: give one"),
     ],
 )
 def test_a_bad_argument_is_refused_before_anything_runs(tmp_path, options, steps, message):
@@ -85,6 +86,20 @@ def test_shards_run_side_by_side_each_on_its_gpu_and_cores_comparing_the_same_co
     assert len(bases) == 1, f"every shard compares with one base: {bases}"
     clones = [line for line in text.splitlines() if line.startswith("+ git clone ")]
     assert len(clones) == 2 and len({line.split()[-1] for line in clones}) == 2, "a tree of its own per shard"
+
+
+def test_steps_run_side_by_side_each_on_its_gpu_and_cores_into_their_usual_folders(tmp_path):
+    done = _run("--dry-run", "--side-by-side", str(tmp_path / "out"), "aa", "change:fwd-tiles-d64-h200")
+    assert done.returncode == 0, done.stderr
+    text = done.stdout + done.stderr
+    for gpu, (step, folder) in enumerate(
+        (("aa", "aa"), ("change:fwd-tiles-d64-h200", "change-fwd-tiles-d64-h200"))
+    ):
+        assert f"+ {step}: CUDA_VISIBLE_DEVICES={gpu} taskset -c " in text, text
+        assert f"== {step} -> " in text and f"/OUT/{folder}/gate" in text, text
+    assert "shard" not in text, "no step is split"
+    clones = [line for line in text.splitlines() if line.startswith("+ git clone ")]
+    assert len(clones) == 2 and len({line.split()[-1] for line in clones}) == 2, "a tree of its own per step"
 
 
 def test_no_output_folder_is_a_usage_error():
