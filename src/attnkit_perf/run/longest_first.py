@@ -3,9 +3,9 @@ correctness tests reach its workers when their seconds on this GPU model are rec
 (``baselines/<gpu_key>/test-durations.json``, :mod:`attnkit_perf.formats.durations`).
 
 xdist hands out tests in the order they were collected, in chunks. A run's wall time is then
-decided by when its longest test starts: on an H200 the compiled-flex hypothesis test takes about
-240 s, and in a shard of a third of the nightly tests (pytest: 301 s), collected late, it ran to
-the end while five of the eight workers had finished by 132 s. Started first, it overlaps the
+decided by when its longest test starts: in an H200 shard of a third of the nightly tests (pytest:
+301 s), a flex hypothesis test of 240 s, collected late, ran to the end while five of the eight
+workers had finished by 132 s. Started first, it overlaps the
 rest: replaying xdist's rules over that shard's recorded times gives 251 s of tests instead of
 277 s (the bound is the longest test, 241 s).
 
