@@ -70,7 +70,8 @@ def attention(
     # Written out here rather than in a helper: the call alone was ~10% of the memo's cost. The
     # compiled memo's key (make_key in attnkit/fastpath/csrc) has these conditions too, but for
     # exact tensors only (a subclass's __torch_function__ must see its calls); a parity test
-    # runs both over one table.
+    # runs both over one table. The layouts are in the key: a sparse tensor of a dense call's
+    # shape must reach the checks, and a strided nested tensor has no shape to read at all.
     if (
         isinstance(q, _Tensor)
         and isinstance(k, _Tensor)
@@ -81,22 +82,29 @@ def attention(
         and (window is None or _exact_int_pair(window))
         and type(backend) is str
     ):
-        key = (
-            q.shape,
-            k.shape,
-            v.shape,
-            q.dtype,
-            k.dtype,
-            v.dtype,
-            q.device,
-            k.device,
-            v.device,
-            causal,
-            scale,
-            window,
-            backend,
-        )
-        planned = _PLANNED.get(key)
+        try:
+            key = (
+                q.shape,
+                k.shape,
+                v.shape,
+                q.layout,
+                k.layout,
+                v.layout,
+                q.dtype,
+                k.dtype,
+                v.dtype,
+                q.device,
+                k.device,
+                v.device,
+                causal,
+                scale,
+                window,
+                backend,
+            )
+        except RuntimeError:  # a strided nested tensor's shape: check_inputs names it
+            key = planned = None
+        else:
+            planned = _PLANNED.get(key)
     else:
         key = planned = None
     if planned is None:

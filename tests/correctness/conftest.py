@@ -156,7 +156,11 @@ def python_functions_run(step) -> list[str]:
 class RecordOps(TorchDispatchMode):
     """Records every aten op that runs: its name (to prove validation happens before any
     compute) and the shapes of its tensor arguments and results (to prove what a kernel was
-    handed), as ``(name, arg_shapes, result_shapes)``."""
+    handed), as ``(name, arg_shapes, result_shapes)``. A tensor subclass's metadata queries
+    (its layout, its device) reach the mode too; they compute nothing and are not recorded."""
+
+    #: Questions about a tensor, not computations on it.
+    METADATA = frozenset({"prim.layout.default", "prim.device.default"})
 
     def __init__(self):
         super().__init__()
@@ -164,6 +168,8 @@ class RecordOps(TorchDispatchMode):
         self.calls = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) in self.METADATA:
+            return func(*args, **(kwargs or {}))
         self.ops.append(str(func))
         result = func(*args, **(kwargs or {}))
         results = result if isinstance(result, (tuple, list)) else (result,)
@@ -171,5 +177,10 @@ class RecordOps(TorchDispatchMode):
         return result
 
 
-def _shapes(values) -> list[tuple[int, ...]]:
-    return [tuple(x.shape) for x in values if isinstance(x, torch.Tensor)]
+def _shapes(values) -> list[tuple[int, ...] | str]:
+    # A strided nested tensor has no shape to read.
+    return [
+        "nested" if x.is_nested and x.layout == torch.strided else tuple(x.shape)
+        for x in values
+        if isinstance(x, torch.Tensor)
+    ]

@@ -4,11 +4,13 @@ before any compute runs."""
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
 from conftest import RecordOps
 
+import attnkit.api
 from attnkit import BackendUnavailableError, MultiHeadAttention, attention
 from attnkit.testing.edge_cases import CUDNN_MASKED_FLOAT16
 
@@ -126,6 +128,35 @@ def test_bad_input_raises_named_error_before_any_compute(args, kwargs, error, me
     recorder = RecordOps()
     with recorder, pytest.raises(error, match=message):
         attention(*args, **kwargs)
+    assert recorder.ops == [], f"ops ran before the error: {recorder.ops}"
+
+
+def _strided_nested(v):
+    with warnings.catch_warnings():  # torch: "the strided layout of nested tensors is in prototype stage"
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor([v[0], v[1, :, :5]])
+
+
+@pytest.mark.device_independent
+@pytest.mark.parametrize(
+    ("refused", "message"),
+    [
+        (lambda v: v.to_sparse(), r"v: expected a dense \(strided\) tensor, got layout torch.sparse_coo"),
+        (_strided_nested, r"v: expected a dense \(B, H, N, D\) tensor, got a nested tensor"),
+    ],
+    ids=["sparse", "strided-nested"],
+)
+def test_a_refused_tensor_is_refused_after_a_dense_call_of_its_shape(monkeypatch, refused, message):
+    """The memos answer a call whose signature an earlier call ran: a sparse tensor with the shape,
+    dtype and device of an earlier dense one must still reach the checks (the layout is part of
+    the key), and a strided nested tensor, whose shape cannot be read, too."""
+    monkeypatch.setattr(attnkit.api, "_PLANNED", {})
+    q, k, v = _qkv(hq=2)
+    attention(q, k, v, backend="naive")
+    v = refused(v)
+    recorder = RecordOps()
+    with recorder, pytest.raises(TypeError, match=message):
+        attention(q, k, v, backend="naive")
     assert recorder.ops == [], f"ops ran before the error: {recorder.ops}"
 
 
