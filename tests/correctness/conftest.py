@@ -15,6 +15,8 @@ backends, as it does for the installed suite.
 from __future__ import annotations
 
 import gc
+import inspect
+import subprocess
 import sys
 from pathlib import Path
 
@@ -159,8 +161,20 @@ class RecordOps(TorchDispatchMode):
     handed), as ``(name, arg_shapes, result_shapes)``. A tensor subclass's metadata queries
     (its layout, its device) reach the mode too; they compute nothing and are not recorded."""
 
-    #: Questions about a tensor, not computations on it.
-    METADATA = frozenset({"prim.layout.default", "prim.device.default"})
+    #: Questions about a tensor, not computations on it (which of them reach the mode depends on
+    #: the subclass and on torch's version: torch 2.11 asks a jagged nested tensor its sizes).
+    METADATA = frozenset(
+        {
+            "prim.layout.default",
+            "prim.device.default",
+            "aten.dim.default",
+            "aten.sym_size.default",
+            "aten.sym_size.int",
+            "aten.sym_stride.default",
+            "aten.sym_numel.default",
+            "aten.sym_storage_offset.default",
+        }
+    )
 
     def __init__(self):
         super().__init__()
@@ -184,3 +198,22 @@ def _shapes(values) -> list[tuple[int, ...] | str]:
         for x in values
         if isinstance(x, torch.Tensor)
     ]
+
+
+def sm90_ptxas_report(ptx: str, folder: Path) -> str:
+    """``ptxas -v``'s report (registers, spills) of ``ptx`` assembled for sm_90a by the ptxas that
+    Triton itself assembles sm_90 with. Triton writes the PTX ``.version`` that this ptxas reads,
+    and ships more than one ptxas (a CUDA 12.8 one and a CUDA 13 one, or the one
+    ``TRITON_PTXAS_PATH`` names): another of them may refuse that version."""
+    from triton.backends.nvidia import compiler
+
+    # Newer Tritons pick the ptxas by architecture (get_ptxas(arch)); older ones have one.
+    tool = (
+        compiler.get_ptxas(90) if inspect.signature(compiler.get_ptxas).parameters else compiler.get_ptxas()
+    )
+    ptx_path = folder / "kernel.ptx"
+    ptx_path.write_text(ptx)
+    command = [tool.path, "-arch=sm_90a", "-v", str(ptx_path), "-o", str(folder / "kernel.cubin")]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, f"{tool.path} failed: {done.stderr[-2000:]}"
+    return done.stderr
