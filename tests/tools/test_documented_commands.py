@@ -3,6 +3,7 @@ answers ``--help``: a renamed or moved module fails here, not in a reader's shel
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -38,6 +39,21 @@ print(json.dumps(answers))
 """
 
 
+#: Generated pages whose header names the command of the commit they were measured at, since
+#: moved: each is regenerated on its machine (``python -m attnkit_tools.pages``), which writes
+#: today's command, and then leaves this table. No H100 is at hand to remeasure the H100's.
+MEASURED_BEFORE_A_MOVE = {
+    "docs/nvidia-h100-80gb-hbm3/PER_CALL.md": "attnkit_tools.per_call",
+    "docs/nvidia-h100-80gb-hbm3/PROFILE.md": "attnkit_tools.profile",
+    "docs/nvidia-h200/YARDSTICK.md": "attnkit_tools.yardstick",
+}
+
+
+def _page_header(path: Path) -> str:
+    """A generated page's first lines, where it says which command produced it."""
+    return "\n".join(path.read_text().splitlines()[:6])
+
+
 def documented_modules() -> list[str]:
     sources = [
         ROOT / "README.md",
@@ -47,7 +63,23 @@ def documented_modules() -> list[str]:
         *ROOT.glob("tests/perf/*.sh"),
         *ROOT.glob(".github/workflows/*.yml"),
     ]
-    return sorted({name for path in sources for name in COMMAND.findall(path.read_text())})
+    texts = [path.read_text() for path in sources]
+    texts += [
+        _page_header(page)
+        for page in ROOT.glob("docs/*/*.md")
+        if str(page.relative_to(ROOT)) not in MEASURED_BEFORE_A_MOVE
+    ]
+    return sorted({name for text in texts for name in COMMAND.findall(text)})
+
+
+@pytest.mark.parametrize("page", sorted(MEASURED_BEFORE_A_MOVE))
+def test_a_page_measured_before_a_move_still_awaits_its_remeasurement(page):
+    """The table cannot outlive what it excuses: a regenerated page names today's command."""
+    moved = MEASURED_BEFORE_A_MOVE[page]
+    assert moved in COMMAND.findall(_page_header(ROOT / page)), (
+        f"{page} no longer names python -m {moved}: remove it from MEASURED_BEFORE_A_MOVE"
+    )
+    assert importlib.util.find_spec(moved) is None, f"{moved} exists again: {page} names a command that runs"
 
 
 @pytest.fixture(scope="module")
