@@ -142,8 +142,8 @@ def process_start() -> float:
 
 
 class TimeBudget:
-    """The run's time budget: ``seconds`` from ``started`` (default: now; the session passes
-    :func:`process_start`), read from ``clock`` (None: no budget)."""
+    """The run's time budget: ``seconds`` (None: no budget) from ``started`` (default: now; the
+    session passes :func:`process_start`), read from ``clock``."""
 
     def __init__(
         self,
