@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -66,6 +66,9 @@ class AttentionProblem:
     #: problem whose window covers everything equals, and hashes like, the same problem without one.
     window_left: int | None = None
     window_right: int | None = None
+    #: The window as the caller gave it, for messages only (:meth:`describe`): a problem compares
+    #: and hashes by its normalised window.
+    given_window: tuple[int, int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def group_size(self) -> int:
@@ -116,7 +119,19 @@ class AttentionProblem:
             f"M={self.kv_len} D={self.head_dim} Dv={self.value_dim} causal={self.causal} "
             f"dtype={str(self.dtype).removeprefix('torch.')}"
             + (f" window={self.window}" if self.has_window else "")
+            + self._given_window_note()
         )
+
+    def _given_window_note(self) -> str:
+        """Where the window the problem runs differs from the caller's: the caller's, and why. (A
+        window that hides nothing is no window, and no message needs to name it.)"""
+        given = self.given_window
+        if not self.has_window or given is None or given == self.window:
+            return ""
+        why = "a side that hides no key of this problem is unbounded (-1)"
+        if self.causal:
+            why += "; with causal, the right side always is"
+        return f" (given as window={given}; {why})"
 
 
 def _check_tensor(name: str, x: object) -> torch.Tensor:
@@ -193,7 +208,8 @@ def check_inputs(
             "Hkv >= 1 and Hq % Hkv == 0)"
         )
     check_causal(causal)
-    window_left, window_right = check_window(window) or (-1, -1)
+    given_window = check_window(window)
+    window_left, window_right = given_window or (-1, -1)
     # Normalise: a side that hides no key of this problem is no bound (see AttentionProblem).
     if window_left == -1 or window_left >= kv_len - 1:
         window_left = None
@@ -224,6 +240,7 @@ def check_inputs(
         device=q.device,
         window_left=window_left,
         window_right=window_right,
+        given_window=given_window,
     )
 
 

@@ -184,6 +184,19 @@ def test_forced_backend_without_masks_declines_windows_by_name():
 
 
 @pytest.mark.device_independent
+def test_an_error_gives_the_window_as_called_beside_the_one_it_runs():
+    """attnkit runs a normalised window (a side wider than the sequence is unbounded; causal
+    bounds the right side); a message names the caller's window too, or it would name one the
+    caller never wrote."""
+    q, k, v = _qkv()
+    message = r"window=\(2, -1\) \(given as window=\(2, 1000\); .* unbounded \(-1\)\).*takes no attn_mask"
+    with pytest.raises(NotImplementedError, match=message):
+        attention(q, k, v, window=(2, 1000), backend="sdpa-flash")
+    with pytest.raises(NotImplementedError, match=r"window=\(2, -1\) \(given as window=\(2, 0\); .*causal"):
+        attention(q, k, v, window=(2, 0), causal=True, backend="sdpa-flash")
+
+
+@pytest.mark.device_independent
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
