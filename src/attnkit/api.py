@@ -9,7 +9,7 @@ import torch
 from attnkit import fastpath
 from attnkit.auto import auto_order, deterministic_order
 from attnkit.errors import BackendUnavailableError, UnsupportedProblemError
-from attnkit.inputs import AttentionProblem, check_inputs
+from attnkit.inputs import AttentionProblem, check_inputs, records_backward
 from attnkit.prepared import PreparedRun
 from attnkit.reference import degenerate_attention
 from attnkit.registry import Backend, auto_skip_reason, get_backend, on_backends_changed, unavailable_reason
@@ -355,7 +355,7 @@ def _run_by_grad(
     ``torch.use_deterministic_algorithms`` is on (``strict``, or ``warn_only`` in that mode);
     any other call runs the inference order. ``run``: what is done with that order
     (:func:`_run_first`; :func:`chosen_backend` names its first path instead)."""
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    if not records_backward(q, k, v):
         return run(inference, q, k, v, problem)
     if torch.are_deterministic_algorithms_enabled():
         training = warn_only if torch.is_deterministic_algorithms_warn_only_enabled() else strict

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-from attnkit.inputs import AttentionProblem
+from attnkit.inputs import AttentionProblem, records_backward
 
 #: Paths reachable through the torch.library op, by name: a factory of their default-config
 #: implementation. Filled by the path modules (tiled, triton) when they are imported.
@@ -94,7 +94,7 @@ def flash_attention(
         return torch.ops.attnkit.flash_forward(
             q, k, v, problem.causal, problem.scale, impl.op_name, window_left, window_right
         )[0]
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if records_backward(q, k, v):
         return _FlashAttentionFunction.apply(q, k, v, problem, impl)
     if forward_only is not None:
         return forward_only(q, k, v)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from attnkit.inputs import AttentionProblem
+from attnkit.inputs import AttentionProblem, records_backward
 
 #: The environment variable that lets the ``flex`` backend run (forward only) on the CPU.
 CPU_OPT_IN = "ATTNKIT_FLEX_CPU"
@@ -158,6 +158,6 @@ def flex_run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Attenti
     enable_gqa = problem.group_size > 1
     if tracing:
         return _functions()[0](q, k, v, block_mask=mask, scale=problem.scale, enable_gqa=enable_gqa)
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    needs_grad = records_backward(q, k, v)
     run = _compiled(_problem_class(problem, needs_grad))
     return run(_functions()[0], q, k, v, mask, problem.scale, enable_gqa)

@@ -244,6 +244,19 @@ def check_inputs(
     )
 
 
+def records_backward(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd records a backward for a call on ``tensors`` (None entries ignored): grad
+    mode is on and one of them requires grad. Every path asks this one question before it picks
+    an autograd function or a forward-only run; the compiled memo's ``records_backward`` is its
+    C++ twin, held to it by the fast path's parity tests."""
+    if not torch.is_grad_enabled():
+        return False
+    for x in tensors:  # noqa: SIM110 -- any() over a generator costs ~130 ns more a call
+        if x is not None and x.requires_grad:
+            return True
+    return False
+
+
 #: Headroom below the score dtype's largest float: kernels multiply the scores by log2(e) and
 #: subtract the row max (which can double a magnitude) before exp.
 _SCORE_HEADROOM = 4.0

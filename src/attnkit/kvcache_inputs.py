@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnkit.inputs import AttentionProblem, _check_tensor, check_inputs
+from attnkit.inputs import AttentionProblem, _check_tensor, check_inputs, records_backward
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -99,9 +99,7 @@ def check_cache_inputs(q, k_cache, v_cache, cache_seqlens, k, v, block_table, ca
     _check_shape(
         "cache_seqlens", _index_tensor("cache_seqlens", cache_seqlens, 1, q), (batch,), "one per sequence"
     )
-    if torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q, k_cache, v_cache, k, v)
-    ):
+    if records_backward(q, k_cache, v_cache, k, v):
         raise ValueError(
             "attention_with_kvcache is forward only: inputs require grad (run under torch.no_grad())"
         )

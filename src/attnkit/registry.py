@@ -17,7 +17,7 @@ import torch
 from attnkit.boundaries import DispatchBoundary, check_boundaries
 from attnkit.device import absent_reason, default_device
 from attnkit.errors import UnsupportedProblemError
-from attnkit.inputs import AttentionProblem
+from attnkit.inputs import AttentionProblem, records_backward
 from attnkit.plugins import broken_entry_points, load_entry_points
 from attnkit.prepared import PreparedRun, RunFn
 from attnkit.traits import NO_DEVICE, Declaration, DeviceTypes, declared_on, device_type
@@ -349,7 +349,7 @@ def _gradient_refusal(name: str, devices: DeviceTypes, q, k, v, problem: Attenti
     """:meth:`Backend.gradient_refusal` of the backend ``name``, forward-only on ``devices``."""
     if problem.device not in devices:
         return None
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    if not records_backward(q, k, v):
         return None
     where = "" if devices.names is None else f" on the {problem.device.type}"
     return (

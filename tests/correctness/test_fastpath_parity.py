@@ -25,7 +25,7 @@ import attnkit
 import attnkit.api
 from attnkit import fastpath
 from attnkit.flash_autograd import PATHS, flash_attention
-from attnkit.inputs import check_inputs
+from attnkit.inputs import check_inputs, records_backward
 from attnkit.sdpa.layout import aligned_for_fused_kernels
 
 MEMO = fastpath.memo
@@ -160,9 +160,10 @@ def test_both_sides_record_a_backward_for_the_same_calls(mode, requires):
     with _GRAD_MODES[mode]():
         out = flash_attention(PATHS["tiled"](), q, k, v, problem, forward_only=lambda *_: forward_only)
         compiled = MEMO.records_backward(q, k, v)
+        rule = records_backward(q, k, v)
     python = out is not forward_only
     expected = mode == "grad enabled" and any(requires)
-    assert (python, compiled) == (expected, expected), (
-        f"{mode}, requires_grad {requires}: Python records a backward: {python}, C++: {compiled}; "
-        f"expected {expected}"
+    assert (python, compiled, rule) == (expected, expected, expected), (
+        f"{mode}, requires_grad {requires}: Python records a backward: {python}, C++: {compiled}, "
+        f"records_backward: {rule}; expected {expected}"
     )

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from attnkit.errors import UnsupportedProblemError
-from attnkit.inputs import AttentionProblem
+from attnkit.inputs import AttentionProblem, records_backward
 from attnkit.sdpa.forcing import KERNELS, WITHOUT_CUDNN, restricted_sdpa
 from attnkit.sdpa.layout import for_fused_kernels
 from attnkit.sdpa.support import ANY_LAYOUT
@@ -61,12 +61,7 @@ def float16_backward_on_cuda(
 ) -> bool:
     """Whether this call is float16 on CUDA and will need a backward: with a mask, the calls
     cuDNN gets wrong (:mod:`attnkit.sdpa.semantics`)."""
-    return (
-        problem.dtype == torch.float16
-        and q.is_cuda
-        and torch.is_grad_enabled()
-        and (q.requires_grad or k.requires_grad or v.requires_grad)
-    )
+    return problem.dtype == torch.float16 and q.is_cuda and records_backward(q, k, v)
 
 
 def call_sdpa(name, q, k, v, problem: AttentionProblem, is_causal: bool, mask=None):

@@ -44,7 +44,7 @@ from torch.backends.cuda import (
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnkit.errors import UnsupportedProblemError
-from attnkit.inputs import AttentionProblem
+from attnkit.inputs import AttentionProblem, records_backward
 from attnkit.sdpa import split_causal
 from attnkit.sdpa.calls import reasons_of, warnings_of
 
@@ -67,7 +67,7 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: Attention
 
 def _efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, problem: AttentionProblem) -> torch.Tensor:
     # The kernel takes (B, N, H, D); it saves its log-sum-exp only when a backward will need it.
-    wants_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    wants_grad = records_backward(q, k, v)
     out = torch.ops.aten._efficient_attention_forward(
         q.transpose(1, 2),
         k.transpose(1, 2),

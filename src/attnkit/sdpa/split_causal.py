@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnkit.inputs import AttentionProblem
+from attnkit.inputs import AttentionProblem, records_backward
 
 try:
     from attnkit.triton.decode import merge_pair
@@ -144,7 +144,7 @@ def split_causal_attention(
     with autograd. q: (B, Hq, N, D), k: (B, Hkv, M, D), v: (B, Hkv, M, Dv), as the kernel takes
     them (layout, dtype, scale); returns (B, Hq, N, Dv). ``problem`` must satisfy :func:`splits`."""
     prefix = problem.causal_offset
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if records_backward(q, k, v):
         return _SplitCausalFunction.apply(q, k, v, kernel, prefix, problem.scale)
     return _forward(kernel, q, k, v, prefix, problem.scale)[0]
 
