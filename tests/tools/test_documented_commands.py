@@ -45,7 +45,6 @@ print(json.dumps(answers))
 MEASURED_BEFORE_A_MOVE = {
     "docs/nvidia-h100-80gb-hbm3/PER_CALL.md": "attnkit_tools.per_call",
     "docs/nvidia-h100-80gb-hbm3/PROFILE.md": "attnkit_tools.profile",
-    "docs/nvidia-h200/YARDSTICK.md": "attnkit_tools.yardstick",
 }
 
 

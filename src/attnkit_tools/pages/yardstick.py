@@ -11,8 +11,8 @@ quantity (out, dq, dk, dv), on a fixed set of problems (``PROBLEMS`` in the modu
 * for every available path, the largest multiple error(path) / error(yardstick), against the
   dtype-softmax yardstick and the rule's, and whether the path passes the rule.
 
-Usage (CPU or GPU; no network; < 4 min on a GPU, ~1 min on a CPU, the Triton path left out
-when interpreted):
+Usage (CPU or GPU; no network; about 5 min on an H200 from cold compile caches, ~1 min on a CPU,
+the Triton path left out when interpreted):
 
     python -m attnkit_tools.pages.yardstick --seeds 3 --doc docs/<gpu>/YARDSTICK.md \\
         [--out r.json] [--device cuda]
