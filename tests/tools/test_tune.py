@@ -17,7 +17,14 @@ from attnkit.triton.gluon.config import (
 )
 from attnkit_tools.tune.configs import _label, closest_to_best
 from attnkit_tools.tune.configs import main as tune_main
-from attnkit_tools.tune.gluon import carried_section, merge_measured, routed_from, write_families
+from attnkit_tools.tune.gluon import (
+    carried_section,
+    chosen_as_routed,
+    merge_measured,
+    routed_from,
+    write_families,
+)
+from attnkit_tools.tune.ranking import time_over_best
 
 SEQ_LENS = (1024, 4096, 16384)
 SPRINTER = KernelConfig(128, 128, 8, 3)  # fastest at the longest length, poor at the shortest
@@ -46,6 +53,25 @@ def test_a_cell_is_routed_from_where_gluon_stays_faster_to_the_longest_length():
     assert routed_from({1024: 1.2, 2048: 1.9, 4096: 4.1, 8192: 7.0, 16384: 15.0}, plain) == 8192
     assert routed_from({n: t * 0.9 for n, t in plain.items()}, plain) == 1024
     assert routed_from({**{n: t * 0.9 for n, t in plain.items()}, 16384: 16.5}, plain) is None
+
+
+ROUTING_PLAIN = {1024: 1.0, 2048: 2.0, 4096: 4.0, 8192: 8.0, 16384: 16.0}
+
+
+def test_a_candidate_is_judged_as_routed_not_by_lengths_where_the_plain_kernel_runs():
+    steady = {n: 0.98 * t for n, t in ROUTING_PLAIN.items()}  # routed from 1024, 2% ahead
+    # Twice the plain time at 1024, where it would not run; 5-10% ahead from 2048 on.
+    long = {1024: 2.0, 2048: 1.9, 4096: 3.6, 8192: 7.2, 16384: 14.4}
+    candidates = {"steady": steady, "long": long}
+    assert chosen_as_routed(candidates, ROUTING_PLAIN) == ("long", 2048)
+    own_times = time_over_best(candidates)
+    assert min(own_times, key=own_times.__getitem__) == "steady", "the 1024 time would have decided"
+
+
+def test_candidates_routed_nowhere_fall_back_to_their_own_times():
+    candidates = {"slower": {n: 1.2 * t for n, t in ROUTING_PLAIN.items()},
+                  "closer": {n: 1.1 * t for n, t in ROUTING_PLAIN.items()}}  # fmt: skip
+    assert chosen_as_routed(candidates, ROUTING_PLAIN) == ("closer", None)
 
 
 def _table(path, gpu_key, section=None):

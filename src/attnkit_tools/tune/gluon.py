@@ -14,7 +14,8 @@ Measured, per cell (head dim 64 and 128, causal or not; bf16, H*D=2048) and per 
   checked against the oracle (the plain forward, then the Gluon backward, on N = 300, M = 333
   with grouped heads), then each and the plain Triton backward are timed at
   :data:`ROUTING_SEQ_LENS` (``triton.testing.do_bench`` medians, the delta preprocess included
-  in both); the one kept is the closest to the best at every length.
+  in both); the one kept is the closest to the best at every length as the cell would run,
+  the plain backward below the candidate's routing N (:func:`chosen_as_routed`).
 
 A pass of a cell is routed from :func:`routed_from`'s N on (faster than the plain kernel there
 and at every longer N), or not at all. Every timing and the provenance (GPU, driver, CUDA,
@@ -39,6 +40,7 @@ import torch
 
 from attnkit.triton.gluon.config import PASSES, SECTION, BackwardConfig, HopperForwardConfig, cell_key
 from attnkit.triton.gluon.support import GLUON_HEAD_DIMS
+from attnkit_tools.tune.ranking import time_over_best
 
 #: The lengths at which the plain and the Gluon forward are compared to route a cell.
 ROUTING_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
@@ -142,6 +144,27 @@ def routed_from(gluon_ms: Mapping[int, float], plain_ms: Mapping[int, float]) ->
             break
         start = n
     return start
+
+
+def chosen_as_routed(
+    candidate_ms: Mapping[str, Mapping[int, float]], plain_ms: Mapping[int, float]
+) -> tuple[str, int | None]:
+    """The candidate to keep for a pass and the N it is routed from (:func:`routed_from`), judged
+    as the cell would run: the plain kernel below that N, the candidate from there on. The kept
+    one has the smallest time-over-best (:func:`attnkit_tools.tune.ranking.time_over_best`) of
+    those routed times, so a candidate is not held back by lengths where the plain kernel runs
+    instead of it. Ties (none routed, say) go to the candidate closest to the best on its own
+    times. ``candidate_ms``: {label: {N: ms}}, every candidate timed at ``plain_ms``'s N."""
+    starts = {label: routed_from(ms, plain_ms) for label, ms in candidate_ms.items()}
+    never = max(plain_ms) + 1  # a candidate routed nowhere: the plain kernel at every N
+    as_routed = {
+        label: {n: ms[n] if n >= (starts[label] or never) else plain_ms[n] for n in plain_ms}
+        for label, ms in candidate_ms.items()
+    }
+    routed_score = time_over_best(as_routed)
+    own_score = time_over_best({label: {n: ms[n] for n in plain_ms} for label, ms in candidate_ms.items()})
+    chosen = min(candidate_ms, key=lambda label: (routed_score[label], own_score[label]))
+    return chosen, starts[chosen]
 
 
 def carried_section(source: Mapping, source_path: str, target_gpu_key: str) -> dict:
@@ -458,7 +481,7 @@ def _usable(pass_name, head_dim, causal, labels, verdicts, cell_timings, log) ->
 def _measure_forward(cells, seq_lens, verdicts, log, budget_s):
     from attnkit.triton.launch import attention_forward, launch_setup
     from attnkit_perf.bench import median_time_s
-    from attnkit_tools.tune.ranking import time_over_best, tuning_inputs
+    from attnkit_tools.tune.ranking import tuning_inputs
 
     device = torch.device("cuda")
     configs, routed, timings = {}, {}, {}
@@ -499,13 +522,13 @@ def _measure_forward(cells, seq_lens, verdicts, log, budget_s):
 
 def _measure_backward(cells, verdicts, log):
     """Each usable backward candidate and the plain backward timed at :data:`ROUTING_SEQ_LENS`
-    (do_bench medians); the candidate closest to the best at every length is kept and routed
-    where it beat the plain backward."""
+    (do_bench medians); the candidate kept is the one closest to the best as it would be routed
+    (:func:`chosen_as_routed`), routed where it beat the plain backward."""
     from triton.testing import do_bench
 
     from attnkit.triton.gluon.backward_launch import launch
     from attnkit.triton.launch import attention_backward, attention_forward, launch_setup
-    from attnkit_tools.tune.ranking import time_over_best, tuning_inputs
+    from attnkit_tools.tune.ranking import tuning_inputs
 
     configs, routed, timings = {}, {}, {}
     for head_dim, causal in cells:
@@ -529,11 +552,11 @@ def _measure_backward(cells, verdicts, log):
                 cell_timings[label][str(n)] = round(ms, 4)
                 log(f"  backward {key} {label:28s} N={n:<6d} {ms:.3f} ms")
             del q, k, v, do, out, lse
-        scores = time_over_best({label: cell_timings[label] for label in usable})
-        chosen = min(usable, key=scores.__getitem__)
+        chosen, start = chosen_as_routed(
+            {label: {n: cell_timings[label][str(n)] for n in ROUTING_SEQ_LENS} for label in usable}, plain_ms
+        )
         configs[key] = BACKWARD_CANDIDATES[chosen].as_dict()
         cell_timings["plain"] = {str(n): round(t, 4) for n, t in plain_ms.items()}
-        start = routed_from({n: cell_timings[chosen][str(n)] for n in ROUTING_SEQ_LENS}, plain_ms)
         if start is not None:
             routed[key] = start
         log(f"backward {key}: chosen {chosen}; " + (f"routed from N={start}" if start else "not routed"))
