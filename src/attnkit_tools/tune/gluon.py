@@ -8,8 +8,9 @@ Measured, per cell (head dim 64 and 128, causal or not; bf16, H*D=2048) and per 
 * forward (B=4): every candidate of :data:`FORWARD_CANDIDATES` is compiled and checked against
   the float64 oracle by attnkit.testing's tolerance rule (forward through the Gluon kernel,
   backward through the Triton one, on N = 300, M = 333), then timed with the gate's protocol at
-  the tuning lengths; the one kept is :func:`attnkit_tools.tune.configs.closest_to_best`'s choice; it
-  and the plain Triton forward (this GPU's table) are then timed at :data:`ROUTING_SEQ_LENS`;
+  the tuning lengths beside the plain Triton forward (this GPU's table); the one kept is
+  :func:`chosen_as_routed`'s choice; it and the plain forward are then timed at
+  :data:`ROUTING_SEQ_LENS`, where the cell's routing is decided;
 * backward (B=4, 2 at N=16384): every candidate of :func:`backward_candidates` is compiled and
   checked against the oracle (the plain forward, then the Gluon backward, on N = 300, M = 333
   with grouped heads), then each and the plain Triton backward are timed at
@@ -491,15 +492,22 @@ def _measure_forward(cells, seq_lens, verdicts, log, budget_s):
         usable = _usable("forward", head_dim, causal, FORWARD_CANDIDATES, verdicts, cell_timings, log)
         if not usable:
             continue
+        tuning_plain_ms = {}
         for n in seq_lens:
             q, k, v, _, problem = tuning_inputs(torch.bfloat16, head_dim, causal, n)
+            tuning_plain_ms[n] = 1e3 * median_time_s(
+                partial(attention_forward, q, k, v, launch_setup(problem)), device, budget_s
+            )
+            log(f"  {key} {'plain':28s} N={n:<6d} {tuning_plain_ms[n]:.3f} ms")
             for label in usable:
                 run = _gluon_run(q, k, v, problem, FORWARD_CANDIDATES[label])
                 ms = 1e3 * median_time_s(run, device, budget_s)
                 cell_timings[label][str(n)] = round(ms, 4)
                 log(f"  {key} {label:28s} N={n:<6d} {ms:.3f} ms")
-        scores = time_over_best({label: cell_timings[label] for label in usable})
-        chosen = min(usable, key=scores.__getitem__)
+        chosen, _ = chosen_as_routed(
+            {label: {n: cell_timings[label][str(n)] for n in seq_lens} for label in usable}, tuning_plain_ms
+        )
+        cell_timings["plain"] = {str(n): round(t, 4) for n, t in tuning_plain_ms.items()}
         configs[key] = dataclasses.asdict(FORWARD_CANDIDATES[chosen])
         gluon_ms, plain_ms = {}, {}
         for n in ROUTING_SEQ_LENS:
