@@ -1,5 +1,6 @@
 """Every ``python -m`` command the docs, the README, the CI scripts and workflows name exists and
-answers ``--help``: a renamed or moved module fails here, not in a reader's shell."""
+answers ``--help``, and so does every runnable tool: a renamed or moved module fails here, not in a
+reader's shell."""
 
 from __future__ import annotations
 
@@ -71,6 +72,17 @@ def documented_modules() -> list[str]:
     return sorted({name for text in texts for name in COMMAND.findall(text)})
 
 
+def runnable_tools() -> list[str]:
+    """Every module of attnkit_tools that runs as ``python -m``: named in the docs or not, a
+    tool asked for ``--help`` answers it, rather than starting its measurement."""
+    tools = ROOT / "src" / "attnkit_tools"
+    return sorted(
+        ".".join(path.relative_to(ROOT / "src").with_suffix("").parts)
+        for path in tools.rglob("*.py")
+        if 'if __name__ == "__main__":' in path.read_text()
+    )
+
+
 @pytest.mark.parametrize("page", sorted(MEASURED_BEFORE_A_MOVE))
 def test_a_page_measured_before_a_move_still_awaits_its_remeasurement(page):
     """The table cannot outlive what it excuses: a regenerated page names today's command."""
@@ -85,7 +97,7 @@ def test_a_page_measured_before_a_move_still_awaits_its_remeasurement(page):
 def help_answers() -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, "-c", _ASK_EACH, *documented_modules()],
+        [sys.executable, "-c", _ASK_EACH, *sorted({*documented_modules(), *runnable_tools()})],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -97,7 +109,13 @@ def test_the_docs_name_commands():
     assert {"attnkit_perf.select", "attnkit_tools.pages.regenerate", "attnkit_tools.gate.ab_dobench"} <= named
 
 
-@pytest.mark.parametrize("module", documented_modules())
+def test_every_runnable_tool_is_found():
+    assert {"attnkit_tools.demo", "attnkit_tools.gate.timing_check", "attnkit_tools.tune.configs"} <= set(
+        runnable_tools()
+    )
+
+
+@pytest.mark.parametrize("module", sorted({*documented_modules(), *runnable_tools()}))
 def test_a_documented_command_answers_help(module, help_answers):
     code, shown = help_answers[module]
     assert code in (0, None), f"python -m {module} --help exited {code}: {shown}"

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -24,6 +25,7 @@ from attnkit_perf.bench import (
     measure_samples,
     warm_up_and_plan,
 )
+from attnkit_tools.pages.provenance import require_cuda
 
 AGREEMENT_CASES = [
     BenchCase("sdpa-flash", "fwd", 4, 16, 16, 4096, 128, True),
@@ -92,14 +94,21 @@ def noise(device, flusher, repeats: int = 8) -> list[dict]:
     return rows
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attnkit_tools.gate.timing_check",
+        description="Check the timing protocol on this GPU: agreement with do_bench, and noise.",
+    )
+    parser.add_argument("out", help="JSON file to write the agreement and noise measurements to")
+    args = parser.parse_args(argv)
+    require_cuda("attnkit_tools.gate.timing_check")
     device = torch.device("cuda")
     flusher = L2Flusher(device)
     result = {"agreement": agreement(device, flusher), "noise": noise(device, flusher)}
-    with open(argv[0], "w") as fh:
+    with open(args.out, "w") as fh:
         json.dump(result, fh, indent=2)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
