@@ -52,7 +52,8 @@ def attention_with_kvcache(
             ``block_table``. ``Hq % Hkv == 0`` (GQA; ``Hkv == 1`` is MQA).
         cache_seqlens: (B,) integer tensor (or one int for all): keys already in the cache.
         k, v: optional (B, Hkv, N_new, D) / (B, Hkv, N_new, Dv), written into the cache at
-            positions ``cache_seqlens[b] ..`` before attending (the cache is modified in place).
+            positions ``cache_seqlens[b] ..`` before attending (the cache is modified in place;
+            ``cache_seqlens`` is not: the caller adds N_new to it before the next call).
         block_table: (B, max_blocks) int32/int64 block ids into the pools (paged cache).
         causal: bottom-right per sequence: with ``L_b = cache_seqlens[b] + N_new`` keys, query i
             sees key j iff ``j <= i + L_b - N``. A row that sees no key (e.g. ``L_b = 0``)

@@ -61,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-dim", type=_positive, default=64, help="head dim D = Dv")
     parser.add_argument("--dtype", choices=DTYPE_NAMES, default="bf16", help="element type")
     parser.add_argument("--causal", action="store_true", help="bottom-right causal mask")
-    parser.add_argument("--backends", nargs="*", default=None, help="paths to run; None: every available one")
+    parser.add_argument(
+        "--backends", nargs="*", default=None,
+        help="paths to run, space-separated (--backends naive tiled); None: every available one",
+    )  # fmt: skip
     parser.add_argument("--device", default=None, help="device; None: CUDA when present, else the CPU")
     parser.add_argument("--reps", type=_positive, default=5, help="fewest timed rounds")
     parser.add_argument("--no-check", action="store_true", help="skip the float64 comparison (large N)")
@@ -145,10 +148,16 @@ def main(argv: list[str] | None = None) -> int:
 def _not_run_reason(name: str, device: torch.device) -> str:
     """Why backend ``name`` is not in the table: unavailable on ``device``, forward-only there
     (the demo times forward and backward), or not selected."""
+    return _why_not(name, device) or "not selected"
+
+
+def _why_not(name: str, device: torch.device) -> str | None:
+    """Every reason the demo cannot run backend ``name`` on ``device`` (unavailable there,
+    forward-only there), all of them at once: a user who fixes one is not met by the next."""
     import attnkit
 
     reasons = [r for r in (attnkit.unavailable_reason(name, device), _forward_only(name, device)) if r]
-    return "; and ".join(reasons) or "not selected"
+    return "; and ".join(reasons) or None
 
 
 def _forward_only(name: str, device: torch.device) -> str | None:
@@ -187,10 +196,9 @@ def _cannot_run(name: str, device: torch.device) -> str | None:
     if name == "auto":
         return None
     try:
-        reason = attnkit.unavailable_reason(name, device)
+        reason = _why_not(name, device)
     except (ValueError, attnkit.BackendEntryPointError) as err:  # every valid name, or the plugin's error
         return str(err)
-    reason = reason or _forward_only(name, device)
     return None if reason is None else f"{name} cannot run on {device}: {reason}"
 
 

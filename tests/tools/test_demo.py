@@ -152,6 +152,19 @@ def test_a_named_backend_forward_only_on_the_device_is_a_usage_error(capsys, toy
                                          "demo times forward and backward"), err  # fmt: skip
 
 
+def test_a_named_backend_both_unavailable_and_forward_only_gets_both_reasons_at_once(capsys, toy_backend):
+    """A user who follows the first reason's hint is not met by a second refusal."""
+    toy_backend(device_support=lambda device: LONG_REASON, forward_only=("cpu",))
+    with pytest.raises(SystemExit) as exited:
+        main([*_SMALL, "--backends", "demo-toy"])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == "", (out, err)
+    assert err.splitlines()[-1] == (
+        f"attnkit-demo: error: argument --backends: demo-toy cannot run on cpu: {LONG_REASON}; and it is "
+        "forward-only on the cpu, and the demo times forward and backward"
+    ), err
+
+
 def test_a_named_backend_declining_the_problem_is_a_skip_with_the_whole_reason_and_status_1(
     capsys, toy_backend
 ):

@@ -14,6 +14,11 @@ from pathlib import Path
 
 import pytest
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pytest depends on tomli where the standard library has no tomllib
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[2]
 #: ``python -m attnkit...`` with a dotted module name (a placeholder such as ``.NAME`` or ``.X``
 #: is not one).
@@ -72,6 +77,13 @@ def documented_modules() -> list[str]:
     return sorted({name for text in texts for name in COMMAND.findall(text)})
 
 
+#: The tools installed as console scripts (pyproject's ``[project.scripts]``): {module: script}.
+CONSOLE_SCRIPTS = {
+    target.split(":")[0]: script
+    for script, target in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"].items()
+}
+
+
 def runnable_tools() -> list[str]:
     """Every module of attnkit_tools that runs as ``python -m``: named in the docs or not, a
     tool asked for ``--help`` answers it, rather than starting its measurement."""
@@ -120,3 +132,6 @@ def test_a_documented_command_answers_help(module, help_answers):
     code, shown = help_answers[module]
     assert code in (0, None), f"python -m {module} --help exited {code}: {shown}"
     assert "usage" in shown.lower(), f"python -m {module} --help printed no usage: {shown}"
+    if module in runnable_tools():  # the usage line is the command to type, not a file name
+        called = CONSOLE_SCRIPTS.get(module, f"python -m {module}")
+        assert f"usage: {called} " in shown, f"python -m {module} --help names another command: {shown}"

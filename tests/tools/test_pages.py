@@ -151,3 +151,14 @@ def test_a_page_names_no_scratch_path(monkeypatch, tmp_path):
     )
     assert rows[2:] == ["| compiled_call_memo | on: fast_calls.so |", "| ratio | 3/4 |"]
     assert public_path("https://github.com/a/b") == "https://github.com/a/b"
+
+
+def test_smoke_without_saved_measurements_is_a_usage_error_that_leaves_no_scratch_folder(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(regenerate.tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(SystemExit) as exited:
+        regenerate.main(["--smoke"])
+    assert exited.value.code == 2
+    assert "give --saved DIR" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [], "a scratch folder was made before the usage error"

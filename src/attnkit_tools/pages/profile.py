@@ -256,7 +256,9 @@ def summarize(counters_csv: str, cases_json: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m attnkit_tools.pages.profile", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     running = sub.add_parser("run", help="run each case once between cudaProfilerStart/Stop (under ncu)")
     listing = sub.add_parser("list", help="write the cases and each one's kernels (not under ncu)")

@@ -256,12 +256,17 @@ def main(argv: list[str] | None = None) -> int:
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),
     }
+    if args.smoke and args.saved is None:
+        parser.error("--smoke renders the CUDA-only pages from saved measurements: give --saved DIR")
     if args.smoke:
         key, slots = gpu_key("cpu"), ["", ""]
         env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     else:
         if not torch.cuda.is_available() and not args.dry_run:
-            raise SystemExit("pages measures on CUDA GPUs and none is visible (--smoke runs on the CPU)")
+            raise SystemExit(
+                "pages measures on CUDA GPUs and none is visible (--smoke --saved DIR renders them on the "
+                "CPU from a folder of saved measurements)"
+            )
         count = torch.cuda.device_count() if torch.cuda.is_available() else 4
         models = {gpu_key(f"cuda:{i}") for i in range(torch.cuda.device_count())}
         if len(models) > 1:
@@ -271,8 +276,6 @@ def main(argv: list[str] | None = None) -> int:
         ids = visible.split(",") if visible else [str(i) for i in range(count)]
         slots = ids[: args.gpus or len(ids)]
     scratch = Path(tempfile.mkdtemp(prefix="attnkit-pages-"))
-    if args.smoke and args.saved is None:
-        parser.error("--smoke renders the CUDA-only pages from saved measurements: give --saved DIR")
     jobs = plan_jobs(args.docs.resolve(), key, scratch, smoke=args.smoke, saved=args.saved)
     if args.only:
         jobs = [dataclasses.replace(j, after=tuple(a for a in j.after if a in args.only)) for j in jobs]
