@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ from attnkit.auto import TABLE_FORMAT, auto_order
 from attnkit.device import gpu_key
 from attnkit.inputs import check_inputs
 from attnkit_perf.bench import BenchCase, build_runner, median_time_s, provenance
+from attnkit_tools.pages.provenance import require_cuda
 
 PATHS = ("triton", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
@@ -217,9 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         return _render(args.render, args.md)
     if args.out is None:
         parser.error("--out is required unless --render is given")
-    if not torch.cuda.is_available():
-        print("auto_table measures CUDA kernels: no CUDA device is visible", file=sys.stderr)
-        return 2
+    require_cuda("attnkit_tools.tune.auto_table")
     if args.rounds < 1:
         parser.error(f"--rounds: expected an int >= 1, got {args.rounds}")
     unknown = [p for p in args.paths if p not in attnkit.backend_names()]

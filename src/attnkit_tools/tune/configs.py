@@ -40,7 +40,6 @@ import dataclasses
 import json
 import multiprocessing
 import os
-import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
@@ -51,6 +50,7 @@ from attnkit.triton.config import AttentionConfig, KernelConfig, default_config,
 from attnkit.triton.gluon.config import PASSES, cell_key, parse_cell
 from attnkit.triton.launch import LaunchSetup, attention_forward, bwd_dkdv, bwd_dq, bwd_preprocess
 from attnkit_perf.bench import median_time_s, provenance
+from attnkit_tools.pages.provenance import require_cuda
 from attnkit_tools.tune.gluon import CELLS as GLUON_CELLS
 from attnkit_tools.tune.gluon import (
     carried_section,
@@ -308,9 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         merge_measured(args.out, recorded_backward(_existing_table(args.out).get("gpu_key", "?")))
         print(f"wrote the recorded Gluon backward cells into {args.out}", flush=True)
         return 0
-    if not torch.cuda.is_available():
-        print("tune needs a CUDA GPU", file=sys.stderr)
-        return 2
+    require_cuda("attnkit_tools.tune.configs")
     device = torch.device("cuda")
     out = args.out or f"src/attnkit/triton/configs/{gpu_key(device)}.json"
     if args.gluon:
