@@ -95,6 +95,11 @@ def runnable_tools() -> list[str]:
     )
 
 
+RUNNABLE_TOOLS = runnable_tools()
+#: What is asked for ``--help``: every documented command and every runnable tool.
+ASKED = sorted({*documented_modules(), *RUNNABLE_TOOLS})
+
+
 @pytest.mark.parametrize("page", sorted(MEASURED_BEFORE_A_MOVE))
 def test_a_page_measured_before_a_move_still_awaits_its_remeasurement(page):
     """The table cannot outlive what it excuses: a regenerated page names today's command."""
@@ -109,7 +114,7 @@ def test_a_page_measured_before_a_move_still_awaits_its_remeasurement(page):
 def help_answers() -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, "-c", _ASK_EACH, *sorted({*documented_modules(), *runnable_tools()})],
+        [sys.executable, "-c", _ASK_EACH, *ASKED],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -123,15 +128,15 @@ def test_the_docs_name_commands():
 
 def test_every_runnable_tool_is_found():
     assert {"attnkit_tools.demo", "attnkit_tools.gate.timing_check", "attnkit_tools.tune.configs"} <= set(
-        runnable_tools()
+        RUNNABLE_TOOLS
     )
 
 
-@pytest.mark.parametrize("module", sorted({*documented_modules(), *runnable_tools()}))
+@pytest.mark.parametrize("module", ASKED)
 def test_a_documented_command_answers_help(module, help_answers):
     code, shown = help_answers[module]
     assert code in (0, None), f"python -m {module} --help exited {code}: {shown}"
     assert "usage" in shown.lower(), f"python -m {module} --help printed no usage: {shown}"
-    if module in runnable_tools():  # the usage line is the command to type, not a file name
+    if module in RUNNABLE_TOOLS:  # the usage line is the command to type, not a file name
         called = CONSOLE_SCRIPTS.get(module, f"python -m {module}")
         assert f"usage: {called} " in shown, f"python -m {module} --help names another command: {shown}"

@@ -157,12 +157,12 @@ def chosen_as_routed(
     instead of it. Ties (none routed, say) go to the candidate closest to the best on its own
     times. ``candidate_ms``: {label: {N: ms}}, every candidate timed at ``plain_ms``'s N."""
     starts = {label: routed_from(ms, plain_ms) for label, ms in candidate_ms.items()}
-    never = max(plain_ms) + 1  # a candidate routed nowhere: the plain kernel at every N
-    as_routed = {
-        label: {n: ms[n] if n >= (starts[label] or never) else plain_ms[n] for n in plain_ms}
-        for label, ms in candidate_ms.items()
-    }
-    routed_score = time_over_best(as_routed)
+
+    def as_it_would_run(label: str) -> dict[int, float]:
+        start, ms = starts[label], candidate_ms[label]
+        return {n: ms[n] if start is not None and n >= start else plain_ms[n] for n in plain_ms}
+
+    routed_score = time_over_best({label: as_it_would_run(label) for label in candidate_ms})
     own_score = time_over_best({label: {n: ms[n] for n in plain_ms} for label, ms in candidate_ms.items()})
     chosen = min(candidate_ms, key=lambda label: (routed_score[label], own_score[label]))
     return chosen, starts[chosen]
