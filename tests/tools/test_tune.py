@@ -18,8 +18,6 @@ from attnkit.triton.gluon.config import (
 from attnkit_tools.tune.configs import _label, closest_to_best
 from attnkit_tools.tune.configs import main as tune_main
 from attnkit_tools.tune.gluon import (
-    BACKWARD_CANDIDATES,
-    FORWARD_CANDIDATES,
     carried_section,
     chosen_as_routed,
     merge_measured,
@@ -129,27 +127,11 @@ def test_measured_cells_replace_the_carried_ones_and_keep_the_others(tmp_path):
     assert json.loads(path.read_text())["gluon"] == written, "a Triton tuning run dropped the Gluon section"
 
 
-def test_the_h200_gluon_section_is_what_the_tune_decides_on_its_own_timings():
-    # Measured on the H200, not carried over: each pass's kept candidate and routing N follow
-    # from the timings the table carries, by the tune's own rule (a hand edit breaks this).
-    h200 = packaged_section("nvidia-h200")
-    assert h200["provenance"]["gpu_key"] == "nvidia-h200" and "provenance_of" not in h200
-    timings = h200["timings_ms"]
-    for pass_name, candidates in (("forward", FORWARD_CANDIDATES), ("backward", BACKWARD_CANDIDATES)):
-        kept = forward_configs(h200) if pass_name == "forward" else backward_configs(h200)
-        assert set(kept) == {(d, c) for d in (64, 128) for c in (False, True)}, pass_name
-        for (head_dim, causal), config in kept.items():
-            cell = timings[pass_name][f"d{head_dim}-{'causal' if causal else 'full'}"]
-            # A candidate that failed its check carries the reason instead of timings.
-            timed = {label: {int(n): ms for n, ms in cell[label].items()}
-                     for label in candidates if isinstance(cell.get(label), dict)}  # fmt: skip
-            plain = {int(n): ms for n, ms in cell["plain"].items()}
-            chosen, start = chosen_as_routed(timed, plain)
-            assert candidates[chosen] == config, (pass_name, head_dim, causal, chosen)
-            if pass_name == "forward":  # routed on the kept candidate's own timing beside the plain kernel
-                routing = {side: {int(n): ms for n, ms in cell["routing"][side].items()} for side in ("gluon", "plain")}
-                start = routed_from(routing["gluon"], routing["plain"])
-            assert routed_cells(h200, pass_name).get((head_dim, causal)) == start, (pass_name, head_dim, causal)
+def test_the_packaged_tables_carry_the_h100_gluon_measurement():
+    h100, h200 = (packaged_section(key) for key in ("nvidia-h100-80gb-hbm3", "nvidia-h200"))
+    assert forward_configs(h100) == forward_configs(h200) and routed_cells(h100) == routed_cells(h200)
+    assert "not measured on nvidia-h200" in h200["provenance"]["source"]
+    assert set(forward_configs(h100)) == {(d, c) for d in (64, 128) for c in (False, True)}
 
 
 def test_a_gluon_candidate_that_fails_to_compile_or_is_wrong_is_recorded_not_timed(monkeypatch):
