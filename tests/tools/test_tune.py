@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 
@@ -268,12 +269,13 @@ class _Parsed(Exception):
     pass
 
 
-def test_the_backward_measurement_keeps_the_closest_candidate_and_routes_where_it_beats_the_plain(
-    monkeypatch,
+def test_the_backward_measurement_keeps_the_closest_candidate_and_routes_where_the_public_call_is_faster(
+    monkeypatch, tmp_path
 ):
     """measure_section's backward pass with every GPU call faked (times by candidate and N):
     the wrong candidate is not timed, the one closest to the best at every length is kept, and
-    the cell is routed from where it beats the plain backward at that and every longer N."""
+    the cell is routed where attention() ran faster with it in every round, not where its
+    launcher beat the plain one's."""
     import triton.testing
 
     import attnkit.triton.gluon as gluon
@@ -281,7 +283,7 @@ def test_the_backward_measurement_keeps_the_closest_candidate_and_routes_where_i
     import attnkit.triton.launch as triton_launch
     import attnkit_perf.bench as bench
     from attnkit_tools.tune import gluon as tune_gluon
-    from attnkit_tools.tune import ranking
+    from attnkit_tools.tune import ranking, routing
 
     lengths = tune_gluon.ROUTING_SEQ_LENS
     plain = dict(zip(lengths, (1.0, 2.0, 4.0, 8.0, 16.0), strict=True))
@@ -321,12 +323,34 @@ def test_the_backward_measurement_keeps_the_closest_candidate_and_routes_where_i
     monkeypatch.setattr(
         tune_gluon, "check_all", lambda jobs, workers: {job: wrong.get(job, "") for job in jobs}
     )
+    # Through attention(): the Gluon side is faster in every round from 8192 on; at 4096 its
+    # launcher wins, but the public call is slower in one round of three.
+    public = {"plain": (1.0, 2.0, 4.0, 8.0, 16.0), "gluon": (1.5, 2.5, 3.9, 7.5, 15.0)}
+    sides = []
+
+    def fake_side(side, jobs, table_path):
+        sides.append(side)
+        assert {tuple(job) for job in jobs} == {("backward", 128, True, n) for n in lengths}
+        trial = json.loads(Path(table_path).read_text())
+        assert trial["gluon"]["routed"]["backward"] == {"d128-causal": lengths[0]}
+        assert trial["families"] == {"f": 1}, "the plain side runs the table's own families"
+        times = dict(zip(lengths, public[side], strict=True))
+        if side == "gluon" and len(sides) == 4:
+            times[4096] = 4.1
+        return {"backward": {"d128-causal": times}}
+
+    monkeypatch.setattr(routing, "run_side", fake_side)
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"gpu_key": "fake", "families": {"f": 1}}))
     log = []
-    section = tune_gluon.measure_section([4096], log.append, [(128, True)], passes=("backward",))
+    section = tune_gluon.measure_section([4096], log.append, str(table), [(128, True)], passes=("backward",))
     assert "forward" not in section and section["provenance"] == {"gpu_key": "fake"}
     kept = tune_gluon.BACKWARD_CANDIDATES["dkdv+dq-n128-split"]
     assert section["backward"] == {"d128-causal": kept.as_dict()}
-    assert section["routed"] == {"backward": {"d128-causal": 4096}}
+    assert sides == ["plain", "gluon"] * routing.ROUNDS
+    assert section["routed"] == {"backward": {"d128-causal": 8192}}
+    public_call = section["timings_ms"]["backward"]["d128-causal"]["public_call"]
+    assert public_call["gluon"]["4096"] == [3.9, 4.1, 3.9] and public_call["plain"]["8192"] == [8.0] * 3
     timings = section["timings_ms"]["backward"]["d128-causal"]
     assert timings["dkdv+dq-n128"] == "wrong: dq: 2.0x the yardstick"
     assert timings["plain"] == {str(n): t for n, t in plain.items()}

@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or f"src/attnkit/triton/configs/{gpu_key(device)}.json"
     if args.gluon:
         cells = None if not args.cells else [parse_cell(key) for key in args.cells]
-        measured = measure_section(args.seq_lens, _log, cells, workers=args.jobs, passes=args.passes)
+        measured = measure_section(args.seq_lens, _log, out, cells, workers=args.jobs, passes=args.passes)
         merge_measured(out, measured)
         print(f"wrote the measured Gluon cells into {out}", flush=True)
         return 0

@@ -9,8 +9,7 @@ Measured, per cell (head dim 64 and 128, causal or not; bf16, H*D=2048) and per 
   the float64 oracle by attnkit.testing's tolerance rule (forward through the Gluon kernel,
   backward through the Triton one, on N = 300, M = 333), then timed with the gate's protocol at
   the tuning lengths beside the plain Triton forward (this GPU's table); the one kept is
-  :func:`chosen_as_routed`'s choice; it and the plain forward are then timed at
-  :data:`ROUTING_SEQ_LENS`, where the cell's routing is decided;
+  :func:`chosen_as_routed`'s choice;
 * backward (B=4, 2 at N=16384): every candidate of :func:`backward_candidates` is compiled and
   checked against the oracle (the plain forward, then the Gluon backward, on N = 300, M = 333
   with grouped heads), then each and the plain Triton backward are timed at
@@ -18,8 +17,11 @@ Measured, per cell (head dim 64 and 128, causal or not; bf16, H*D=2048) and per 
   in both); the one kept is the closest to the best at every length as the cell would run,
   the plain backward below the candidate's routing N (:func:`chosen_as_routed`).
 
-A pass of a cell is routed from :func:`routed_from`'s N on (faster than the plain kernel there
-and at every longer N), or not at all. Every timing and the provenance (GPU, driver, CUDA,
+The candidates are timed by their launchers: a fair comparison among them, which share one host
+path, but not of the Gluon kernels against the plain ones, which :func:`attnkit.attention`
+launches another way. So where a pass of a cell is routed is decided last, through the public
+call, at :data:`ROUTING_SEQ_LENS` (:mod:`attnkit_tools.tune.routing`), and those timings are
+kept under each cell's ``public_call``. Every timing and the provenance (GPU, driver, CUDA,
 torch, triton, commit) are written with it. A carried-over section keeps its configs, cells and
 timings, and says in its provenance where they were measured, until this GPU re-measures them;
 so does a recorded measurement (:data:`RECORDED_BACKWARD`, written by
@@ -43,7 +45,7 @@ from attnkit.triton.gluon.config import PASSES, SECTION, BackwardConfig, HopperF
 from attnkit.triton.gluon.support import GLUON_HEAD_DIMS
 from attnkit_tools.tune.ranking import time_over_best
 
-#: The lengths at which the plain and the Gluon forward are compared to route a cell.
+#: The lengths at which the plain and the Gluon kernels are compared to route a cell.
 ROUTING_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
 
 _TWO = dict(overlap=True, consumers=2, consumer_regs=240, producer_regs=24, maxnreg=168)
@@ -435,13 +437,16 @@ def check_all(jobs: list[tuple[str, int, bool, str]], workers: int) -> dict:
 
 
 def measure_section(
-    seq_lens, log, cells=None, budget_s: float = 0.05, workers: int = 1, passes=PASSES
+    seq_lens, log, table_path: str, cells=None, budget_s: float = 0.05, workers: int = 1, passes=PASSES
 ) -> dict:
     """The Gluon section of ``cells`` ((head dim, causal) pairs; default :data:`CELLS`) and
     ``passes`` measured on the current CUDA GPU (module docstring); candidates are compiled
-    and checked by ``workers`` processes first, then timed here one at a time."""
+    and checked by ``workers`` processes first, then timed here one at a time, then routed
+    through the public call (:func:`attnkit_tools.tune.routing.measure_routing`) with the Triton
+    families of the table at ``table_path``."""
     from attnkit.triton.gluon import unavailable_reason
     from attnkit_perf.bench import provenance
+    from attnkit_tools.tune.routing import measure_routing
 
     reason = unavailable_reason()
     if reason is not None:
@@ -453,13 +458,18 @@ def measure_section(
     log(f"compiled and checked {len(verdicts)} candidates")
     if "forward" in passes:
         section["seq_lens"] = list(seq_lens)
-        section["routing_seq_lens"] = list(ROUTING_SEQ_LENS)
+    section["routing_seq_lens"] = list(ROUTING_SEQ_LENS)
     for pass_name in passes:
         if pass_name == "forward":
             measured = _measure_forward(cells, seq_lens, verdicts, log, budget_s)
         else:
             measured = _measure_backward(cells, verdicts, log)
-        section[pass_name], section["routed"][pass_name], section["timings_ms"][pass_name] = measured
+        section[pass_name], section["timings_ms"][pass_name] = measured
+    routed, public_call = measure_routing(table_path, section, ROUTING_SEQ_LENS, log)
+    for pass_name in passes:
+        section["routed"][pass_name] = routed.get(pass_name, {})
+        for key, times in public_call.get(pass_name, {}).items():
+            section["timings_ms"][pass_name][key]["public_call"] = times
     return section
 
 
@@ -485,7 +495,7 @@ def _measure_forward(cells, seq_lens, verdicts, log, budget_s):
     from attnkit_tools.tune.ranking import tuning_inputs
 
     device = torch.device("cuda")
-    configs, routed, timings = {}, {}, {}
+    configs, timings = {}, {}
     for head_dim, causal in cells:
         key = cell_key(head_dim, causal)
         cell_timings = timings[key] = {}
@@ -504,28 +514,16 @@ def _measure_forward(cells, seq_lens, verdicts, log, budget_s):
                 ms = 1e3 * median_time_s(run, device, budget_s)
                 cell_timings[label][str(n)] = round(ms, 4)
                 log(f"  {key} {label:28s} N={n:<6d} {ms:.3f} ms")
-        chosen, _ = chosen_as_routed(
+        chosen, start = chosen_as_routed(
             {label: {n: cell_timings[label][str(n)] for n in seq_lens} for label in usable}, tuning_plain_ms
         )
         cell_timings["plain"] = {str(n): round(t, 4) for n, t in tuning_plain_ms.items()}
         configs[key] = dataclasses.asdict(FORWARD_CANDIDATES[chosen])
-        gluon_ms, plain_ms = {}, {}
-        for n in ROUTING_SEQ_LENS:
-            q, k, v, _, problem = tuning_inputs(torch.bfloat16, head_dim, causal, n)
-            plain = partial(attention_forward, q, k, v, launch_setup(problem))
-            gluon = _gluon_run(q, k, v, problem, FORWARD_CANDIDATES[chosen])
-            gluon_ms[n] = 1e3 * median_time_s(gluon, device, budget_s)
-            plain_ms[n] = 1e3 * median_time_s(plain, device, budget_s)
-            log(f"  {key} N={n:<6d} gluon {gluon_ms[n]:.3f} ms, plain {plain_ms[n]:.3f} ms")
-        cell_timings["routing"] = {
-            "gluon": {str(n): round(t, 4) for n, t in gluon_ms.items()},
-            "plain": {str(n): round(t, 4) for n, t in plain_ms.items()},
-        }
-        start = routed_from(gluon_ms, plain_ms)
-        if start is not None:
-            routed[key] = start
-        log(f"forward {key}: chosen {chosen}; " + (f"routed from N={start}" if start else "not routed"))
-    return configs, routed, timings
+        log(
+            f"forward {key}: chosen {chosen}"
+            + (f" (its launcher beats the plain one from N={start})" if start else "")
+        )
+    return configs, timings
 
 
 def _measure_backward(cells, verdicts, log):
@@ -538,7 +536,7 @@ def _measure_backward(cells, verdicts, log):
     from attnkit.triton.launch import attention_backward, attention_forward, launch_setup
     from attnkit_tools.tune.ranking import tuning_inputs
 
-    configs, routed, timings = {}, {}, {}
+    configs, timings = {}, {}
     for head_dim, causal in cells:
         key = cell_key(head_dim, causal)
         cell_timings = timings[key] = {}
@@ -565,7 +563,8 @@ def _measure_backward(cells, verdicts, log):
         )
         configs[key] = BACKWARD_CANDIDATES[chosen].as_dict()
         cell_timings["plain"] = {str(n): round(t, 4) for n, t in plain_ms.items()}
-        if start is not None:
-            routed[key] = start
-        log(f"backward {key}: chosen {chosen}; " + (f"routed from N={start}" if start else "not routed"))
-    return configs, routed, timings
+        log(
+            f"backward {key}: chosen {chosen}"
+            + (f" (its launcher beats the plain one from N={start})" if start else "")
+        )
+    return configs, timings
