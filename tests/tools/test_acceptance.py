@@ -216,6 +216,9 @@ def test_the_summary_file_holds_every_steps_verdict(tmp_path):
     assert acceptance.main([str(tmp_path), *map(str, steps)]) == 1
     summary = (tmp_path / "summary.md").read_text()
     assert "- aa: PASS" in summary and "- stored: FAIL" in summary and "perf missing: fwd[a]" in summary
+    out = tmp_path / "not" / "made"  # the summary's folder is made when missing
+    assert acceptance.main([str(out), *map(str, steps)]) == 1
+    assert (out / "summary.md").read_text() == summary
 
 
 def _shard_step(

@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="the acceptance run's folder: summary.md is written here")
     parser.add_argument("steps", type=Path, nargs="+", help="the steps' folders, in the order they ran")
     args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
     verdicts, lines = [], ["# GPU acceptance of the gate", ""]
     groups: dict[str, list[Path]] = {}
     for folder in args.steps:
