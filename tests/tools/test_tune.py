@@ -25,7 +25,7 @@ from attnkit_tools.tune.gluon import (
     routed_from,
     write_families,
 )
-from attnkit_tools.tune.ranking import time_over_best
+from attnkit_tools.tune.ranking import backward_batch, time_over_best
 
 SEQ_LENS = (1024, 4096, 16384)
 SPRINTER = KernelConfig(128, 128, 8, 3)  # fastest at the longest length, poor at the shortest
@@ -183,7 +183,7 @@ def test_the_backward_candidates_hold_the_measured_config_and_its_neighbours(d, 
         assert not any(cfg.split_masked for cfg in tried), "split_masked changes nothing without a mask"
     jobs = tune_gluon.candidate_jobs([(d, causal)], ("backward",))
     assert {label for *_, label in jobs} == set(tune_gluon.backward_candidates(causal))
-    assert tune_gluon.backward_batch(16384) == 2 and tune_gluon.backward_batch(8192) == 4
+    assert backward_batch(16384) == 2 and backward_batch(8192) == 4
 
 
 def test_the_recorded_backward_is_written_for_the_h200_only(tmp_path):

@@ -43,7 +43,7 @@ import torch
 
 from attnkit.triton.gluon.config import PASSES, SECTION, BackwardConfig, HopperForwardConfig, cell_key
 from attnkit.triton.gluon.support import GLUON_HEAD_DIMS
-from attnkit_tools.tune.ranking import time_over_best
+from attnkit_tools.tune.ranking import backward_batch, time_over_best
 
 #: The lengths at which the plain and the Gluon kernels are compared to route a cell.
 ROUTING_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
@@ -81,11 +81,6 @@ CELLS = [(d, causal) for d in GLUON_HEAD_DIMS for causal in (False, True)]
 def backward_candidates(causal: bool) -> list[str]:
     """The labels of :data:`BACKWARD_CANDIDATES` tried in a cell."""
     return [label for label, cfg in BACKWARD_CANDIDATES.items() if causal or not cfg.split_masked]
-
-
-def backward_batch(seq_len: int) -> int:
-    """The batch of the backward's timed problems: 4, 2 at N = 16384 and longer."""
-    return 2 if seq_len >= 16384 else 4
 
 
 #: The Gluon backward's cells as measured on an H200 before the tuner measured the backward

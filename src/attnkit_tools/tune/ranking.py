@@ -1,5 +1,6 @@
-"""What every tuner ranks candidates with: the inputs of one tuning point and the time-over-best
-rule (:mod:`attnkit_tools.tune.configs`, :mod:`attnkit_tools.tune.gluon`,
+"""What every tuner ranks candidates with: the inputs of one tuning point (and the backward's
+batch), and the time-over-best rule (:mod:`attnkit_tools.tune.configs`,
+:mod:`attnkit_tools.tune.gluon`, :mod:`attnkit_tools.tune.routing`,
 :mod:`attnkit_tools.pages.decode_table`)."""
 
 from __future__ import annotations
@@ -9,6 +10,11 @@ import math
 import torch
 
 from attnkit.inputs import check_inputs
+
+
+def backward_batch(seq_len: int) -> int:
+    """The batch of the backward's timed problems: 4, 2 at N = 16384 and longer."""
+    return 2 if seq_len >= 16384 else 4
 
 
 def tuning_inputs(dtype, head_dim, causal, seq_len, batch=4):

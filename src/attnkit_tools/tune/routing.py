@@ -162,12 +162,12 @@ def _cell(job: Job) -> str:
 
 def side_times(jobs: list[Job], budget_s: float = BUDGET_S) -> Times:
     """In a side's process: the median ms of each job's perf-grid runner (bf16, H*D = 2048; the
-    tuner's batches: :func:`attnkit_tools.tune.gluon.backward_batch` for the backward, 4 for the
+    tuner's batches: :func:`attnkit_tools.tune.ranking.backward_batch` for the backward, 4 for the
     forward)."""
     import torch
 
     from attnkit_perf.bench import BenchCase, build_runner, median_time_s
-    from attnkit_tools.tune.gluon import backward_batch
+    from attnkit_tools.tune.ranking import backward_batch
 
     device = torch.device("cuda")
     times: Times = {}
