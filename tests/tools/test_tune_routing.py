@@ -85,3 +85,16 @@ def test_a_side_that_fails_names_its_side_and_its_error(monkeypatch):
     monkeypatch.setattr(subprocess, "run", fake_run)
     with pytest.raises(RuntimeError, match=r"(?s)plain side.*out of memory"):
         routing.run_side("plain", [("forward", 64, False, 1024)], "/t/trial.json")
+
+
+def test_a_side_times_each_job_through_the_perf_grids_runner():
+    # The side's own measuring, on this machine's device at lengths the CPU can run: every job
+    # timed once, under its pass and cell.
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    jobs = [("forward", 64, False, 16), ("backward", 128, True, 32)]
+    times = routing.side_times(jobs, budget_s=0.001, device=device)
+    assert set(times) == {"forward", "backward"}
+    assert set(times["forward"]["d64-full"]) == {16} and set(times["backward"]["d128-causal"]) == {32}
+    assert times["forward"]["d64-full"][16] > 0 and times["backward"]["d128-causal"][32] > 0

@@ -160,16 +160,16 @@ def _cell(job: Job) -> str:
     return cell_key(job[1], job[2])
 
 
-def side_times(jobs: list[Job], budget_s: float = BUDGET_S) -> Times:
-    """In a side's process: the median ms of each job's perf-grid runner (bf16, H*D = 2048; the
-    tuner's batches: :func:`attnkit_tools.tune.ranking.backward_batch` for the backward, 4 for the
-    forward)."""
+def side_times(jobs: list[Job], budget_s: float = BUDGET_S, device: str = "cuda") -> Times:
+    """In a side's process: the median ms of each job's perf-grid runner on ``device`` (bf16,
+    H*D = 2048; the tuner's batches: :func:`attnkit_tools.tune.ranking.backward_batch` for the
+    backward, 4 for the forward)."""
     import torch
 
     from attnkit_perf.bench import BenchCase, build_runner, median_time_s
     from attnkit_tools.tune.ranking import backward_batch
 
-    device = torch.device("cuda")
+    device = torch.device(device)
     times: Times = {}
     for pass_name, head_dim, causal, n in jobs:
         heads = 2048 // head_dim
