@@ -460,7 +460,9 @@ def measure_section(
         else:
             measured = _measure_backward(cells, verdicts, log)
         section[pass_name], section["timings_ms"][pass_name] = measured
-    routed, public_call = measure_routing(table_path, section, ROUTING_SEQ_LENS, log)
+    with _locked(table_path):  # another GPU's process may be writing its cells into it
+        table = _read(table_path)
+    routed, public_call = measure_routing(table, section, ROUTING_SEQ_LENS, log)
     for pass_name in passes:
         section["routed"][pass_name] = routed.get(pass_name, {})
         for key, times in public_call.get(pass_name, {}).items():

@@ -109,7 +109,7 @@ def run_side(side: str, jobs: list[Job], table_path: str) -> Times:
 
 
 def measure_routing(
-    table_path: str,
+    table: Mapping,
     measured: Mapping,
     seq_lens: Sequence[int],
     log: Callable[[str], None],
@@ -118,14 +118,12 @@ def measure_routing(
 ) -> tuple[dict, dict]:
     """``(routed, timings)`` of the cells and passes of ``measured`` (module docstring): routed
     = {pass: {cell: N}} (a cell not routed is absent), timings = {pass: {cell: {side: {N:
-    [ms of each round]}}}}. ``table_path``: the table the run writes into (its families are
-    what the plain side runs). ``side_runner``: :func:`run_side` unless given."""
+    [ms of each round]}}}}. ``table``: the table the run writes into (its families are what
+    the plain side runs). ``side_runner``: :func:`run_side` unless given."""
     side_runner = side_runner or run_side
     jobs = jobs_of(measured, seq_lens)
     if not jobs:
         return {}, {}
-    with open(table_path) as f:
-        table = json.load(f)
     times: dict[str, list[Times]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="attnkit-routing-") as scratch:
         trial = os.path.join(scratch, "trial.json")
