@@ -356,3 +356,18 @@ def test_the_backward_measurement_keeps_the_closest_candidate_and_routes_where_t
     assert timings["plain"] == {str(n): t for n, t in plain.items()}
     assert timings["dkdv"]["16384"] == 15.9
     assert batches == [(n, 2 if n == 16384 else 4) for n in lengths]
+
+
+def test_a_gluon_tune_refuses_a_table_without_triton_families_before_it_measures(monkeypatch, tmp_path):
+    # Its cells are routed against the plain kernels that table configures (the routing's
+    # trial table is a copy of it): without them it would fail after minutes of compiling.
+    from attnkit_tools.tune import configs
+
+    monkeypatch.setattr(configs, "require_cuda", lambda tool: None)
+    monkeypatch.setattr(configs, "measure_section", lambda *args, **kwargs: pytest.fail("measured"))
+    out = tmp_path / "new-gpu.json"
+    with pytest.raises(SystemExit, match="holds no Triton table"):
+        tune_main(["--gluon", "--out", str(out)])
+    out.write_text(json.dumps({"gluon": {}}))
+    with pytest.raises(SystemExit, match=r"run python -m attnkit_tools\.tune\.configs first"):
+        tune_main(["--gluon", "--out", str(out)])

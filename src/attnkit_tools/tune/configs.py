@@ -312,6 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     out = args.out or f"src/attnkit/triton/configs/{gpu_key(device)}.json"
     if args.gluon:
+        if "families" not in _existing_table(out):
+            # The Gluon cells are routed against the plain kernels this table configures.
+            raise SystemExit(
+                f"tune --gluon: {out} holds no Triton table to measure the Gluon section against; "
+                "run python -m attnkit_tools.tune.configs first"
+            )
         cells = None if not args.cells else [parse_cell(key) for key in args.cells]
         measured = measure_section(args.seq_lens, _log, out, cells, workers=args.jobs, passes=args.passes)
         merge_measured(out, measured)
