@@ -1,5 +1,6 @@
 """attnkit_tools.tune.routing: where a Gluon cell is routed, decided on timings of the public call
-in alternating rounds (CPU only: the side processes are faked)."""
+in alternating rounds (the side processes faked; a side's own timing on the machine's device, at
+lengths the CPU's interpreter runs)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def test_the_trial_table_routes_every_measured_cell_from_the_shortest_length_and
 def test_a_side_runs_in_a_fresh_process_with_its_switch_and_the_trial_table(monkeypatch):
     calls = []
 
-    def fake_run(command, env, capture_output, text, check):
+    def fake_run(command, env, capture_output, text, check, timeout):
         calls.append((command, env))
         return subprocess.CompletedProcess(
             command, 0, stdout='noise\n{"forward": {"d64-full": {"1024": 0.5}}}\n'
@@ -73,28 +74,77 @@ def test_a_side_runs_in_a_fresh_process_with_its_switch_and_the_trial_table(monk
     assert routing.run_side("gluon", jobs, "/t/trial.json") == {"forward": {"d64-full": {1024: 0.5}}}
     routing.run_side("plain", jobs, "/t/trial.json")
     (gluon_command, gluon_env), (_, plain_env) = calls
-    assert gluon_command[-3:] == ["attnkit_tools.tune.routing", "--side", json.dumps(jobs)]
+    assert gluon_command[-5:] == [
+        "attnkit_tools.tune.routing",
+        "--side",
+        json.dumps(jobs),
+        "--expect",
+        "gluon",
+    ]
     assert gluon_env["ATTNKIT_GLUON"] == "1" and plain_env["ATTNKIT_GLUON"] == "0"
     assert gluon_env["ATTNKIT_TRITON_CONFIG"] == plain_env["ATTNKIT_TRITON_CONFIG"] == "/t/trial.json"
 
 
 def test_a_side_that_fails_names_its_side_and_its_error(monkeypatch):
-    def fake_run(command, env, capture_output, text, check):
-        return subprocess.CompletedProcess(command, 1, stdout="", stderr="CUDA error: out of memory")
+    outcomes = [(1, "", "CUDA error: out of memory"), (0, "", "")]
+
+    def fake_run(command, env, capture_output, text, check, timeout):
+        status, out, err = outcomes.pop(0)
+        return subprocess.CompletedProcess(command, status, stdout=out, stderr=err)
 
     monkeypatch.setattr(subprocess, "run", fake_run)
-    with pytest.raises(RuntimeError, match=r"(?s)plain side.*out of memory"):
+    with pytest.raises(RuntimeError, match=r"(?s)plain side.*exit 1.*out of memory"):
         routing.run_side("plain", [("forward", 64, False, 1024)], "/t/trial.json")
+    with pytest.raises(RuntimeError, match=r"gluon side.*exit 0, 0 lines out"):
+        routing.run_side("gluon", [("forward", 64, False, 1024)], "/t/trial.json")
 
 
-def test_a_side_times_each_job_through_the_perf_grids_runner():
-    # The side's own measuring, on this machine's device at lengths the CPU can run: every job
-    # timed once, under its pass and cell.
+def test_a_side_times_each_job_through_the_perf_grids_runner(monkeypatch):
+    # The side's own measuring on this machine's device, at lengths the CPU's interpreter runs:
+    # each job's runner is built and handed to the timer once (timed here by one call of it).
+    import torch
+
+    import attnkit_perf.bench as bench
+
+    timed = []
+
+    def one_call(fn, device, budget_s):
+        fn()
+        timed.append(budget_s)
+        return 0.001 * len(timed)
+
+    monkeypatch.setattr(bench, "median_time_s", one_call)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    jobs = [("forward", 128, False, 16), ("backward", 128, True, 16)]
+    times = routing.side_times(jobs, budget_s=0.25, device=device, expect="plain")
+    assert times == {"forward": {"d128-full": {16: 1.0}}, "backward": {"d128-causal": {16: 2.0}}}
+    assert timed == [0.25, 0.25]
+
+
+def test_a_side_refuses_to_time_a_pass_planned_on_the_other_kernel():
+    # N = 16 is below the Gluon size floor (and a CPU runs no Gluon kernel): the Gluon side
+    # would time the plain kernel, and the two sides would compare it with itself.
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    jobs = [("forward", 64, False, 16), ("backward", 128, True, 32)]
-    times = routing.side_times(jobs, budget_s=0.001, device=device)
-    assert set(times) == {"forward", "backward"}
-    assert set(times["forward"]["d64-full"]) == {16} and set(times["backward"]["d128-causal"]) == {32}
-    assert times["forward"]["d64-full"][16] > 0 and times["backward"]["d128-causal"][32] > 0
+    with pytest.raises(
+        RuntimeError, match=r"forward d64-full N=16: the gluon side would run the plain kernel"
+    ):
+        routing.side_times([("forward", 64, False, 16)], device=device, expect="gluon")
+
+
+def test_a_sides_process_prints_its_times_as_its_last_line(monkeypatch, capsys):
+    from attnkit_tools.pages import provenance
+
+    seen = []
+
+    def fake_side_times(jobs, expect):
+        seen.append((jobs, expect))
+        return {"backward": {"d128-causal": {2048: 1.5}}}
+
+    monkeypatch.setattr(provenance, "require_cuda", lambda tool: None)
+    monkeypatch.setattr(routing, "side_times", fake_side_times)
+    assert routing.main(["--side", '[["backward", 128, true, 2048]]', "--expect", "gluon"]) == 0
+    assert seen == [([("backward", 128, True, 2048)], "gluon")]
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last) == {"backward": {"d128-causal": {"2048": 1.5}}}

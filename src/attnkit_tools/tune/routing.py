@@ -20,7 +20,7 @@ from the smallest N from which the Gluon side was faster in every round, at that
 longer one (:func:`routed_from_rounds`); a cell faster in two rounds of three at some length is
 not routed there.
 
-    python -m attnkit_tools.tune.routing --side JOBS   # one side's process (the tuner starts it)
+    python -m attnkit_tools.tune.routing --side JOBS --expect gluon   # one side (the tuner starts it)
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ from collections.abc import Callable, Mapping, Sequence
 ROUNDS = 3
 #: Seconds of timed rounds per point (:func:`attnkit_perf.bench.median_time_s`'s budget).
 BUDGET_S = 0.1
+#: Seconds a side's process may take (about 20 points at two cells; a hung launch must not hang
+#: the tuner).
+SIDE_TIMEOUT_S = 1200
 #: The environment of each side (beside ``$ATTNKIT_TRITON_CONFIG``, the trial table).
 SIDES = {"plain": {"ATTNKIT_GLUON": "0"}, "gluon": {"ATTNKIT_GLUON": "1"}}
 
@@ -97,11 +100,25 @@ def run_side(side: str, jobs: list[Job], table_path: str) -> Times:
     """One fresh process of ``side`` (:data:`SIDES`) timing ``jobs`` through
     :func:`attnkit.attention` with the table at ``table_path``; its times."""
     env = {**os.environ, **SIDES[side], "ATTNKIT_TRITON_CONFIG": table_path}
-    command = [sys.executable, "-m", "attnkit_tools.tune.routing", "--side", json.dumps(jobs)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the {side} side's process failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    times = json.loads(done.stdout.strip().splitlines()[-1])
+    command = [
+        sys.executable,
+        "-m",
+        "attnkit_tools.tune.routing",
+        "--side",
+        json.dumps(jobs),
+        "--expect",
+        side,
+    ]
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, check=False, timeout=SIDE_TIMEOUT_S
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(
+            f"the {side} side's process failed (exit {done.returncode}, {len(lines)} lines out):\n"
+            f"{done.stderr[-3000:]}"
+        )
+    times = json.loads(lines[-1])
     return {
         p: {c: {int(n): ms for n, ms in per_n.items()} for c, per_n in cells.items()}
         for p, cells in times.items()
@@ -158,12 +175,20 @@ def _cell(job: Job) -> str:
     return cell_key(job[1], job[2])
 
 
-def side_times(jobs: list[Job], budget_s: float = BUDGET_S, device: str = "cuda") -> Times:
+def side_times(
+    jobs: list[Job], budget_s: float = BUDGET_S, device: str = "cuda", expect: str | None = None
+) -> Times:
     """In a side's process: the median ms of each job's perf-grid runner on ``device`` (bf16,
     H*D = 2048; the tuner's batches: :func:`attnkit_tools.tune.ranking.backward_batch` for the
-    backward, 4 for the forward)."""
+    backward, 4 for the forward). ``expect`` (``"plain"`` or ``"gluon"``): the kind of kernel
+    each job's pass must be planned on here, checked before it is timed: a side that silently
+    ran the other kernel (its switch, its table, the size floor) would make the two sides
+    compare a kernel with itself."""
+    import dataclasses
+
     import torch
 
+    from attnkit.triton.plan import plan_kernels
     from attnkit_perf.bench import BenchCase, build_runner, median_time_s
     from attnkit_tools.tune.ranking import backward_batch
 
@@ -174,6 +199,14 @@ def side_times(jobs: list[Job], budget_s: float = BUDGET_S, device: str = "cuda"
         batch = 4 if pass_name == "forward" else backward_batch(n)
         name = "fwd" if pass_name == "forward" else "bwd"
         case = BenchCase("triton", name, batch, heads, heads, n, head_dim, causal)
+        if expect is not None:
+            plan = plan_kernels(dataclasses.replace(case.problem, device=device))
+            planned = getattr(plan, pass_name)
+            if planned != expect:
+                raise RuntimeError(
+                    f"{pass_name} {_cell((pass_name, head_dim, causal, n))} N={n}: the {expect} side "
+                    f"would run the {planned} kernel here, so its times would not compare the two"
+                )
         runner = build_runner(case, device)
         times.setdefault(pass_name, {}).setdefault(_cell((pass_name, head_dim, causal, n)), {})[n] = (
             1e3 * median_time_s(runner, device, budget_s)
@@ -193,12 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--side", metavar="JOBS", required=True, help="JSON list of [pass, head dim, causal, N]"
     )
+    parser.add_argument("--expect", choices=list(SIDES), help="the kind of kernel every job must run on")
     args = parser.parse_args(argv)
     from attnkit_tools.pages.provenance import require_cuda
 
     require_cuda("attnkit_tools.tune.routing")
     jobs = [(p, int(d), bool(c), int(n)) for p, d, c, n in json.loads(args.side)]
-    print(json.dumps(side_times(jobs)), flush=True)
+    print(json.dumps(side_times(jobs, expect=args.expect)), flush=True)
     return 0
 
 
