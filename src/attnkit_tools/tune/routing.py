@@ -152,7 +152,7 @@ def measure_routing(
                 log(f"  routing round {i + 1}/{rounds}: {side} side timed {len(jobs)} points")
     routed: dict = {}
     timings: dict = {}
-    for pass_name, cell in sorted({(p, c) for p, c in ((j[0], _cell(j)) for j in jobs)}):
+    for pass_name, cell in sorted({(job[0], _cell(job)) for job in jobs}):
         per_side = {side: [t[pass_name][cell] for t in times[side]] for side in SIDES}
         start = routed_from_rounds(per_side["gluon"], per_side["plain"])
         if start is not None:
