@@ -22,10 +22,10 @@ from attnkit_tools.tune.gluon import (
     carried_section,
     chosen_as_routed,
     merge_measured,
-    routed_from,
     write_families,
 )
 from attnkit_tools.tune.ranking import backward_batch, time_over_best
+from attnkit_tools.tune.routing import routed_from
 
 SEQ_LENS = (1024, 4096, 16384)
 SPRINTER = KernelConfig(128, 128, 8, 3)  # fastest at the longest length, poor at the shortest

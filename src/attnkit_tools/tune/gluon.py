@@ -44,6 +44,7 @@ import torch
 from attnkit.triton.gluon.config import PASSES, SECTION, BackwardConfig, HopperForwardConfig, cell_key
 from attnkit.triton.gluon.support import GLUON_HEAD_DIMS
 from attnkit_tools.tune.ranking import backward_batch, time_over_best
+from attnkit_tools.tune.routing import measure_routing, routed_from
 
 #: The lengths at which the plain and the Gluon kernels are compared to route a cell.
 ROUTING_SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
@@ -133,21 +134,11 @@ def recorded_backward(target_gpu_key: str) -> dict:
     }
 
 
-def routed_from(gluon_ms: Mapping[int, float], plain_ms: Mapping[int, float]) -> int | None:
-    """The smallest N from which the Gluon kernel was faster than the plain one at that N and
-    every longer N timed (a cell's pass is routed from there on), or None: slower at the longest."""
-    start = None
-    for n in sorted(gluon_ms, reverse=True):
-        if gluon_ms[n] >= plain_ms[n]:
-            break
-        start = n
-    return start
-
-
 def chosen_as_routed(
     candidate_ms: Mapping[str, Mapping[int, float]], plain_ms: Mapping[int, float]
 ) -> tuple[str, int | None]:
-    """The candidate to keep for a pass and the N it is routed from (:func:`routed_from`), judged
+    """The candidate to keep for a pass and the N its launcher beats the plain one's from
+    (:func:`attnkit_tools.tune.routing.routed_from`), judged
     as the cell would run: the plain kernel below that N, the candidate from there on. The kept
     one has the smallest time-over-best (:func:`attnkit_tools.tune.ranking.time_over_best`) of
     those routed times, so a candidate is not held back by lengths where the plain kernel runs
@@ -441,7 +432,6 @@ def measure_section(
     families of the table at ``table_path``."""
     from attnkit.triton.gluon import unavailable_reason
     from attnkit_perf.bench import provenance
-    from attnkit_tools.tune.routing import measure_routing
 
     reason = unavailable_reason()
     if reason is not None:

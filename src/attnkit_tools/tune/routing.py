@@ -48,22 +48,29 @@ Job = tuple[str, int, bool, int]  # (pass, head dim, causal, N)
 Times = dict[str, dict[str, dict[int, float]]]  # pass -> cell -> N -> ms
 
 
+def routed_from(gluon_ms: Mapping[int, float], plain_ms: Mapping[int, float]) -> int | None:
+    """The smallest N from which the Gluon kernel was faster than the plain one at that N and
+    every longer N timed (a cell's pass is routed from there on), or None: slower at the longest."""
+    start = None
+    for n in sorted(gluon_ms, reverse=True):
+        if gluon_ms[n] >= plain_ms[n]:
+            break
+        start = n
+    return start
+
+
 def routed_from_rounds(
     gluon: Sequence[Mapping[int, float]], plain: Sequence[Mapping[int, float]]
 ) -> int | None:
-    """The smallest N from which the Gluon side was faster than the plain side in every round
-    (``gluon[r][N] < plain[r][N]``) at that N and every longer N timed, or None: not faster in
-    every round at the longest."""
+    """:func:`routed_from` over rounds: a length counts as faster when the Gluon side was faster
+    than the plain side in every round (``gluon[r][N] < plain[r][N]``), i.e. when its largest
+    time-over-plain of the rounds is below 1."""
     if len(gluon) != len(plain) or not gluon:
         raise ValueError(
             f"expected as many rounds of each side (at least one), got {len(gluon)} and {len(plain)}"
         )
-    start = None
-    for n in sorted(plain[0], reverse=True):
-        if not all(g[n] < p[n] for g, p in zip(gluon, plain, strict=True)):
-            break
-        start = n
-    return start
+    worst = {n: max(g[n] / p[n] for g, p in zip(gluon, plain, strict=True)) for n in plain[0]}
+    return routed_from(worst, dict.fromkeys(worst, 1.0))
 
 
 def trial_table(table: Mapping, measured: Mapping, shortest: int) -> dict:
@@ -199,17 +206,18 @@ def side_times(
         batch = 4 if pass_name == "forward" else backward_batch(n)
         name = "fwd" if pass_name == "forward" else "bwd"
         case = BenchCase("triton", name, batch, heads, heads, n, head_dim, causal)
+        cell = _cell((pass_name, head_dim, causal, n))
         if expect is not None:
             plan = plan_kernels(dataclasses.replace(case.problem, device=device))
             planned = getattr(plan, pass_name)
             if planned != expect:
                 raise RuntimeError(
-                    f"{pass_name} {_cell((pass_name, head_dim, causal, n))} N={n}: the {expect} side "
-                    f"would run the {planned} kernel here, so its times would not compare the two"
+                    f"{pass_name} {cell} N={n}: the {expect} side would run the {planned} kernel "
+                    "here, so its times would not compare the two"
                 )
         runner = build_runner(case, device)
-        times.setdefault(pass_name, {}).setdefault(_cell((pass_name, head_dim, causal, n)), {})[n] = (
-            1e3 * median_time_s(runner, device, budget_s)
+        times.setdefault(pass_name, {}).setdefault(cell, {})[n] = 1e3 * median_time_s(
+            runner, device, budget_s
         )
         del runner
         torch.cuda.empty_cache()
